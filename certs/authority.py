@@ -1,0 +1,93 @@
+"""Signing material of a CA: the issuing certificate, its key, the path to the root, the roots.
+
+Both a self-signed root (issuing cert == root) and a plugged-in intermediate are described by
+the same `SigningAuthority`; it validates itself once on load so a broken plugged-in CA refuses
+to start instead of issuing chains nobody can verify.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from cryptography import x509
+
+from certs.chain import is_ca, verify_chain
+from certs.errors import ChainError, KeyMaterialError
+from certs.keys import PrivateKey, key_matches_certificate
+from certs.pem import cert_to_pem, certs_to_pem
+
+
+@dataclass(frozen=True)
+class SigningAuthority:
+    """What the CA signs with.
+
+    - `cert`/`key`: the issuing CA certificate and its private key.
+    - `intermediates`: certificates between `cert` and a root, nearest first (excluding roots).
+    - `roots`: the trust bundle published to workloads (may hold several roots while rotating).
+    """
+
+    cert: x509.Certificate
+    key: PrivateKey = field(repr=False)
+    intermediates: tuple[x509.Certificate, ...]
+    roots: tuple[x509.Certificate, ...]
+
+    @property
+    def is_self_signed_root(self) -> bool:
+        return not self.intermediates and self.cert in self.roots
+
+    @property
+    def not_after(self) -> datetime:
+        """The latest NotAfter a leaf may have: the earliest expiry along the chain to the root."""
+        chain_certs = [self.cert, *self.intermediates]
+        return min(cert.not_valid_after_utc for cert in chain_certs)
+
+    def validate(self, *, now: datetime) -> None:
+        """Refuses unusable material with a message naming the fault."""
+        if not key_matches_certificate(self.key, self.cert):
+            raise KeyMaterialError("the CA private key does not match the CA certificate")
+        if not is_ca(self.cert):
+            raise ChainError("the CA certificate is not a CA (BasicConstraints CA:true missing)")
+        try:
+            verify_chain([self.cert, *self.intermediates], self.roots, now=now)
+        except ChainError as exc:
+            raise ChainError(
+                f"the CA certificate does not chain to the root bundle: {exc}"
+            ) from exc
+
+    def response_chain(self, leaf: x509.Certificate) -> list[str]:
+        """Istio's `cert_chain` layout: leaf, each CA cert up to the root, then the root bundle.
+
+        For a self-signed root the issuing cert *is* the root and appears only in the bundle.
+        """
+        elements = [cert_to_pem(leaf)]
+        if not self.is_self_signed_root:
+            for cert in (self.cert, *self.intermediates):
+                if cert not in self.roots:
+                    elements.append(cert_to_pem(cert))
+        elements.append(self.root_bundle_pem)
+        return elements
+
+    @property
+    def root_bundle_pem(self) -> str:
+        return certs_to_pem(self.roots)
+
+    @property
+    def chain_pem(self) -> str:
+        """The issuing certificate followed by its intermediates (`cert-chain.pem`)."""
+        return certs_to_pem([self.cert, *self.intermediates])
+
+
+def make_authority(
+    cert: x509.Certificate,
+    key: PrivateKey,
+    chain: Sequence[x509.Certificate],
+    roots: Sequence[x509.Certificate],
+) -> SigningAuthority:
+    """Builds an authority from an Istio-style `cert-chain.pem` (which may start with `cert` and
+    may end with the root), dropping the duplicates so each certificate appears once."""
+    intermediates = [c for c in chain if c != cert and c not in roots]
+    return SigningAuthority(
+        cert=cert, key=key, intermediates=tuple(intermediates), roots=tuple(roots)
+    )

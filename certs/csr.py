@@ -1,0 +1,129 @@
+"""Certificate signing requests: building them (agent side) and reading them (CA side).
+
+Reading is defensive: the CA receives CSRs from the network, so size, encoding and signature are
+checked here before anything looks at the requested names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import ExtensionOID
+
+from certs.errors import CsrError
+from certs.keys import PrivateKey, signature_hash_for
+from certs.spiffe import SpiffeId
+
+MAX_CSR_BYTES = 64 * 1024
+_PEM_HEADER = "-----BEGIN CERTIFICATE REQUEST-----"
+
+
+def build_csr(key: PrivateKey, identity: SpiffeId) -> str:
+    """A PEM CSR with an empty subject and exactly one URI SAN: the identity asked for."""
+    builder = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]),
+            critical=True,
+        )
+    )
+    csr = builder.sign(key, signature_hash_for(key))
+    return csr.public_bytes(Encoding.PEM).decode("ascii")
+
+
+def load_csr(pem: str | bytes, *, max_bytes: int = MAX_CSR_BYTES) -> x509.CertificateSigningRequest:
+    """Parses a PEM CSR and verifies its self-signature.
+
+    Raises `CsrError` naming the problem: too large, not PEM, not a CSR, or a signature that does
+    not verify (the requester does not hold the key it asks a certificate for).
+    """
+    raw = pem.encode("utf-8", "replace") if isinstance(pem, str) else pem
+    if len(raw) > max_bytes:
+        raise CsrError(f"CSR is {len(raw)} bytes; the limit is {max_bytes} bytes")
+    if _PEM_HEADER.encode() not in raw:
+        raise CsrError(f"CSR is not PEM: expected a '{_PEM_HEADER}' block")
+    try:
+        csr = x509.load_pem_x509_csr(raw)
+    except ValueError as exc:
+        raise CsrError(f"CSR PEM block does not parse as PKCS#10 ({exc})") from exc
+    try:
+        valid = csr.is_signature_valid
+    except Exception as exc:  # unsupported algorithms raise from deep inside the backend
+        raise CsrError(f"CSR signature cannot be checked ({exc})") from exc
+    if not valid:
+        raise CsrError("CSR signature does not verify: it was not signed by the key it carries")
+    return csr
+
+
+@dataclass(frozen=True)
+class CsrContents:
+    """What a CSR asks for, in the terms an authorization policy needs."""
+
+    uri_sans: tuple[str, ...]
+    dns_sans: tuple[str, ...]
+    ip_sans: tuple[str, ...]
+    email_sans: tuple[str, ...]
+    other_san_count: int
+    asks_for_ca: bool
+    extension_names: tuple[str, ...]
+    subject: str
+
+
+_ALLOWED_EXTENSIONS = {
+    ExtensionOID.SUBJECT_ALTERNATIVE_NAME,
+    ExtensionOID.KEY_USAGE,
+    ExtensionOID.EXTENDED_KEY_USAGE,
+}
+
+
+def describe_csr(csr: x509.CertificateSigningRequest) -> CsrContents:
+    """Splits a CSR's requested names and extensions by kind."""
+    uris: list[str] = []
+    dns: list[str] = []
+    ips: list[str] = []
+    emails: list[str] = []
+    others = 0
+    asks_for_ca = False
+    names: list[str] = []
+    for ext in csr.extensions:
+        names.append(_extension_name(ext.oid))
+        if isinstance(ext.value, x509.SubjectAlternativeName):
+            for general_name in ext.value:
+                if isinstance(general_name, x509.UniformResourceIdentifier):
+                    uris.append(general_name.value)
+                elif isinstance(general_name, x509.DNSName):
+                    dns.append(general_name.value)
+                elif isinstance(general_name, x509.IPAddress):
+                    ips.append(str(general_name.value))
+                elif isinstance(general_name, x509.RFC822Name):
+                    emails.append(general_name.value)
+                else:
+                    others += 1
+        elif isinstance(ext.value, x509.BasicConstraints):
+            asks_for_ca = asks_for_ca or ext.value.ca
+    return CsrContents(
+        uri_sans=tuple(uris),
+        dns_sans=tuple(dns),
+        ip_sans=tuple(ips),
+        email_sans=tuple(emails),
+        other_san_count=others,
+        asks_for_ca=asks_for_ca,
+        extension_names=tuple(names),
+        subject=csr.subject.rfc4514_string(),
+    )
+
+
+def unexpected_extensions(csr: x509.CertificateSigningRequest) -> list[str]:
+    """Names of requested extensions other than SAN, KeyUsage and ExtendedKeyUsage."""
+    return [
+        _extension_name(ext.oid) for ext in csr.extensions if ext.oid not in _ALLOWED_EXTENSIONS
+    ]
+
+
+def _extension_name(oid: x509.ObjectIdentifier) -> str:
+    """The extension's well-known name, or its dotted OID when cryptography has no name for it."""
+    name = oid._name
+    return oid.dotted_string if name == "Unknown OID" else name
