@@ -1,0 +1,98 @@
+"""A real `meshca ca` process for tests, plus the development token issuer it trusts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.processes import (
+    MeshcaProcess,
+    child_env,
+    free_port,
+    http_status,
+    http_text,
+    wait_for,
+)
+
+
+class CaProcess(MeshcaProcess):
+    """`meshca ca --data-dir D` on free loopback ports; `start()` returns once `/ready` is 200."""
+
+    def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None):
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.monitoring_port = free_port()
+        self.extra_args = list(extra_args)
+        args = [
+            "ca",
+            "--data-dir", str(data_dir),
+            "--listen", f"127.0.0.1:{self.port}",
+            "--monitoring-listen", f"127.0.0.1:{self.monitoring_port}",
+            "--min-workload-cert-ttl", "1s",
+            *extra_args,
+        ]  # fmt: skip
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(args, data_dir.parent / f"{data_dir.name}-ca.log", env)
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def root_cert_path(self) -> Path:
+        return self.data_dir / "root-cert.pem"
+
+    @property
+    def monitoring_url(self) -> str:
+        return f"http://127.0.0.1:{self.monitoring_port}"
+
+    def start(self, timeout: float = 30) -> None:  # type: ignore[override]
+        super().start()
+        try:
+            wait_for(self._ready, timeout, "the CA's /ready")
+        except TimeoutError:
+            self.stop()
+            raise TimeoutError(f"CA did not become ready; its log:\n{self.log()}") from None
+
+    def _ready(self) -> bool:
+        if not self.running:
+            raise RuntimeError(
+                f"CA exited with {self.proc and self.proc.returncode}:\n{self.log()}"
+            )
+        return http_status(f"{self.monitoring_url}/ready") == 200
+
+    def metrics(self) -> str:
+        return http_text(f"{self.monitoring_url}/metrics")
+
+    def mint_token(
+        self, namespace: str, service_account: str, *, ttl: str = "1h", audience: str = "istio-ca"
+    ) -> str:
+        """A development token (shaped like a Kubernetes projected SA token) the CA trusts."""
+        return mint_token(self.data_dir, namespace, service_account, ttl=ttl, audience=audience)
+
+
+def mint_token(
+    data_dir: Path,
+    namespace: str,
+    service_account: str,
+    *,
+    ttl: str = "1h",
+    audience: str = "istio-ca",
+) -> str:
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "meshca", "token",
+            "--data-dir", str(data_dir),
+            "--namespace", namespace,
+            "--service-account", service_account,
+            "--ttl", ttl,
+            "--audience", audience,
+        ],
+        env=child_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    return out.stdout.strip()
