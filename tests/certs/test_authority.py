@@ -151,6 +151,20 @@ class TestResponseChain:
         ]
         assert all(element.count("BEGIN CERTIFICATE") == 1 for element in chain)
 
+    def test_root_listed_among_intermediates_appears_only_in_the_bundle(self, pki: Pki) -> None:
+        authority = SigningAuthority(
+            cert=pki.intermediate,
+            key=pki.intermediate_key,
+            intermediates=(pki.root,),
+            roots=(pki.root,),
+        )
+        leaf = make_leaf(pki)
+        assert authority.response_chain(leaf) == [
+            cert_to_pem(leaf),
+            cert_to_pem(pki.intermediate),
+            cert_to_pem(pki.root),
+        ]
+
 
 class TestMakeAuthority:
     def test_dedupes_cert_and_root_from_cert_chain(self, pki: Pki) -> None:
