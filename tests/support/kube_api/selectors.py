@@ -17,7 +17,8 @@ Predicate = Callable[[dict[str, Any]], bool]
 
 _KEY = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
 _SET_TERM = re.compile(rf"^\s*(?P<key>{_KEY})\s+(?P<op>in|notin)\s*\((?P<values>[^)]*)\)\s*$")
-_EQ_TERM = re.compile(rf"^\s*(?P<key>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<value>[^=!,\s]*)\s*$")
+_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
+_EQ_TERM = re.compile(rf"^\s*(?P<key>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<value>{_VALUE})\s*$")
 _EXISTS_TERM = re.compile(rf"^\s*(?P<neg>!?)\s*(?P<key>{_KEY})\s*$")
 
 
@@ -52,6 +53,8 @@ def _label_term(term: str) -> Predicate:
     if m := _SET_TERM.match(term):
         key = m["key"]
         values = {v.strip() for v in m["values"].split(",") if v.strip()}
+        if not all(re.fullmatch(_VALUE, v) for v in values):
+            raise bad_request(f"unable to parse requirement: invalid values in {term!r}")
         if m["op"] == "in":
             return lambda obj: _labels(obj).get(key) in values
         return lambda obj: _labels(obj).get(key) not in values
