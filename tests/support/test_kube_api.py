@@ -251,6 +251,20 @@ def test_stale_update_conflicts_and_unconditional_update_wins(core: client.CoreV
     assert forced.data == {"k": "stale"}
 
 
+def test_delete_preconditions(core: client.CoreV1Api) -> None:
+    cm = core.create_namespaced_config_map("default", {"metadata": {"name": "c"}})
+    core.patch_namespaced_config_map("c", "default", {"data": {"k": "v"}})
+    stale = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(resource_version=cm.metadata.resource_version)
+    )
+    with pytest.raises(ApiException) as info:
+        core.delete_namespaced_config_map("c", "default", body=stale)
+    assert info.value.status == 409
+    by_uid = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=cm.metadata.uid))
+    status = core.delete_namespaced_config_map("c", "default", body=by_uid)
+    assert status["status"] == "Success"
+
+
 def test_not_found_and_bad_requests(core: client.CoreV1Api) -> None:
     for call in (
         lambda: core.read_namespaced_config_map("nope", "default"),
@@ -270,14 +284,14 @@ def test_not_found_and_bad_requests(core: client.CoreV1Api) -> None:
     assert info.value.status == 422
 
 
-def race_create(server: KubeApiServer, name: str, racers: int) -> list[int]:
+def race_create(url: str, name: str, racers: int) -> list[int]:
     """``racers`` threads, each with its own ApiClient (connection pool), create one Secret."""
     barrier = threading.Barrier(racers)
     outcomes: list[int] = []
     lock = threading.Lock()
 
     def race() -> None:
-        with client.ApiClient(client.Configuration(host=server.url)) as api:
+        with client.ApiClient(client.Configuration(host=url)) as api:
             core = client.CoreV1Api(api)
             barrier.wait()
             try:
@@ -299,7 +313,7 @@ def race_create(server: KubeApiServer, name: str, racers: int) -> list[int]:
 def test_racing_creates_have_exactly_one_winner(server: KubeApiServer) -> None:
     racers = 4
     for round_ in range(5):
-        assert race_create(server, f"race-{round_}", racers) == [201] + [409] * (racers - 1)
+        assert race_create(server.url, f"race-{round_}", racers) == [201] + [409] * (racers - 1)
     assert server.count("create", "secrets") == 5 * racers
 
 
@@ -420,6 +434,10 @@ def test_live_watch_sees_changes_in_order(server: KubeApiServer, core: client.Co
     core.patch_namespaced_config_map("new", "default", {"data": {"a": "b"}})
     core.delete_namespaced_config_map("new", "default")
     consumer.join(10)
+    deadline = time.monotonic() + 5
+    while server.store.watcher_count and time.monotonic() < deadline:
+        time.sleep(0.05)  # the server notices the closed stream and drops the watcher
+    assert server.store.watcher_count == 0
     assert seen == [
         ("ADDED", "existing"),
         ("ADDED", "new"),
@@ -705,10 +723,12 @@ def test_subprocess_entry_point(tmp_path: Path) -> None:
             )
             urllib.request.urlopen(request, timeout=5).close()
             assert review(auth, "t2").authenticated is True
+        assert race_create(url, "raced", 3) == [201, 409, 409]
         with urllib.request.urlopen(f"{url}/_test/counts", timeout=5) as resp:
             counts = {(c["verb"], c["resource"]): c["count"] for c in json.load(resp)}
         assert counts[("create", "tokenreviews")] == 2
         assert counts[("create", "configmaps")] == 1
+        assert counts[("create", "secrets")] == 3
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0

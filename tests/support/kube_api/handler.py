@@ -13,8 +13,10 @@ import json
 import queue
 import select
 import socket
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -254,6 +256,15 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             self._send_json(exc.code, exc.to_status())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as exc:
+            # A bug here must surface as a 500 Status (and a traceback), not a hung client.
+            traceback.print_exc(file=sys.stderr)
+            if record is not None:
+                record.code = 500
+            error = ApiError(500, "InternalError", f"fake kube-apiserver bug: {exc!r}")
+            with contextlib.suppress(OSError):
+                self._send_json(500, error.to_status())
+            self.close_connection = True
 
     @staticmethod
     def _verb(method: str, route: Route, query: dict[str, str]) -> str:
@@ -456,7 +467,9 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             )
         elif method == "POST" and action == "tokens" and isinstance(body, dict):
             spec = dict(body)
-            token = spec.pop("token")
+            token = spec.pop("token", None)
+            if not token or not ("serviceAccount" in spec or "username" in spec):
+                raise errors.bad_request("token spec needs token and username or serviceAccount")
             if "serviceAccount" in spec:
                 backend.tokens.add_service_account(
                     token,
