@@ -17,72 +17,21 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 from . import errors
+from .admin import ADMIN_PREFIX, handle_admin
+from .backend import Backend
 from .errors import ApiError
-from .recorder import RequestRecord, RequestRecorder
-from .resources import NAMESPACES, PODS, ResourceType, by_name, lookup
+from .recorder import RequestRecord
+from .resources import NAMESPACES, PODS, ResourceType
+from .routes import TOKENREVIEW_PATH, Route, parse_route, verb_for
 from .selectors import parse_field_selector, parse_label_selector
-from .store import BOOKMARK, Store, Watcher
-from .tokens import TokenAuthority
+from .store import BOOKMARK, Watcher
 
-TOKENREVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
-# Test-only control plane for a server running in another process (see __main__).
-ADMIN_PREFIX = "/_test/"
 _POLL_SECONDS = 0.2
-
-
-@dataclass
-class Backend:
-    """Everything a request handler needs; owned by ``KubeApiServer``."""
-
-    store: Store
-    tokens: TokenAuthority
-    recorder: RequestRecorder
-    auth_token: str | None = None
-    watch_timeout: float = 60.0
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass
-class Route:
-    """A parsed resource URL."""
-
-    rt: ResourceType
-    namespace: str | None
-    name: str | None
-    subresource: str | None
-
-
-def parse_route(path: str) -> Route:
-    """Map a URL path to (type, namespace, name, subresource) or raise a 404 Status."""
-    not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
-    segments = [s for s in path.split("/") if s]
-    if segments[:2] == ["api", "v1"]:
-        group, version, rest = "", "v1", segments[2:]
-    elif len(segments) >= 3 and segments[0] == "apis":
-        group, version, rest = segments[1], segments[2], segments[3:]
-    else:
-        raise not_found
-    namespace: str | None = None
-    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
-        namespace, rest = rest[1], rest[2:]
-    if not rest or len(rest) > 3:
-        raise not_found
-    rt = lookup(group, version, rest[0])
-    if rt is None or (namespace is not None and not rt.namespaced):
-        raise not_found
-    name = rest[1] if len(rest) > 1 else None
-    subresource = rest[2] if len(rest) > 2 else None
-    if rt.namespaced and namespace is None and name is not None:
-        raise not_found
-    if subresource is not None and (subresource != "status" or rt not in (PODS, NAMESPACES)):
-        raise not_found
-    return Route(rt, namespace, name, subresource)
 
 
 def _strip_type(obj: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +170,9 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 self._send_text(200, "ok")
                 return
             if url.path.startswith(ADMIN_PREFIX):
-                self._admin(method, url.path[len(ADMIN_PREFIX) :], body)
+                self._send_json(
+                    *handle_admin(self.backend, method, url.path[len(ADMIN_PREFIX) :], body)
+                )
                 return
             if not self._authorized():
                 raise ApiError(401, "Unauthorized", "Unauthorized")
@@ -238,7 +189,7 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 self._send_json(201, self.backend.tokens.review(body))
                 return
             route = parse_route(url.path)
-            verb = self._verb(method, route, query)
+            verb = verb_for(method, route, query)
             resource = route.rt.plural + (f"/{route.subresource}" if route.subresource else "")
             record = self.backend.recorder.record(
                 RequestRecord(method, self.path, verb, resource, route.namespace, route.name)
@@ -265,23 +216,6 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self._send_json(500, error.to_status())
             self.close_connection = True
-
-    @staticmethod
-    def _verb(method: str, route: Route, query: dict[str, str]) -> str:
-        watching = query.get("watch", "").lower() in ("true", "1")
-        if method == "GET":
-            if route.name is not None:
-                return "get"
-            return "watch" if watching else "list"
-        if method == "POST" and route.name is None:
-            return "create"
-        if method == "PUT" and route.name is not None:
-            return "update"
-        if method == "PATCH" and route.name is not None:
-            return "patch"
-        if method == "DELETE":
-            return "delete" if route.name is not None else "deletecollection"
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
 
     def _handle(self, verb: str, route: Route, query: dict[str, str], body: Any) -> tuple[int, Any]:
         store, rt = self.backend.store, route.rt
@@ -454,50 +388,3 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 self._write_event(*pending_item)
             marker = {"kind": rt.kind, "apiVersion": rt.api_version}
             self._write_event(BOOKMARK, {**marker, "metadata": {"resourceVersion": str(rv)}})
-
-    # -- test control plane ------------------------------------------------------------------
-
-    def _admin(self, method: str, action: str, body: Any) -> None:
-        """Out-of-process equivalents of the ``KubeApiServer`` test helpers."""
-        backend = self.backend
-        if method == "GET" and action == "counts":
-            counts = backend.recorder.counts()
-            self._send_json(
-                200, [{"verb": v, "resource": r, "count": n} for (v, r), n in counts.items()]
-            )
-        elif method == "POST" and action == "tokens" and isinstance(body, dict):
-            spec = dict(body)
-            token = spec.pop("token", None)
-            if not token or not ("serviceAccount" in spec or "username" in spec):
-                raise errors.bad_request("token spec needs token and username or serviceAccount")
-            if "serviceAccount" in spec:
-                backend.tokens.add_service_account(
-                    token,
-                    spec["namespace"],
-                    spec["serviceAccount"],
-                    audiences=spec.get("audiences"),
-                    pod_name=spec.get("podName"),
-                    pod_uid=spec.get("podUid"),
-                )
-            else:
-                backend.tokens.add(
-                    token,
-                    spec["username"],
-                    uid=spec.get("uid", ""),
-                    groups=spec.get("groups", ()),
-                    extra=spec.get("extra"),
-                    audiences=spec.get("audiences"),
-                )
-            self._send_json(201, {"token": token})
-        elif method == "POST" and action == "objects" and isinstance(body, dict):
-            rt = by_name(str(body.get("kind", "")))
-            namespace = (body.get("metadata") or {}).get("namespace")
-            self._send_json(201, backend.store.create(rt, namespace, body, trusted=True))
-        elif method == "POST" and action == "compact":
-            backend.store.compact()
-            self._send_json(200, {"resourceVersion": str(backend.store.resource_version)})
-        elif method == "POST" and action == "reset-counts":
-            backend.recorder.reset()
-            self._send_json(200, {})
-        else:
-            raise ApiError(404, "NotFound", f"unknown test action {method} {action}")

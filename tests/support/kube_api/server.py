@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .handler import Backend, KubeApiHTTPServer
+from .backend import Backend
+from .handler import KubeApiHTTPServer
 from .recorder import RequestRecord, RequestRecorder
 from .resources import CONFIGMAPS, NAMESPACES, PODS, SECRETS, ResourceType, by_name
 from .store import DEFAULT_NAMESPACES, Store
