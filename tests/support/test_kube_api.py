@@ -723,6 +723,16 @@ def test_subprocess_entry_point(tmp_path: Path) -> None:
             )
             urllib.request.urlopen(request, timeout=5).close()
             assert review(auth, "t2").authenticated is True
+
+            pod = {"kind": "Pod", "metadata": {"name": "seeded", "namespace": "default"}}
+            seed = urllib.request.Request(
+                f"{url}/_test/objects",
+                data=json.dumps(pod).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            urllib.request.urlopen(seed, timeout=5).close()
+            assert core.read_namespaced_pod("seeded", "default").status.phase == "Pending"
         assert race_create(url, "raced", 3) == [201, 409, 409]
         with urllib.request.urlopen(f"{url}/_test/counts", timeout=5) as resp:
             counts = {(c["verb"], c["resource"]): c["count"] for c in json.load(resp)}
