@@ -38,13 +38,17 @@ class CaMetrics:
             "meshca_ca_csr_requests", "CreateCertificate requests received", registry=r
         )
         self.authn_failures = Counter(
-            "meshca_ca_authentication_failures", "Requests whose caller was not authenticated",
-            ["reason"], registry=r,
-        )  # fmt: skip
+            "meshca_ca_authentication_failures",
+            "Requests whose caller was not authenticated",
+            ["reason"],
+            registry=r,
+        )
         self.sign_errors = Counter(
-            "meshca_ca_csr_sign_errors", "Requests refused or failed after authentication",
-            ["error"], registry=r,
-        )  # fmt: skip
+            "meshca_ca_csr_sign_errors",
+            "Requests refused or failed after authentication",
+            ["error"],
+            registry=r,
+        )
         self.issued = Counter(
             "meshca_ca_certificates_issued", "Workload certificates issued", registry=r
         )
@@ -58,23 +62,28 @@ class CaMetrics:
             registry=r,
         )
         self.granted_ttl = Histogram(
-            "meshca_ca_granted_ttl_seconds", "Lifetime granted to issued certificates",
+            "meshca_ca_granted_ttl_seconds",
+            "Lifetime granted to issued certificates",
             buckets=(60, 600, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400, 90 * 86400),
             registry=r,
-        )  # fmt: skip
+        )
         self.root_expiry = Gauge(
             "citadel_server_root_cert_expiry_timestamp",
-            "Unix time the root certificate expires", registry=r,
-        )  # fmt: skip
+            "Unix time the root certificate expires",
+            registry=r,
+        )
         self.chain_expiry = Gauge(
             "citadel_server_cert_chain_expiry_timestamp",
-            "Unix time the CA's signing chain expires (earliest expiry on the path)", registry=r,
-        )  # fmt: skip
+            "Unix time the CA's signing chain expires (earliest expiry on the path)",
+            registry=r,
+        )
         r.register(
-            IstioCounterAliases({
-                "citadel_server_csr_count": self.csr_requests,
-                "citadel_server_authentication_failure_count": self.authn_failures,
-                "citadel_server_csr_sign_err_count": self.sign_errors,
-                "citadel_server_success_cert_issuance_count": self.issued,
-            })
-        )  # fmt: skip
+            IstioCounterAliases(
+                {
+                    "citadel_server_csr_count": self.csr_requests,
+                    "citadel_server_authentication_failure_count": self.authn_failures,
+                    "citadel_server_csr_sign_err_count": self.sign_errors,
+                    "citadel_server_success_cert_issuance_count": self.issued,
+                }
+            )
+        )

@@ -35,16 +35,9 @@ from ca_server.root_store import (
     publish_root_bundle,
 )
 from ca_server.service import CertificateService
+from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
-from certs import (
-    CertsError,
-    SigningAuthority,
-    build_serving_certificate,
-    cert_to_pem,
-    certs_to_pem,
-    generate_private_key,
-    private_key_to_pem,
-)
+from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.status_http import StatusServer, metrics_route, text
@@ -82,33 +75,6 @@ def build_authenticators(config: CaConfig, signer: LocalSigner, clock: Clock) ->
     return AuthenticatorChain(chain)
 
 
-def serving_credentials(
-    config: CaConfig, authority: SigningAuthority, clock: Clock, *, require_client_cert: bool
-) -> grpc.ServerCredentials:
-    """A fresh TLS serving certificate issued by the CA itself for the configured host names.
-
-    Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets its
-    own port (`--mtls-listen`) where the certificate is required and verified against the roots.
-    """
-    key = generate_private_key()
-    cert = build_serving_certificate(
-        key.public_key(),
-        authority.cert,
-        authority.key,
-        hosts=config.serving_hosts,
-        now=clock.now(),
-        lifetime=config.serving_cert_lifetime,
-    )
-    chain = cert_to_pem(cert) + certs_to_pem(
-        c for c in (authority.cert, *authority.intermediates) if c not in authority.roots
-    )
-    return grpc.ssl_server_credentials(
-        [(private_key_to_pem(key), chain.encode())],
-        root_certificates=authority.root_bundle_pem.encode() if require_client_cert else None,
-        require_client_auth=require_client_cert,
-    )
-
-
 @dataclass
 class CaState:
     ready: bool = False
@@ -133,14 +99,18 @@ async def watch_authority(
         try:
             authority = source.load(clock.now())
         except (CaSetupError, CertsError) as exc:
-            log.error("keeping the current CA: the changed %s is unusable: %s",
-                      source.description, exc)  # fmt: skip
+            log.error(
+                "keeping the current CA: the changed %s is unusable: %s", source.description, exc
+            )
             continue
         signer.replace(authority)
         publish_root_bundle(config.data_dir, authority)
         _record_expiry(metrics, authority)
-        log.info("reloaded %s; now signing with serial %x", source.description,
-                 authority.cert.serial_number)  # fmt: skip
+        log.info(
+            "reloaded %s; now signing with serial %x",
+            source.description,
+            authority.cert.serial_number,
+        )
 
 
 def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
@@ -181,14 +151,13 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     reflection.enable_server_reflection(
         [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    server.add_secure_port(
-        config.listen, serving_credentials(config, authority, clock, require_client_cert=False)
-    )
+    # Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets
+    # its own port (`--mtls-listen`) where the certificate is required and verified.
+    tls = ServingTls(config, signer, clock, require_client_cert=False)
+    server.add_secure_port(config.listen, tls.credentials())
     if config.mtls_listen:
-        server.add_secure_port(
-            config.mtls_listen,
-            serving_credentials(config, authority, clock, require_client_cert=True),
-        )
+        mtls = ServingTls(config, signer, clock, require_client_cert=True)
+        server.add_secure_port(config.mtls_listen, mtls.credentials())
     monitoring = StatusServer(
         config.monitoring_listen,
         {
@@ -206,9 +175,12 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     state.ready = True
-    log.info("CA serving on %s%s; monitoring on %s", config.listen,
-             f" and mTLS on {config.mtls_listen}" if config.mtls_listen else "",
-             config.monitoring_listen)  # fmt: skip
+    log.info(
+        "CA serving on %s%s; monitoring on %s",
+        config.listen,
+        f" and mTLS on {config.mtls_listen}" if config.mtls_listen else "",
+        config.monitoring_listen,
+    )
     watcher = asyncio.create_task(watch_authority(source, signer, config, metrics, clock))
     try:
         await stop.wait()

@@ -148,8 +148,11 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
 
 
 def _authn_request(context: grpc.aio.ServicerContext) -> AuthnRequest:
-    headers = {key.lower(): value for key, value in (context.invocation_metadata() or ())
-               if isinstance(value, str)}  # fmt: skip
+    headers = {
+        key.lower(): value
+        for key, value in (context.invocation_metadata() or ())
+        if isinstance(value, str)
+    }
     return AuthnRequest(headers=headers, peer_chain=_peer_chain(context))
 
 

@@ -101,6 +101,12 @@ def _add_ca_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         default=[],
         help="DNS name or IP for the CA's TLS certificate (repeatable)",
     )
+    ca.add_argument(
+        "--ca-reload-interval",
+        type=_duration,
+        default="5s",
+        help="how often to check the CA files (plugged-in or shared root) for changes",
+    )
     ca.add_argument("--log-level", default="INFO")
     ca.set_defaults(run=_run_ca)
 
@@ -115,8 +121,9 @@ def ca_config_from_args(args: argparse.Namespace) -> CaConfig:
     )
     trust_dev = args.dev_issuer if args.dev_issuer is not None else not issuers
     try:
-        ttl = TtlPolicy(args.workload_cert_ttl, args.max_workload_cert_ttl,
-                        args.min_workload_cert_ttl)  # fmt: skip
+        ttl = TtlPolicy(
+            args.workload_cert_ttl, args.max_workload_cert_ttl, args.min_workload_cert_ttl
+        )
     except ValueError as exc:
         raise SystemExit(f"meshca ca: {exc}") from exc
     config = CaConfig(
@@ -131,6 +138,7 @@ def ca_config_from_args(args: argparse.Namespace) -> CaConfig:
         ttl=ttl,
         root_key=args.root_key,
         root_lifetime=args.root_ttl,
+        plugged_ca_poll_interval=args.ca_reload_interval,
     )
     if args.serving_host:
         config = replace(config, serving_hosts=tuple(args.serving_host))
@@ -172,8 +180,15 @@ def _run_token(args: argparse.Namespace) -> int:
     except DevIssuerMissing as exc:
         print(f"meshca token: {exc}", file=sys.stderr)
         return 2
-    print(issuer.mint(args.namespace, args.service_account, audience=args.audience,
-                      ttl=args.ttl, pod_name=args.pod_name))  # fmt: skip
+    print(
+        issuer.mint(
+            args.namespace,
+            args.service_account,
+            audience=args.audience,
+            ttl=args.ttl,
+            pod_name=args.pod_name,
+        )
+    )
     return 0
 
 

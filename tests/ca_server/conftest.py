@@ -75,10 +75,12 @@ def rsa_issuer(tmp_path_factory: pytest.TempPathFactory) -> RsaIssuer:
 def ca(tmp_path_factory: pytest.TempPathFactory, rsa_issuer: RsaIssuer) -> Iterator[CaProcess]:
     process = CaProcess(
         tmp_path_factory.mktemp("ca") / "data",
-        "--jwks", str(rsa_issuer.jwks_path),
-        "--jwt-issuer", K8S_ISSUER,
+        "--jwks",
+        str(rsa_issuer.jwks_path),
+        "--jwt-issuer",
+        K8S_ISSUER,
         "--dev-issuer",
-    )  # fmt: skip
+    )
     process.start()
     yield process
     process.stop()

@@ -19,7 +19,7 @@ SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 
 @pytest.fixture
-def fresh_ca(tmp_path) -> Iterator[CaProcess]:  # type: ignore[no-untyped-def]
+def fresh_ca(tmp_path) -> Iterator[CaProcess]:
     process = CaProcess(tmp_path / "data")
     process.start()
     yield process
@@ -89,6 +89,8 @@ def test_metrics_audit_and_logs(fresh_ca: CaProcess):
 
 
 def test_private_key_files_are_owner_only(fresh_ca: CaProcess):
-    for path in (fresh_ca.data_dir / "ca-key.pem",
-                 fresh_ca.data_dir / "dev-issuer" / "signing-key.pem"):  # fmt: skip
+    for path in (
+        fresh_ca.data_dir / "ca-key.pem",
+        fresh_ca.data_dir / "dev-issuer" / "signing-key.pem",
+    ):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

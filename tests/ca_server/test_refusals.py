@@ -93,70 +93,97 @@ CASES = [
     Case(
         "expired token",
         lambda ca, i: i.token("default", "sleep", issued_at=time.time() - 7200),
-        good_csr, UNAUTH, "expired",
+        good_csr,
+        UNAUTH,
+        "expired",
     ),
     Case(
         "token not yet valid",
         lambda ca, i: i.token("default", "sleep", issued_at=time.time() + 3600),
-        good_csr, UNAUTH, "not valid yet",
+        good_csr,
+        UNAUTH,
+        "not valid yet",
     ),
     Case(
         "wrong audience",
         lambda ca, i: i.token("default", "sleep", audience="kubernetes"),
-        good_csr, UNAUTH, "audience",
+        good_csr,
+        UNAUTH,
+        "audience",
     ),
     Case(
         "wrong issuer",
         lambda ca, i: i.token("default", "sleep", issuer="https://evil.example"),
-        good_csr, UNAUTH, "not trusted",
+        good_csr,
+        UNAUTH,
+        "not trusted",
     ),
     Case(
         "alg none",
-        lambda ca, i: _unsigned_token({"alg": "none", "kid": i.kid},
-                                      k8s_claims("default", "sleep")) + ".",
-        good_csr, UNAUTH, "algorithm",
+        lambda ca, i: (
+            _unsigned_token({"alg": "none", "kid": i.kid}, k8s_claims("default", "sleep")) + "."
+        ),
+        good_csr,
+        UNAUTH,
+        "algorithm",
     ),
-    Case("HS256 keyed with the RSA public key", _hs256_with_public_key, good_csr, UNAUTH,
-         "algorithm"),
+    Case(
+        "HS256 keyed with the RSA public key", _hs256_with_public_key, good_csr, UNAUTH, "algorithm"
+    ),
     Case(
         "unknown kid",
         lambda ca, i: i.sign(k8s_claims("default", "sleep"), kid="rotated-away"),
-        good_csr, UNAUTH, "rotated-away",
+        good_csr,
+        UNAUTH,
+        "rotated-away",
     ),
     Case(
         "token for another service account",
         lambda ca, i: i.token("default", "other"),
-        good_csr, grpc.StatusCode.PERMISSION_DENIED, "spiffe://cluster.local/ns/default/sa/other",
+        good_csr,
+        grpc.StatusCode.PERMISSION_DENIED,
+        "spiffe://cluster.local/ns/default/sa/other",
     ),
     Case(
         "CSR with an extra DNS SAN",
         good_token,
         lambda: _csr_with([x509.UniformResourceIdentifier(SLEEP.uri), x509.DNSName("evil.com")]),
-        INVALID, "DNS",
+        INVALID,
+        "DNS",
     ),
     Case(
         "CSR with two URI SANs",
         good_token,
-        lambda: _csr_with([
-            x509.UniformResourceIdentifier(SLEEP.uri),
-            x509.UniformResourceIdentifier("spiffe://cluster.local/ns/kube-system/sa/admin"),
-        ]),
-        INVALID, "2 URI SANs",
+        lambda: _csr_with(
+            [
+                x509.UniformResourceIdentifier(SLEEP.uri),
+                x509.UniformResourceIdentifier("spiffe://cluster.local/ns/kube-system/sa/admin"),
+            ]
+        ),
+        INVALID,
+        "2 URI SANs",
     ),
     Case(
         "CSR asking CA:true",
         good_token,
         lambda: _csr_with([x509.UniformResourceIdentifier(SLEEP.uri)], ca=True),
-        INVALID, "CA:true",
+        INVALID,
+        "CA:true",
     ),
-    Case("CSR signature does not verify", good_token, _csr_with_broken_signature, INVALID,
-         "signature"),
+    Case(
+        "CSR signature does not verify",
+        good_token,
+        _csr_with_broken_signature,
+        INVALID,
+        "signature",
+    ),
     Case("non-PEM CSR", good_token, lambda: "this is not a CSR", INVALID, "not PEM"),
     Case(
         "CSR over 64 KiB",
         good_token,
         lambda: good_csr() + "\n" + "A" * (65 * 1024),
-        INVALID, "limit",
+        INVALID,
+        "limit",
     ),
     Case(
         "impersonation metadata",
@@ -166,7 +193,7 @@ CASES = [
         "impersonate",
         metadata={"ImpersonatedIdentity": "spiffe://cluster.local/ns/default/sa/other"},
     ),
-]  # fmt: skip
+]
 
 
 def _issued(ca: CaProcess) -> float:

@@ -26,12 +26,16 @@ class CaProcess(MeshcaProcess):
         self.extra_args = list(extra_args)
         args = [
             "ca",
-            "--data-dir", str(data_dir),
-            "--listen", f"127.0.0.1:{self.port}",
-            "--monitoring-listen", f"127.0.0.1:{self.monitoring_port}",
-            "--min-workload-cert-ttl", "1s",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--monitoring-listen",
+            f"127.0.0.1:{self.monitoring_port}",
+            "--min-workload-cert-ttl",
+            "1s",
             *extra_args,
-        ]  # fmt: skip
+        ]
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         super().__init__(args, data_dir.parent / f"{data_dir.name}-ca.log", env)
 
@@ -47,7 +51,7 @@ class CaProcess(MeshcaProcess):
     def monitoring_url(self) -> str:
         return f"http://127.0.0.1:{self.monitoring_port}"
 
-    def start(self, timeout: float = 30) -> None:  # type: ignore[override]
+    def start(self, timeout: float = 30) -> None:
         super().start()
         try:
             wait_for(self._ready, timeout, "the CA's /ready")
@@ -82,17 +86,25 @@ def mint_token(
 ) -> str:
     out = subprocess.run(
         [
-            sys.executable, "-m", "meshca", "token",
-            "--data-dir", str(data_dir),
-            "--namespace", namespace,
-            "--service-account", service_account,
-            "--ttl", ttl,
-            "--audience", audience,
+            sys.executable,
+            "-m",
+            "meshca",
+            "token",
+            "--data-dir",
+            str(data_dir),
+            "--namespace",
+            namespace,
+            "--service-account",
+            service_account,
+            "--ttl",
+            ttl,
+            "--audience",
+            audience,
         ],
         env=child_env(),
         check=True,
         capture_output=True,
         text=True,
         timeout=30,
-    )  # fmt: skip
+    )
     return out.stdout.strip()
