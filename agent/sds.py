@@ -108,18 +108,20 @@ class SecretResolver:
         self._files = files
 
     def updates(self, name: str) -> AsyncIterator[Secret]:
+        """The versions of `name`; `UnknownResourceError` if no source can serve it."""
         if not name:
             raise UnknownResourceError("empty resource name")
+        source = self._cache
         if name.startswith((FILE_CERT_PREFIX, FILE_ROOT_PREFIX)):
             if self._files is None:
                 raise UnknownResourceError(
                     f"resource {name!r}: file-mounted secrets are not enabled in this agent"
                 )
-            try:
-                return self._files.updates(name)
-            except ValueError as exc:  # a malformed file-cert:/file-root: name
-                raise UnknownResourceError(str(exc)) from exc
-        return self._cache.updates(name)
+            source = self._files
+        try:
+            return source.updates(name)
+        except ValueError as exc:  # e.g. a malformed file-cert:/file-root: name
+            raise UnknownResourceError(str(exc)) from exc
 
 
 # --- encoding --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.sds import SdsServer
-from agent.secrets import SecretCache
+from agent.secrets import SecretCache, TlsSecret
 from tests.support.envoy import (
     EnvoyPair,
     HttpResult,
@@ -203,3 +203,28 @@ def test_an_identity_the_server_does_not_accept_is_refused(mesh: Mesh) -> None:
         intruder.stop()
     # The accepted client still gets through.
     assert http_get(mesh.envoys.url).ok
+
+
+def test_envoy_nacks_a_bad_certificate_and_keeps_serving(mesh: Mesh) -> None:
+    pair, agent = mesh.envoys, mesh.client
+    assert agent.issued is not None
+    held = agent.issued
+    nacks_before = agent.server.nacks
+    rejected_before = pair.client.stat("sds.default.update_rejected")
+    # A certificate with someone else's key: Envoy refuses to load it.
+    stranger = mesh.client.ca.issue("client")
+    broken = TlsSecret("default", cert_chain_pem=stranger.cert_pem, private_key_pem=held.key_pem)
+    agent.loop.run(agent.cache.publish(broken))
+    wait_for(
+        lambda: pair.client.stat("sds.default.update_rejected") > rejected_before,
+        5,
+        "the client Envoy to reject the broken secret",
+    )
+    wait_for(lambda: agent.server.nacks > nacks_before, 5, "the SDS server to see the NACK")
+    result = http_get(pair.url)
+    assert result.ok, result
+    assert int(result.headers["x-peer-serial"], 16) == held.serial
+    assert pair.client.cert_serials() == [held.serial]
+    # The next good version is accepted again.
+    fixed = agent.rotate()
+    wait_for(lambda: fixed.serial in pair.client.cert_serials(), 5, "the fixed certificate")
