@@ -1,0 +1,421 @@
+"""Secrets read from files and kept fresh: `FILE_MOUNTED_CERTS` mode and `file-cert:`/`file-root:`.
+
+Two users, one mechanism:
+
+- `FileMountedSource` (Istio's `FILE_MOUNTED_CERTS=true`): the pod's certificate, key and root
+  come from files (default `./etc/certs/{cert-chain,key,root-cert}.pem`, usually a mounted
+  Kubernetes Secret) instead of from the CA; they are published into the agent's `SecretCache`
+  as `default` and `ROOTCA`.
+- `FileSecretProvider`: Envoy may ask SDS for `file-cert:<cert-path>~<key-path>` or
+  `file-root:<ca-path>`; the provider loads and watches those files for as long as some stream
+  wants them (plug it into `agent.sds.SecretResolver`).
+
+Watching: `watchdog` observes the *directories* holding the files, never the files themselves.
+The kubelet updates a mounted Secret by writing a new hidden directory and atomically renaming
+the `..data` symlink beside the files; a watch on a file's inode would miss that (Istio's
+"not updated after the second rotation" bug), a watch on the directory sees the rename. Events
+arrive on watchdog's observer thread and hop to the asyncio loop with `call_soon_threadsafe`;
+a short debounce lets a burst (certificate then key) settle before the files are re-read. A slow
+periodic resync backs the watcher up.
+
+Refusal: a set of files whose certificate does not parse, does not match its key, or has
+expired is refused: the previous secret stays published, the reason is logged (never key
+material) and `file_reload_failures{resource_name}` is counted.
+
+Concurrency: everything except the observer thread runs on the agent's asyncio loop. File reads
+are small and done inline on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, ObservedWatch
+
+from agent.secrets import (
+    DEFAULT_RESOURCE,
+    FILE_CERT_PREFIX,
+    FILE_ROOT_PREFIX,
+    ROOT_RESOURCE,
+    RootSecret,
+    Secret,
+    SecretCache,
+    TlsSecret,
+)
+from certs import CertsError, key_matches_certificate, load_certs, load_private_key
+from meshca.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CERT_PATH = Path("./etc/certs/cert-chain.pem")
+DEFAULT_KEY_PATH = Path("./etc/certs/key.pem")
+DEFAULT_ROOT_PATH = Path("./etc/certs/root-cert.pem")
+DEFAULT_DEBOUNCE = 0.1
+DEFAULT_RESYNC_INTERVAL = 60.0
+
+# watchdog also reports reads (opened / closed without writing); those are our own re-reads.
+_CHANGE_EVENTS = frozenset({"created", "deleted", "modified", "moved", "closed"})
+
+
+class FileSecretError(Exception):
+    """Why a set of files was refused; the message names files and reasons, never content."""
+
+
+class UnknownFileResourceError(ValueError):
+    """A malformed `file-cert:` / `file-root:` resource name."""
+
+
+class CounterChild(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class LabeledCounter(Protocol):
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> CounterChild: ...
+
+
+class FileMetrics(Protocol):
+    """The part of the agent's metrics file reloading writes (label `resource_name`)."""
+
+    @property
+    def file_reload_failures(self) -> LabeledCounter: ...
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise FileSecretError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+
+
+def load_tls_secret(name: str, cert_path: Path, key_path: Path, *, now: datetime) -> TlsSecret:
+    """Reads and checks a certificate chain and its key; `FileSecretError` says what is wrong."""
+    cert_bytes = _read(cert_path, "certificate chain")
+    key_bytes = _read(key_path, "private key")
+    try:
+        chain = load_certs(cert_bytes, what=f"certificate chain {cert_path}")
+        key = load_private_key(key_bytes)
+    except CertsError as exc:
+        raise FileSecretError(f"{exc} (key file {key_path})") from exc
+    leaf = chain[0]
+    if not key_matches_certificate(key, leaf):
+        raise FileSecretError(
+            f"the private key in {key_path} does not match the certificate in {cert_path}"
+        )
+    if leaf.not_valid_after_utc <= now:
+        raise FileSecretError(
+            f"the certificate in {cert_path} expired at {leaf.not_valid_after_utc.isoformat()}"
+        )
+    return TlsSecret(
+        name=name, cert_chain_pem=cert_bytes.decode(), private_key_pem=key_bytes.decode()
+    )
+
+
+def load_root_secret(name: str, ca_path: Path, *, now: datetime) -> RootSecret:
+    """Reads and checks a trust bundle: it must parse and hold at least one unexpired cert."""
+    data = _read(ca_path, "trust bundle")
+    try:
+        roots = load_certs(data, what=f"trust bundle {ca_path}")
+    except CertsError as exc:
+        raise FileSecretError(str(exc)) from exc
+    if all(root.not_valid_after_utc <= now for root in roots):
+        raise FileSecretError(f"every certificate in the trust bundle {ca_path} has expired")
+    return RootSecret(name=name, trusted_ca_pem=data.decode())
+
+
+@dataclass(frozen=True)
+class FileResource:
+    """A parsed `file-cert:` or `file-root:` name."""
+
+    name: str
+    paths: tuple[Path, ...]  # (cert, key) or (ca,)
+
+    @classmethod
+    def parse(cls, name: str) -> FileResource:
+        if name.startswith(FILE_CERT_PREFIX):
+            parts = name[len(FILE_CERT_PREFIX) :].split("~")
+            if len(parts) != 2 or not all(parts):
+                raise UnknownFileResourceError(
+                    f"resource {name!r}: expected file-cert:<cert-path>~<key-path>"
+                )
+            return cls(name, (Path(parts[0]), Path(parts[1])))
+        if name.startswith(FILE_ROOT_PREFIX):
+            path = name[len(FILE_ROOT_PREFIX) :]
+            if not path:
+                raise UnknownFileResourceError(f"resource {name!r}: expected file-root:<ca-path>")
+            return cls(name, (Path(path),))
+        raise UnknownFileResourceError(f"resource {name!r} is not a file-cert: or file-root: name")
+
+    def load(self, now: datetime) -> Secret:
+        if len(self.paths) == 2:
+            return load_tls_secret(self.name, self.paths[0], self.paths[1], now=now)
+        return load_root_secret(self.name, self.paths[0], now=now)
+
+
+# --- watching --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Watched:
+    """One secret backed by files, published into `cache` under `resource.name`."""
+
+    resource: FileResource
+    cache: SecretCache
+    users: int = 0
+    timer: asyncio.TimerHandle | None = None
+    last_error: str | None = None
+    directories: tuple[str, ...] = field(default=())
+
+
+class _DirectoryEvents(FileSystemEventHandler):
+    """Runs on watchdog's thread: forwards a change in `directory` to the asyncio loop."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        directory: str,
+        callback: Callable[[str], None],
+    ) -> None:
+        self._loop = loop
+        self._directory = directory
+        self._callback = callback
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type not in _CHANGE_EVENTS:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            self._loop.call_soon_threadsafe(self._callback, self._directory)
+
+
+class FileWatcher:
+    """Keeps file-backed secrets published: loads them, watches their directories, reloads."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        metrics: FileMetrics | None = None,
+        debounce: float = DEFAULT_DEBOUNCE,
+        resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.metrics = metrics
+        self.debounce = debounce
+        self.resync_interval = resync_interval
+        self.failures = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._observer: BaseObserver | None = None
+        self._watched: dict[str, _Watched] = {}
+        self._directories: dict[str, ObservedWatch] = {}
+        self._resync: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._observer is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._observer = Observer()
+        self._observer.daemon = True
+        self._observer.start()
+        self._resync = asyncio.create_task(self._resync_forever())
+
+    async def stop(self) -> None:
+        if self._resync is not None:
+            self._resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync
+            self._resync = None
+        for watched in self._watched.values():
+            if watched.timer is not None:
+                watched.timer.cancel()
+        self._watched.clear()
+        self._directories.clear()
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            await asyncio.to_thread(observer.join, 5)
+
+    def last_error(self, name: str) -> str | None:
+        watched = self._watched.get(name)
+        return watched.last_error if watched else None
+
+    async def add(self, resource: FileResource, cache: SecretCache) -> None:
+        """Starts keeping `resource` published in `cache` (reference-counted by name)."""
+        self.start()
+        watched = self._watched.get(resource.name)
+        if watched is None:
+            directories = tuple(
+                sorted({os.path.dirname(os.path.abspath(p)) for p in resource.paths})
+            )
+            watched = _Watched(resource, cache, directories=directories)
+            self._watched[resource.name] = watched
+            for directory in directories:
+                self._watch_directory(directory)
+            await self._reload(watched)
+        watched.users += 1
+
+    def remove(self, name: str) -> None:
+        watched = self._watched.get(name)
+        if watched is None:
+            return
+        watched.users -= 1
+        if watched.users > 0:
+            return
+        del self._watched[name]
+        if watched.timer is not None:
+            watched.timer.cancel()
+        still_needed = {d for w in self._watched.values() for d in w.directories}
+        for directory in watched.directories:
+            if directory not in still_needed:
+                observed = self._directories.pop(directory, None)
+                if observed is not None and self._observer is not None:
+                    self._observer.unschedule(observed)
+
+    def _watch_directory(self, directory: str) -> None:
+        if directory in self._directories or self._observer is None or self._loop is None:
+            return
+        handler = _DirectoryEvents(self._loop, directory, self._on_directory_changed)
+        try:
+            self._directories[directory] = self._observer.schedule(handler, directory)
+        except OSError as exc:
+            log.warning(
+                "cannot watch %s (%s); changes there are picked up only by the %ss resync",
+                directory,
+                exc,
+                self.resync_interval,
+            )
+
+    def _on_directory_changed(self, directory: str) -> None:
+        assert self._loop is not None
+        for watched in self._watched.values():
+            if directory not in watched.directories:
+                continue
+            if watched.timer is not None:
+                watched.timer.cancel()
+            watched.timer = self._loop.call_later(self.debounce, self._schedule_reload, watched)
+
+    def _schedule_reload(self, watched: _Watched) -> None:
+        watched.timer = None
+        if self._watched.get(watched.resource.name) is watched:
+            asyncio.create_task(self._reload(watched))  # noqa: RUF006 - short, self-contained
+
+    async def _reload(self, watched: _Watched) -> None:
+        name = watched.resource.name
+        try:
+            secret = watched.resource.load(self.clock.now())
+        except FileSecretError as exc:
+            self._refuse(watched, str(exc))
+            return
+        watched.last_error = None
+        if await watched.cache.publish(secret):
+            log.info(
+                "loaded %s from %s (version %s)",
+                name,
+                ", ".join(str(p) for p in watched.resource.paths),
+                secret.version,
+            )
+
+    def _refuse(self, watched: _Watched, reason: str) -> None:
+        name = watched.resource.name
+        watched.last_error = reason
+        self.failures += 1
+        if self.metrics is not None:
+            self.metrics.file_reload_failures.labels(resource_name=name).inc()
+        kept = "keeping the previous version" if watched.cache.get(name) else "nothing to serve"
+        log.warning("refusing %s: %s; %s", name, reason, kept)
+
+    async def _resync_forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.resync_interval)
+            for watched in list(self._watched.values()):
+                await self._reload(watched)
+
+
+class FileMountedSource:
+    """`FILE_MOUNTED_CERTS` mode: publishes `default` and `ROOTCA` from files into `cache`.
+
+    `await start()` loads the files once (a failure is logged and counted, and the files keep
+    being watched so a later fix is picked up) and watches them; `await stop()` stops watching.
+    """
+
+    def __init__(
+        self,
+        cache: SecretCache,
+        cert_path: str | os.PathLike[str] = DEFAULT_CERT_PATH,
+        key_path: str | os.PathLike[str] = DEFAULT_KEY_PATH,
+        root_path: str | os.PathLike[str] = DEFAULT_ROOT_PATH,
+        clock: Clock | None = None,
+        *,
+        metrics: FileMetrics | None = None,
+        debounce: float = DEFAULT_DEBOUNCE,
+        resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+        cert_name: str = DEFAULT_RESOURCE,
+        root_name: str = ROOT_RESOURCE,
+    ) -> None:
+        self.cache = cache
+        self._resources = (
+            FileResource(cert_name, (Path(cert_path), Path(key_path))),
+            FileResource(root_name, (Path(root_path),)),
+        )
+        self.watcher = FileWatcher(
+            clock=clock, metrics=metrics, debounce=debounce, resync_interval=resync_interval
+        )
+
+    async def start(self) -> None:
+        for resource in self._resources:
+            await self.watcher.add(resource, self.cache)
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+
+    @property
+    def ready(self) -> bool:
+        """True once both secrets have been published."""
+        return all(self.cache.get(resource.name) for resource in self._resources)
+
+
+class FileSecretProvider:
+    """Serves `file-cert:`/`file-root:` names on demand (`agent.sds.SecretResolver(files=...)`).
+
+    Files are loaded and watched while at least one `updates(name)` iterator is open.
+    """
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        *,
+        metrics: FileMetrics | None = None,
+        debounce: float = DEFAULT_DEBOUNCE,
+        resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+    ) -> None:
+        self.cache = SecretCache()
+        self.watcher = FileWatcher(
+            clock=clock, metrics=metrics, debounce=debounce, resync_interval=resync_interval
+        )
+
+    def updates(self, name: str) -> AsyncIterator[Secret]:
+        """The secret for a `file-*:` name, then each accepted change. Malformed names raise
+        `UnknownFileResourceError` (a `ValueError`) right away."""
+        return self._follow(FileResource.parse(name))
+
+    async def _follow(self, resource: FileResource) -> AsyncIterator[Secret]:
+        await self.watcher.add(resource, self.cache)
+        try:
+            async for secret in self.cache.updates(resource.name):
+                yield secret
+        finally:
+            self.watcher.remove(resource.name)
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
