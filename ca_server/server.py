@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from meshca_proto import ca_pb2, ca_pb2_grpc
 
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
 from ca_server.config import CaConfig
@@ -41,6 +40,7 @@ from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.status_http import StatusServer, metrics_route, text
+from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
 

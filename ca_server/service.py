@@ -15,7 +15,6 @@ from datetime import datetime
 import grpc
 from cryptography import x509
 from google.protobuf import struct_pb2
-from meshca_proto import ca_pb2, ca_pb2_grpc
 
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
 from ca_server.authz import authorize_csr
@@ -32,6 +31,7 @@ from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
 from certs import CertsError, SpiffeId, load_certs, load_csr, public_key_of
 from meshca.logs import audit
+from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
 

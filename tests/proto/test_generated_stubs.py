@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
+
 from meshca_proto import ca_pb2
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
+
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
 
