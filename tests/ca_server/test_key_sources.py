@@ -1,0 +1,82 @@
+"""Where trust comes from: a JWKS served over HTTP, and roots of other key types."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from certs import SpiffeId, build_csr, generate_private_key, load_cert, load_certs, verify_chain
+from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_process import CaProcess
+
+SLEEP = SpiffeId("cluster.local", "default", "sleep")
+
+
+@pytest.fixture
+def jwks_url(rsa_issuer: RsaIssuer) -> Iterator[str]:
+    body = rsa_issuer.jwks_path.read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/openid/v1/jwks"
+    server.shutdown()
+    server.server_close()
+
+
+def test_tokens_verified_against_a_jwks_url(tmp_path: Path, rsa_issuer: RsaIssuer, jwks_url: str):
+    ca = CaProcess(tmp_path / "data", "--jwks", jwks_url, "--jwt-issuer", K8S_ISSUER)
+    ca.start()
+    try:
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            chain = create_certificate(
+                stub,
+                build_csr(generate_private_key(), SLEEP),
+                token=rsa_issuer.token("default", "sleep"),
+            )
+        assert len(chain) == 2
+        # With real issuers configured, the development issuer is not trusted.
+        dev_token = ca.mint_token("default", "sleep")
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            with pytest.raises(grpc.RpcError) as refused:
+                create_certificate(stub, build_csr(generate_private_key(), SLEEP), token=dev_token)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        ca.stop()
+
+
+@pytest.mark.parametrize("root_key", ["rsa-2048", "ec-p384"])
+def test_generated_root_of_another_key_type(tmp_path: Path, root_key: str):
+    ca = CaProcess(tmp_path / "data", "--root-key", root_key)
+    ca.start()
+    try:
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            chain = create_certificate(
+                stub,
+                build_csr(generate_private_key(), SLEEP),
+                token=ca.mint_token("default", "sleep"),
+            )
+        roots = load_certs(ca.root_cert_path.read_bytes())
+        assert isinstance(roots[0].public_key(), rsa.RSAPublicKey) == (root_key == "rsa-2048")
+        verify_chain([load_cert(chain[0])], roots, now=datetime.now(UTC))
+    finally:
+        ca.stop()
