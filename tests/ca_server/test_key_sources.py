@@ -12,6 +12,7 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from ca_server.dev_issuer import ensure_dev_issuer
 from certs import SpiffeId, build_csr, generate_private_key, load_cert, load_certs, verify_chain
 from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
 from tests.support.ca_client import ca_stub, create_certificate
@@ -55,7 +56,7 @@ def test_tokens_verified_against_a_jwks_url(tmp_path: Path, rsa_issuer: RsaIssue
             )
         assert len(chain) == 2
         # With real issuers configured, the development issuer is not trusted.
-        dev_token = ca.mint_token("default", "sleep")
+        dev_token = ensure_dev_issuer(tmp_path / "elsewhere").mint("default", "sleep")
         with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
             with pytest.raises(grpc.RpcError) as refused:
                 create_certificate(stub, build_csr(generate_private_key(), SLEEP), token=dev_token)
