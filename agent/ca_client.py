@@ -276,12 +276,8 @@ class CaClient:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=self._root_pem, private_key=private_key, certificate_chain=chain
         )
-        options = list(CHANNEL_OPTIONS)
-        host = _host_of(self.addr)
-        if host not in CA_SERVING_NAMES:
-            options.append(("grpc.ssl_target_name_override", CA_TLS_NAME))
         log.debug("connecting to the CA at %s", self.addr)
-        return grpc.aio.secure_channel(self.addr, credentials, options=options)
+        return grpc.aio.secure_channel(self.addr, credentials, options=channel_options(self.addr))
 
     async def _refresh_root_if_changed(self) -> None:
         """The CA is unreachable: maybe the mesh root rotated. Rebuild if the file changed."""
@@ -292,6 +288,14 @@ class CaClient:
         if current != self._root_pem:
             log.info("CA root file %s changed; reconnecting with the new root", self._root_ca)
             await self.close()
+
+
+def channel_options(addr: str) -> list[tuple[str, int | str]]:
+    """Fast reconnects, and the CA's TLS name for addresses its certificate does not list."""
+    options = list(CHANNEL_OPTIONS)
+    if _host_of(addr) not in CA_SERVING_NAMES:
+        options.append(("grpc.ssl_target_name_override", CA_TLS_NAME))
+    return options
 
 
 def _host_of(addr: str) -> str:

@@ -225,14 +225,15 @@ class SecretManager:
             signed.not_after.isoformat(),
             delay,
         )
-        self._schedule_rotation(self.generation, delay)
+        self._schedule_rotation(self.generation, self.next_rotation_at)
 
-    def _schedule_rotation(self, generation: int, delay: float) -> None:
+    def _schedule_rotation(self, generation: int, due_at: datetime) -> None:
         self._cancel_timer()
-        self._timer = asyncio.create_task(self._rotation_timer(generation, delay))
+        self._timer = asyncio.create_task(self._rotation_timer(generation, due_at))
 
-    async def _rotation_timer(self, generation: int, delay: float) -> None:
-        await self._clock.sleep(delay)
+    async def _rotation_timer(self, generation: int, due_at: datetime) -> None:
+        # An absolute deadline: time spent before this task first runs is not added on top.
+        await self._clock.sleep(max(0.0, (due_at - self._clock.now()).total_seconds()))
         self._on_rotation_due(generation)
 
     def _on_rotation_due(self, generation: int) -> None:
