@@ -13,7 +13,7 @@ from datetime import datetime
 
 from cryptography import x509
 
-from certs.chain import is_ca, verify_chain
+from certs.chain import is_ca, issued_by, verify_chain
 from certs.errors import ChainError, KeyMaterialError
 from certs.keys import PrivateKey, key_matches_certificate
 from certs.pem import cert_to_pem, certs_to_pem
@@ -39,9 +39,19 @@ class SigningAuthority:
 
     @property
     def not_after(self) -> datetime:
-        """The latest NotAfter a leaf may have: the earliest expiry along the chain to the root."""
+        """The latest NotAfter a leaf may have: the earliest expiry along the chain to the root.
+
+        The root counts too: a plugged-in intermediate may outlive its root, and a leaf must not
+        outlive the root it verifies to. If several roots anchor the chain (rotation), the one
+        that lasts longest bounds it.
+        """
         chain_certs = [self.cert, *self.intermediates]
-        return min(cert.not_valid_after_utc for cert in chain_certs)
+        expiries = [cert.not_valid_after_utc for cert in chain_certs]
+        top = chain_certs[-1]
+        anchors = [root for root in self.roots if root == top or issued_by(top, root)]
+        if anchors:
+            expiries.append(max(root.not_valid_after_utc for root in anchors))
+        return min(expiries)
 
     def validate(self, *, now: datetime) -> None:
         """Refuses unusable material with a message naming the fault."""

@@ -22,7 +22,8 @@ def is_ca(cert: x509.Certificate) -> bool:
         return False
 
 
-def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """True when `issuer`'s key signed `cert` and the names link up."""
     try:
         cert.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature):
@@ -59,11 +60,11 @@ def verify_chain(
             issuer = chain[index + 1]
             if not is_ca(issuer):
                 raise ChainError(f"intermediate #{index + 1} is not a CA certificate")
-            if not _issued_by(cert, issuer):
+            if not issued_by(cert, issuer):
                 raise ChainError(f"{what} was not signed by the next certificate in the chain")
     last = chain[-1]
     for root in roots:
-        if last == root or _issued_by(last, root):
+        if last == root or issued_by(last, root):
             if not is_ca(root):
                 raise ChainError("the matching root is not a CA certificate")
             _check_time(root, now, "root certificate")

@@ -12,11 +12,12 @@ from certs.errors import SpiffeIdError
 
 DEFAULT_TRUST_DOMAIN = "cluster.local"
 
+# Matched with fullmatch: `$` would also accept a trailing newline.
 # SPIFFE spec: trust domain is lowercase letters, digits, '.', '-', '_'.
-_TRUST_DOMAIN = re.compile(r"^[a-z0-9._-]{1,255}$")
+_TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
 # Kubernetes: namespaces are DNS-1123 labels, service accounts DNS-1123 subdomains.
-_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SERVICE_ACCOUNT = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True, order=True)
@@ -28,13 +29,13 @@ class SpiffeId:
     service_account: str
 
     def __post_init__(self) -> None:
-        if not _TRUST_DOMAIN.match(self.trust_domain):
+        if not _TRUST_DOMAIN.fullmatch(self.trust_domain):
             raise SpiffeIdError(
                 f"invalid trust domain {self.trust_domain!r}: use lowercase letters, digits, . - _"
             )
-        if not _NAMESPACE.match(self.namespace):
+        if not _NAMESPACE.fullmatch(self.namespace):
             raise SpiffeIdError(f"invalid namespace {self.namespace!r}: not a DNS-1123 label")
-        if not _SERVICE_ACCOUNT.match(self.service_account):
+        if not _SERVICE_ACCOUNT.fullmatch(self.service_account):
             raise SpiffeIdError(
                 f"invalid service account {self.service_account!r}: not a DNS-1123 subdomain"
             )

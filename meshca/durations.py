@@ -16,7 +16,7 @@ def parse_duration(text: str) -> timedelta:
     """
     value = text.strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", value):
-        return timedelta(seconds=float(value))
+        return _seconds(float(value), text)
     position = 0
     total = 0.0
     for match in _PART.finditer(value):
@@ -26,11 +26,21 @@ def parse_duration(text: str) -> timedelta:
         position = match.end()
     if position != len(value) or not value:
         raise ValueError(f"invalid duration {text!r}: write it like 30s, 10m, 24h, 90d or 1h30m")
-    return timedelta(seconds=total)
+    return _seconds(total, text)
+
+
+def _seconds(seconds: float, text: str) -> timedelta:
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"invalid duration {text!r}: too long") from None
 
 
 def format_duration_short(delta: timedelta) -> str:
-    """The inverse for round numbers: 86400s → `24h`, 7776000s → `90d`, 90s → `90s`."""
+    """The inverse for round numbers, largest unit first.
+
+    86400s → `1d`, 7776000s → `90d`, 7200s → `2h`, 90s → `90s`.
+    """
     seconds = int(delta.total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds and seconds % size == 0:

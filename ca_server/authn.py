@@ -1,0 +1,137 @@
+"""Who is calling? Authenticators tried in order, first success wins (Istio's model).
+
+An authenticator returns `None` when the request carries no credential of its kind (so the next
+one is tried) and raises `AuthenticationError` when it carries one that is not valid. New kinds
+(Kubernetes TokenReview) implement the same `Authenticator` protocol and join the chain in
+`ca_server.server.build_authenticators`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from cryptography import x509
+
+from ca_server.errors import AuthenticationError
+from certs import CertsError, SpiffeId, describe_certificate, verify_chain
+
+
+@dataclass(frozen=True)
+class AuthnRequest:
+    """What an authenticator may look at: request headers and the verified TLS peer chain."""
+
+    headers: Mapping[str, str]
+    peer_chain: tuple[x509.Certificate, ...] = ()
+
+    @property
+    def bearer_token(self) -> str | None:
+        value = self.headers.get("authorization", "")
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return token.strip()
+
+    @property
+    def cluster_id(self) -> str | None:
+        return self.headers.get("clusterid") or None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated caller: the identity it may be issued, and facts for audit/impersonation."""
+
+    identity: SpiffeId
+    authenticator: str
+    subject: str
+    pod_name: str | None = None
+    pod_uid: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+class Authenticator(Protocol):
+    name: str
+
+    async def authenticate(self, request: AuthnRequest) -> Caller | None: ...
+
+
+class AuthenticatorChain:
+    """Runs authenticators in order; the first `Caller` wins.
+
+    If none succeeds the error names every failure, so an operator sees e.g. both "no client
+    certificate" and "token expired" rather than only the last one.
+    """
+
+    def __init__(self, authenticators: Sequence[Authenticator]) -> None:
+        self._authenticators = list(authenticators)
+
+    async def authenticate(self, request: AuthnRequest) -> Caller:
+        failures: list[AuthenticationError] = []
+        for authenticator in self._authenticators:
+            try:
+                caller = await authenticator.authenticate(request)
+            except AuthenticationError as exc:
+                failures.append(exc)
+                continue
+            if caller is not None:
+                return caller
+        if not failures:
+            raise AuthenticationError(
+                "no-credentials",
+                "request carries no credential: send 'authorization: Bearer <service-account "
+                "token>' (audience istio-ca) or connect with a client certificate",
+            )
+        if len(failures) == 1:
+            raise failures[0]
+        raise AuthenticationError(
+            failures[0].reason, "; ".join(f"{exc.message}" for exc in failures)
+        )
+
+
+class ClientCertificateAuthenticator:
+    """Renewal over mTLS: the identity is the SPIFFE URI of the verified client certificate.
+
+    gRPC has already verified the chain during the handshake; it is checked again here against the
+    CA's current roots so a certificate from a retired root stops working without a restart.
+    """
+
+    name = "client-certificate"
+
+    def __init__(
+        self,
+        trust_domain: str,
+        roots: Callable[[], Sequence[x509.Certificate]],
+        clock_now: Callable[[], datetime],
+    ) -> None:
+        self._trust_domain = trust_domain
+        self._roots = roots
+        self._now = clock_now
+
+    async def authenticate(self, request: AuthnRequest) -> Caller | None:
+        if not request.peer_chain:
+            return None
+        leaf = request.peer_chain[0]
+        try:
+            verify_chain(list(request.peer_chain), self._roots(), now=self._now())
+        except CertsError as exc:
+            raise AuthenticationError("client-cert-invalid", f"client certificate: {exc}") from exc
+        identity = describe_certificate(leaf).identity
+        if identity is None:
+            raise AuthenticationError(
+                "client-cert-no-identity", "client certificate carries no SPIFFE URI SAN"
+            )
+        try:
+            spiffe_id = SpiffeId.parse(identity)
+        except CertsError as exc:
+            raise AuthenticationError(
+                "client-cert-no-identity", f"client certificate: {exc}"
+            ) from exc
+        if spiffe_id.trust_domain != self._trust_domain:
+            raise AuthenticationError(
+                "client-cert-trust-domain",
+                f"client certificate is for trust domain {spiffe_id.trust_domain}, "
+                f"this CA serves {self._trust_domain}",
+            )
+        return Caller(spiffe_id, self.name, subject=f"x509:{spiffe_id.uri}")

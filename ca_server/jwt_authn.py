@@ -1,0 +1,244 @@
+"""Offline JWT authentication against a JWKS (file or URL), for Kubernetes-shaped tokens.
+
+The token must be a projected service-account token (REFERENCE §2): asymmetric signature from a
+trusted issuer's JWKS, `aud` containing an accepted audience, valid `exp`/`nbf`, and
+`sub = system:serviceaccount:<ns>:<sa>` agreeing with the `kubernetes.io` claim. Verified tokens
+are cached (by digest, never the token itself) until they expire, so a burst of renewals with
+the same token costs one signature check.
+
+Concurrency: runs on the event loop; fetching a JWKS URL blocks, so it runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import jwt
+
+from ca_server.authn import AuthnRequest, Caller
+from ca_server.config import JwtIssuerConfig
+from ca_server.errors import AuthenticationError
+from certs import CertsError, SpiffeId
+
+log = logging.getLogger(__name__)
+
+# Asymmetric only: HS* would let anyone holding the (public) JWKS forge tokens.
+ALLOWED_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "PS384", "PS512")
+_SA_PREFIX = "system:serviceaccount:"
+_LEEWAY_SECONDS = 30
+
+
+class KeySource(Protocol):
+    """Where an issuer's public keys come from."""
+
+    async def key_for(self, kid: str | None) -> jwt.PyJWK: ...
+
+
+class JwksFile:
+    """A JWKS JSON file, re-read when its modification time changes (rotated issuer keys)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._mtime: float | None = None
+        self._keys: jwt.PyJWKSet | None = None
+
+    async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        try:
+            mtime = self._path.stat().st_mtime
+            if self._keys is None or mtime != self._mtime:
+                self._keys = jwt.PyJWKSet.from_json(self._path.read_text())
+                self._mtime = mtime
+        except (OSError, jwt.PyJWKSetError) as exc:
+            raise AuthenticationError(
+                "jwks-unavailable", f"cannot read the issuer's JWKS file {self._path}: {exc}"
+            ) from exc
+        return _pick_key(self._keys.keys, kid, str(self._path))
+
+
+class JwksUrl:
+    """A JWKS served over HTTP(S), fetched and cached by PyJWT's `PyJWKClient`."""
+
+    def __init__(self, url: str) -> None:
+        self._client = jwt.PyJWKClient(url, cache_keys=True, lifespan=300, timeout=5)
+        self._url = url
+
+    async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        try:
+            keys = await asyncio.to_thread(self._client.get_signing_keys)
+        except jwt.PyJWKClientError as exc:
+            raise AuthenticationError(
+                "jwks-unavailable", f"cannot fetch the issuer's JWKS from {self._url}: {exc}"
+            ) from exc
+        return _pick_key(keys, kid, self._url)
+
+
+def _pick_key(keys: Sequence[jwt.PyJWK], kid: str | None, where: str) -> jwt.PyJWK:
+    if kid is None:
+        if len(keys) == 1:
+            return keys[0]
+        raise AuthenticationError(
+            "jwt-no-kid", f"token has no 'kid' header and the JWKS at {where} holds several keys"
+        )
+    for key in keys:
+        if key.key_id == kid:
+            return key
+    raise AuthenticationError(
+        "jwt-unknown-kid", f"token was signed with key id {kid!r}, which the JWKS at {where} lacks"
+    )
+
+
+def key_source_for(jwks: str) -> KeySource:
+    if jwks.startswith(("http://", "https://")):
+        return JwksUrl(jwks)
+    return JwksFile(Path(jwks))
+
+
+@dataclass(frozen=True)
+class TrustedIssuer:
+    issuer: str
+    keys: KeySource
+    audiences: tuple[str, ...]
+
+
+class JwtAuthenticator:
+    """Authenticates bearer tokens from any of the trusted issuers."""
+
+    name = "jwt"
+
+    def __init__(
+        self,
+        issuers: Sequence[TrustedIssuer],
+        trust_domain: str,
+        now: Callable[[], datetime],
+        cache_size: int = 10_000,
+    ) -> None:
+        self._issuers = {issuer.issuer: issuer for issuer in issuers}
+        self._trust_domain = trust_domain
+        self._now = now
+        self._cache: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
+        self._cache_size = cache_size
+
+    @classmethod
+    def from_config(
+        cls, configs: Sequence[JwtIssuerConfig], trust_domain: str, now: Callable[[], datetime]
+    ) -> JwtAuthenticator:
+        issuers = [TrustedIssuer(c.issuer, key_source_for(c.jwks), c.audiences) for c in configs]
+        return cls(issuers, trust_domain, now)
+
+    async def authenticate(self, request: AuthnRequest) -> Caller | None:
+        token = request.bearer_token
+        if token is None:
+            return None
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        now_ts = self._now().timestamp()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[1] > now_ts:
+            self._cache.move_to_end(digest)
+            return cached[0]
+        caller, expires_at = await self._verify(token)
+        self._remember(digest, caller, expires_at)
+        return caller
+
+    def _remember(self, digest: str, caller: Caller, expires_at: float) -> None:
+        self._cache[digest] = (caller, expires_at)
+        self._cache.move_to_end(digest)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    async def _verify(self, token: str) -> tuple[Caller, float]:
+        try:
+            header = jwt.get_unverified_header(token)
+            unverified = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError as exc:
+            raise AuthenticationError(
+                "jwt-malformed", "bearer token is not a well-formed JWT"
+            ) from exc
+        algorithm = header.get("alg")
+        if algorithm not in ALLOWED_ALGORITHMS:
+            raise AuthenticationError(
+                "jwt-algorithm",
+                f"token algorithm {algorithm!r} is not accepted; service-account tokens are "
+                f"signed with one of {', '.join(ALLOWED_ALGORITHMS)}",
+            )
+        issuer = self._issuers.get(str(unverified.get("iss")))
+        if issuer is None:
+            raise AuthenticationError(
+                "jwt-issuer",
+                f"token issuer {unverified.get('iss')!r} is not trusted by this CA "
+                f"(trusted: {sorted(self._issuers)})",
+            )
+        key = await issuer.keys.key_for(header.get("kid"))
+        try:
+            claims = jwt.decode(
+                token,
+                key=key,
+                algorithms=[algorithm],
+                audience=list(issuer.audiences),
+                issuer=issuer.issuer,
+                leeway=_LEEWAY_SECONDS,
+                options={"require": ["exp", "iss", "sub", "aud"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise AuthenticationError(
+                "jwt-expired",
+                "token has expired; the kubelet refreshes projected tokens: re-read the token file",
+            ) from exc
+        except jwt.ImmatureSignatureError as exc:
+            raise AuthenticationError(
+                "jwt-not-yet-valid",
+                "token is not valid yet (nbf/iat in the future): check clock skew between nodes",
+            ) from exc
+        except jwt.InvalidAudienceError as exc:
+            raise AuthenticationError(
+                "jwt-audience",
+                "token audience is not accepted; request "
+                f"a token with audience {list(issuer.audiences)}",
+            ) from exc
+        except jwt.InvalidIssuerError as exc:
+            raise AuthenticationError("jwt-issuer", "token issuer is not trusted") from exc
+        except jwt.InvalidSignatureError as exc:
+            raise AuthenticationError(
+                "jwt-signature", "token signature does not verify against the issuer's keys"
+            ) from exc
+        except jwt.PyJWTError as exc:
+            raise AuthenticationError("jwt-invalid", f"token rejected: {exc}") from exc
+        return self._caller_from_claims(claims), float(claims["exp"])
+
+    def _caller_from_claims(self, claims: dict[str, Any]) -> Caller:
+        subject = str(claims.get("sub", ""))
+        if not subject.startswith(_SA_PREFIX) or subject.count(":") != 3:
+            raise AuthenticationError(
+                "jwt-subject",
+                "token subject is not a service account (system:serviceaccount:<ns>:<sa>)",
+            )
+        namespace, service_account = subject[len(_SA_PREFIX) :].split(":")
+        k8s = claims.get("kubernetes.io")
+        pod_name = pod_uid = None
+        if isinstance(k8s, dict):
+            claimed_ns = k8s.get("namespace")
+            claimed_sa = (k8s.get("serviceaccount") or {}).get("name")
+            if (claimed_ns, claimed_sa) != (namespace, service_account):
+                raise AuthenticationError(
+                    "jwt-subject", "token's kubernetes.io claim disagrees with its subject"
+                )
+            pod = k8s.get("pod") or {}
+            pod_name, pod_uid = pod.get("name"), pod.get("uid")
+        try:
+            identity = SpiffeId(self._trust_domain, namespace, service_account)
+        except CertsError as exc:
+            raise AuthenticationError("jwt-subject", f"token subject: {exc}") from exc
+        return Caller(identity, self.name, subject=subject, pod_name=pod_name, pod_uid=pod_uid)
+
+
+def jwks_document(keys: Sequence[dict[str, Any]]) -> str:
+    """A JWKS JSON document for the given JWK dicts (the dev issuer publishes one)."""
+    return json.dumps({"keys": list(keys)}, indent=2, sort_keys=True)

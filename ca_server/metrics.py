@@ -1,0 +1,80 @@
+"""The CA's Prometheus metrics: Istio's names (REFERENCE §6) plus meshca's own.
+
+Istio exposes its counters without the `_total` suffix that `prometheus_client` appends; the
+`IstioCounterAliases` collector re-exports meshca's counters under Istio's exact names so
+existing dashboards keep working, while meshca's own names follow Prometheus conventions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+
+class IstioCounterAliases(Collector):
+    def __init__(self, aliases: dict[str, Counter]) -> None:
+        self._aliases = aliases
+
+    def collect(self) -> Iterable[Metric]:
+        for alias, counter in self._aliases.items():
+            metric = Metric(alias, f"Istio-compatible alias of {counter._name}_total", "unknown")
+            for family in counter.collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        metric.add_sample(alias, sample.labels, sample.value)
+            yield metric
+
+
+class CaMetrics:
+    """One registry per CA process (tests start several CAs; no global state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.csr_requests = Counter(
+            "meshca_ca_csr_requests", "CreateCertificate requests received", registry=r
+        )
+        self.authn_failures = Counter(
+            "meshca_ca_authentication_failures", "Requests whose caller was not authenticated",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.sign_errors = Counter(
+            "meshca_ca_csr_sign_errors", "Requests refused or failed after authentication",
+            ["error"], registry=r,
+        )  # fmt: skip
+        self.issued = Counter(
+            "meshca_ca_certificates_issued", "Workload certificates issued", registry=r
+        )
+        self.denials = Counter(
+            "meshca_ca_denials", "Requests refused, by reason", ["reason", "code"], registry=r
+        )
+        self.issuance_latency = Histogram(
+            "meshca_ca_issuance_latency_seconds",
+            "Time from request arrival to response, for successful issuances",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.granted_ttl = Histogram(
+            "meshca_ca_granted_ttl_seconds", "Lifetime granted to issued certificates",
+            buckets=(60, 600, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400, 90 * 86400),
+            registry=r,
+        )  # fmt: skip
+        self.root_expiry = Gauge(
+            "citadel_server_root_cert_expiry_timestamp",
+            "Unix time the root certificate expires", registry=r,
+        )  # fmt: skip
+        self.chain_expiry = Gauge(
+            "citadel_server_cert_chain_expiry_timestamp",
+            "Unix time the CA's signing chain expires (earliest expiry on the path)", registry=r,
+        )  # fmt: skip
+        r.register(
+            IstioCounterAliases({
+                "citadel_server_csr_count": self.csr_requests,
+                "citadel_server_authentication_failure_count": self.authn_failures,
+                "citadel_server_csr_sign_err_count": self.sign_errors,
+                "citadel_server_success_cert_issuance_count": self.issued,
+            })
+        )  # fmt: skip

@@ -1,0 +1,223 @@
+"""Assembles the CA from its configuration and runs it until SIGTERM.
+
+Every choice between implementations (which authority source, which authenticators, which
+impersonation policy) is made here, once, at start-up.
+
+Concurrency: one asyncio event loop runs the `grpc.aio` server and the plugged-in CA watcher;
+the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from meshca_proto import ca_pb2, ca_pb2_grpc
+
+from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
+from ca_server.config import CaConfig
+from ca_server.dev_issuer import ensure_dev_issuer
+from ca_server.impersonation import DenyImpersonation
+from ca_server.jwt_authn import JwtAuthenticator
+from ca_server.metrics import CaMetrics
+from ca_server.root_store import (
+    AuthoritySource,
+    CaSetupError,
+    SelfSignedRootStore,
+    data_dir_lock,
+    detect_plugged_ca,
+    publish_root_bundle,
+)
+from ca_server.service import CertificateService
+from ca_server.signer import LocalSigner
+from certs import (
+    CertsError,
+    SigningAuthority,
+    build_serving_certificate,
+    cert_to_pem,
+    certs_to_pem,
+    generate_private_key,
+    private_key_to_pem,
+)
+from meshca.clock import Clock, SystemClock
+from meshca.files import ensure_dir
+from meshca.status_http import StatusServer, metrics_route, text
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].full_name
+_MAX_MESSAGE_BYTES = 1024 * 1024
+
+
+def authority_source_for(config: CaConfig) -> AuthoritySource:
+    """Plugged-in CA when `--cacerts-dir` holds a complete layout, else the self-signed root."""
+    if config.cacerts_dir is not None:
+        plugged = detect_plugged_ca(config.cacerts_dir)
+        if plugged is not None:
+            return plugged
+        log.info("no plugged-in CA files in %s; using a self-signed root", config.cacerts_dir)
+    return SelfSignedRootStore(
+        config.data_dir, config.trust_domain, config.root_key, config.root_lifetime
+    )
+
+
+def build_authenticators(config: CaConfig, signer: LocalSigner, clock: Clock) -> AuthenticatorChain:
+    issuers = list(config.jwt_issuers)
+    if config.trust_dev_issuer:
+        with data_dir_lock(config.data_dir):
+            issuers.append(ensure_dev_issuer(config.data_dir).trust_config())
+    chain: list[Authenticator] = [
+        ClientCertificateAuthenticator(
+            config.trust_domain, lambda: signer.authority.roots, clock.now
+        ),
+    ]
+    if issuers:
+        chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock.now))
+    return AuthenticatorChain(chain)
+
+
+def serving_credentials(
+    config: CaConfig, authority: SigningAuthority, clock: Clock, *, require_client_cert: bool
+) -> grpc.ServerCredentials:
+    """A fresh TLS serving certificate issued by the CA itself for the configured host names.
+
+    Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets its
+    own port (`--mtls-listen`) where the certificate is required and verified against the roots.
+    """
+    key = generate_private_key()
+    cert = build_serving_certificate(
+        key.public_key(),
+        authority.cert,
+        authority.key,
+        hosts=config.serving_hosts,
+        now=clock.now(),
+        lifetime=config.serving_cert_lifetime,
+    )
+    chain = cert_to_pem(cert) + certs_to_pem(
+        c for c in (authority.cert, *authority.intermediates) if c not in authority.roots
+    )
+    return grpc.ssl_server_credentials(
+        [(private_key_to_pem(key), chain.encode())],
+        root_certificates=authority.root_bundle_pem.encode() if require_client_cert else None,
+        require_client_auth=require_client_cert,
+    )
+
+
+@dataclass
+class CaState:
+    ready: bool = False
+
+
+async def watch_authority(
+    source: AuthoritySource,
+    signer: LocalSigner,
+    config: CaConfig,
+    metrics: CaMetrics,
+    clock: Clock,
+) -> None:
+    """Re-reads the signing material when its files change; a broken update is refused and the
+    current authority kept, so an operator's half-copied `cacerts` never stops issuance."""
+    seen = source.fingerprint()
+    while True:
+        await clock.sleep(config.plugged_ca_poll_interval.total_seconds())
+        current = source.fingerprint()
+        if current == seen:
+            continue
+        seen = current
+        try:
+            authority = source.load(clock.now())
+        except (CaSetupError, CertsError) as exc:
+            log.error("keeping the current CA: the changed %s is unusable: %s",
+                      source.description, exc)  # fmt: skip
+            continue
+        signer.replace(authority)
+        publish_root_bundle(config.data_dir, authority)
+        _record_expiry(metrics, authority)
+        log.info("reloaded %s; now signing with serial %x", source.description,
+                 authority.cert.serial_number)  # fmt: skip
+
+
+def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
+    metrics.root_expiry.set(min(r.not_valid_after_utc for r in authority.roots).timestamp())
+    metrics.chain_expiry.set(authority.not_after.timestamp())
+
+
+async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
+    """Runs the CA until SIGTERM/SIGINT. Raises `CaSetupError` for unusable configuration."""
+    clock = clock or SystemClock()
+    ensure_dir(config.data_dir)
+    source = authority_source_for(config)
+    authority = source.load(clock.now())
+    publish_root_bundle(config.data_dir, authority)
+    log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+
+    metrics = CaMetrics()
+    _record_expiry(metrics, authority)
+    signer = LocalSigner(authority)
+    state = CaState()
+    service = CertificateService(
+        authenticators=build_authenticators(config, signer, clock),
+        impersonation=DenyImpersonation(),
+        signer=signer,
+        ttl_policy=config.ttl,
+        metrics=metrics,
+        now=clock.now,
+    )
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    server.add_secure_port(
+        config.listen, serving_credentials(config, authority, clock, require_client_cert=False)
+    )
+    if config.mtls_listen:
+        server.add_secure_port(
+            config.mtls_listen,
+            serving_credentials(config, authority, clock, require_client_cert=True),
+        )
+    monitoring = StatusServer(
+        config.monitoring_listen,
+        {
+            "/metrics": metrics_route(metrics.registry),
+            "/healthz": lambda: text(200, "ok\n"),
+            "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
+        },
+    )
+    monitoring.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    state.ready = True
+    log.info("CA serving on %s%s; monitoring on %s", config.listen,
+             f" and mTLS on {config.mtls_listen}" if config.mtls_listen else "",
+             config.monitoring_listen)  # fmt: skip
+    watcher = asyncio.create_task(watch_authority(source, signer, config, metrics, clock))
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        state.ready = False
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(config.shutdown_grace.total_seconds())
+        monitoring.stop()

@@ -1,0 +1,167 @@
+"""The RPC edge: `istio.v1.auth.IstioCertificateService/CreateCertificate`.
+
+This is the only place where internal errors become gRPC statuses, metrics and audit lines.
+Concurrency: runs on the `grpc.aio` event loop; every step is CPU-light (one ECDSA/RSA
+signature), and blocking I/O (JWKS URL fetch) is pushed to threads by the authenticators.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import grpc
+from cryptography import x509
+from google.protobuf import struct_pb2
+from meshca_proto import ca_pb2, ca_pb2_grpc
+
+from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
+from ca_server.authz import authorize_csr
+from ca_server.config import TtlPolicy
+from ca_server.errors import (
+    AuthenticationError,
+    CaUnavailableError,
+    InvalidRequestError,
+    RequestError,
+)
+from ca_server.impersonation import ImpersonationPolicy
+from ca_server.metrics import CaMetrics
+from ca_server.signer import Signer
+from ca_server.ttl import grant_validity
+from certs import CertsError, SpiffeId, load_certs, load_csr, public_key_of
+from meshca.logs import audit
+
+log = logging.getLogger(__name__)
+
+IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
+CERT_SIGNER = "CertSigner"
+
+
+class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
+    def __init__(
+        self,
+        *,
+        authenticators: AuthenticatorChain,
+        impersonation: ImpersonationPolicy,
+        signer: Signer,
+        ttl_policy: TtlPolicy,
+        metrics: CaMetrics,
+        now: Callable[[], datetime],
+    ) -> None:
+        self._authenticators = authenticators
+        self._impersonation = impersonation
+        self._signer = signer
+        self._ttl_policy = ttl_policy
+        self._metrics = metrics
+        self._now = now
+
+    async def CreateCertificate(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+    ) -> ca_pb2.IstioCertificateResponse:
+        started = time.perf_counter()
+        self._metrics.csr_requests.inc()
+        caller: Caller | None = None
+        peer = context.peer()
+        try:
+            caller = await self._authenticators.authenticate(_authn_request(context))
+            identity = await self._identity_for(caller, request.metadata)
+            csr = load_csr(request.csr)
+            authorize_csr(csr, identity)
+            validity = grant_validity(
+                request.validity_duration,
+                self._ttl_policy,
+                ca_not_after=self._signer.authority.not_after,
+                now=self._now(),
+            )
+            issued = self._signer.sign(public_key_of(csr), identity, validity)
+        except CertsError as exc:
+            await self._refuse(context, InvalidRequestError("csr-invalid", str(exc)), caller, peer)
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except RequestError as exc:
+            await self._refuse(context, exc, caller, peer)
+            raise AssertionError("unreachable: context.abort raises") from exc
+        except Exception as exc:
+            log.exception("signing failed")
+            error = CaUnavailableError("internal", f"the CA failed to sign: {type(exc).__name__}")
+            await self._refuse(context, error, caller, peer)
+            raise AssertionError("unreachable: context.abort raises") from exc
+        self._metrics.issued.inc()
+        self._metrics.issuance_latency.observe(time.perf_counter() - started)
+        self._metrics.granted_ttl.observe(validity.granted.total_seconds())
+        audit(
+            "issued",
+            outcome="issued",
+            identity=identity.uri,
+            caller=caller.subject,
+            authenticator=caller.authenticator,
+            serial=format(issued.leaf.serial_number, "x"),
+            requested_ttl_seconds=validity.requested.total_seconds()
+            if validity.requested
+            else None,
+            granted_ttl_seconds=int(validity.granted.total_seconds()),
+            not_after=issued.leaf.not_valid_after_utc.isoformat(),
+            clamped_by=validity.clamped_by,
+            peer=peer,
+        )
+        return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
+
+    async def _identity_for(self, caller: Caller, metadata: struct_pb2.Struct) -> SpiffeId:
+        """The caller's own identity, or the one a trusted node agent impersonates."""
+        fields = metadata.fields if metadata is not None else {}
+        if IMPERSONATED_IDENTITY not in fields:
+            return caller.identity
+        requested = fields[IMPERSONATED_IDENTITY].string_value
+        try:
+            target = SpiffeId.parse(requested)
+        except CertsError as exc:
+            raise AuthenticationError(
+                "impersonation-invalid", f"ImpersonatedIdentity metadata: {exc}"
+            ) from exc
+        await self._impersonation.authorize(caller, target)
+        return target
+
+    async def _refuse(
+        self,
+        context: grpc.aio.ServicerContext,
+        error: RequestError,
+        caller: Caller | None,
+        peer: str,
+    ) -> None:
+        if isinstance(error, AuthenticationError):
+            self._metrics.authn_failures.labels(error.reason).inc()
+        else:
+            self._metrics.sign_errors.labels(error.reason).inc()
+        self._metrics.denials.labels(error.reason, error.code.name).inc()
+        audit(
+            "denied",
+            outcome="denied",
+            code=error.code.name,
+            reason=error.reason,
+            detail=error.message,
+            caller=caller.subject if caller else None,
+            identity=caller.identity.uri if caller else None,
+            peer=peer,
+        )
+        await context.abort(error.code, error.message)
+
+
+def _authn_request(context: grpc.aio.ServicerContext) -> AuthnRequest:
+    headers = {key.lower(): value for key, value in (context.invocation_metadata() or ())
+               if isinstance(value, str)}  # fmt: skip
+    return AuthnRequest(headers=headers, peer_chain=_peer_chain(context))
+
+
+def _peer_chain(context: grpc.aio.ServicerContext) -> tuple[x509.Certificate, ...]:
+    """The client's verified certificate chain, when it connected with one (mTLS port)."""
+    auth = context.auth_context()
+    pems = auth.get("x509_pem_cert") or []
+    chain_pems = auth.get("x509_pem_cert_chain") or []
+    raw = b"".join(chain_pems) or b"".join(pems)
+    if not raw:
+        return ()
+    try:
+        return tuple(load_certs(raw, what="client certificate"))
+    except CertsError:
+        return ()

@@ -1,0 +1,60 @@
+"""Signing workload certificates with the CA's current authority.
+
+`Signer` is the seam for what comes later (a signer per core sharing one root, a remote/HSM
+signer, rotation): the service only asks it to `sign` and for the current `authority`.
+Swapping the authority (plugged-in CA changed, rotation) is atomic from the service's view: each
+request signs with the authority it read once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from cryptography import x509
+
+from ca_server.ttl import Validity
+from certs import PublicKey, SigningAuthority, SpiffeId, build_workload_certificate
+
+
+@dataclass(frozen=True)
+class IssuedCertificate:
+    leaf: x509.Certificate
+    cert_chain: list[str]  # Istio's response layout: leaf, intermediates, root bundle
+
+
+class Signer(Protocol):
+    @property
+    def authority(self) -> SigningAuthority: ...
+
+    def sign(
+        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+    ) -> IssuedCertificate: ...
+
+
+class LocalSigner:
+    """Signs in-process with a key held in memory."""
+
+    def __init__(self, authority: SigningAuthority) -> None:
+        self._authority = authority
+
+    @property
+    def authority(self) -> SigningAuthority:
+        return self._authority
+
+    def replace(self, authority: SigningAuthority) -> None:
+        self._authority = authority
+
+    def sign(
+        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+    ) -> IssuedCertificate:
+        authority = self._authority
+        leaf = build_workload_certificate(
+            public_key,
+            identity,
+            authority.cert,
+            authority.key,
+            not_before=validity.not_before,
+            not_after=validity.not_after,
+        )
+        return IssuedCertificate(leaf=leaf, cert_chain=authority.response_chain(leaf))

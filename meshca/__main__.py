@@ -1,0 +1,3 @@
+from meshca.cli import main
+
+raise SystemExit(main())

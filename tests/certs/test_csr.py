@@ -1,0 +1,251 @@
+from __future__ import annotations
+
+import base64
+import ipaddress
+import textwrap
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID, NameOID
+
+from certs import (
+    MAX_CSR_BYTES,
+    CsrError,
+    KeySpec,
+    PrivateKey,
+    SpiffeId,
+    build_csr,
+    describe_csr,
+    generate_private_key,
+    load_csr,
+)
+from certs.csr import unexpected_extensions
+from certs.keys import public_key_bytes
+from tests.certs.helpers import IDENTITY
+
+_HEADER = "-----BEGIN CERTIFICATE REQUEST-----"
+_FOOTER = "-----END CERTIFICATE REQUEST-----"
+
+
+def _wrap(der: bytes) -> str:
+    body = "\n".join(textwrap.wrap(base64.b64encode(der).decode("ascii"), 64))
+    return f"{_HEADER}\n{body}\n{_FOOTER}\n"
+
+
+def _custom_csr(key: PrivateKey, extensions: list[tuple[x509.ExtensionType, bool]]) -> str:
+    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
+    for value, critical in extensions:
+        builder = builder.add_extension(value, critical=critical)
+    return builder.sign(key, hashes.SHA256()).public_bytes(Encoding.PEM).decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def key() -> PrivateKey:
+    return generate_private_key()
+
+
+@pytest.mark.parametrize(
+    "spec", [KeySpec("ECDSA", curve="P256"), KeySpec("ECDSA", curve="P384"), KeySpec("RSA")]
+)
+def test_build_then_load_round_trip(spec: KeySpec) -> None:
+    key = generate_private_key(spec)
+    pem = build_csr(key, IDENTITY)
+    assert pem.startswith(_HEADER)
+    csr = load_csr(pem)
+    assert csr.subject == x509.Name([])
+    assert public_key_bytes(csr.public_key()) == public_key_bytes(key)  # type: ignore[arg-type]
+    san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert san.critical  # the subject is empty
+    assert list(san.value) == [x509.UniformResourceIdentifier(IDENTITY.uri)]
+    assert len(csr.extensions) == 1
+    contents = describe_csr(csr)
+    assert contents.uri_sans == (IDENTITY.uri,)
+    assert contents.dns_sans == contents.ip_sans == contents.email_sans == ()
+    assert contents.other_san_count == 0
+    assert not contents.asks_for_ca
+    assert contents.subject == ""
+    assert unexpected_extensions(csr) == []
+
+
+def test_load_accepts_bytes(key: PrivateKey) -> None:
+    pem = build_csr(key, SpiffeId("example.org", "ns1", "sa1"))
+    csr = load_csr(pem.encode())
+    assert describe_csr(csr).uri_sans == ("spiffe://example.org/ns/ns1/sa/sa1",)
+
+
+def test_load_rejects_oversized_csr(key: PrivateKey) -> None:
+    pem = build_csr(key, IDENTITY)
+    padded = pem + " " * (MAX_CSR_BYTES + 1 - len(pem))
+    assert len(padded) == MAX_CSR_BYTES + 1
+    with pytest.raises(CsrError, match="limit is 65536 bytes"):
+        load_csr(padded)
+    # One byte under the limit still loads: the check is on size, not on padding.
+    assert load_csr(padded[:-1]) is not None
+
+
+def test_load_honours_custom_limit(key: PrivateKey) -> None:
+    pem = build_csr(key, IDENTITY).encode()
+    assert load_csr(pem, max_bytes=len(pem)) is not None
+    with pytest.raises(CsrError, match="limit"):
+        load_csr(pem, max_bytes=len(pem) - 1)
+
+
+def test_max_csr_bytes_is_64_kib() -> None:
+    assert MAX_CSR_BYTES == 64 * 1024
+
+
+def test_load_rejects_non_pem(key: PrivateKey) -> None:
+    csr = x509.load_pem_x509_csr(build_csr(key, IDENTITY).encode())
+    der = csr.public_bytes(Encoding.DER)
+    for data in (der, b"", "hello", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----"):
+        with pytest.raises(CsrError, match="not PEM"):
+            load_csr(data)
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["Zm9vYmFy", "!!!not base64!!!", "", base64.b64encode(b"\x30\x03\x02\x01\x01").decode()],
+)
+def test_load_rejects_garbage_inside_the_pem_block(body: str) -> None:
+    with pytest.raises(CsrError, match="does not parse"):
+        load_csr(f"{_HEADER}\n{body}\n{_FOOTER}\n")
+
+
+@pytest.mark.parametrize("spec", [KeySpec("ECDSA", curve="P256"), KeySpec("RSA")])
+def test_load_rejects_csr_whose_signature_does_not_verify(spec: KeySpec) -> None:
+    key = generate_private_key(spec)
+    csr = x509.load_pem_x509_csr(build_csr(key, IDENTITY).encode())
+    der = bytearray(csr.public_bytes(Encoding.DER))
+    # The signature BIT STRING is the last field; its final byte is signature value, not framing.
+    assert der.endswith(csr.signature)
+    der[-1] ^= 0x01
+    tampered = _wrap(bytes(der))
+    # Still a well-formed CSR: only the signature check can catch it.
+    assert x509.load_pem_x509_csr(tampered.encode()).subject == x509.Name([])
+    with pytest.raises(CsrError, match="signature does not verify"):
+        load_csr(tampered)
+
+
+def test_load_rejects_csr_with_tampered_request_info(key: PrivateKey) -> None:
+    """Changing what is asked for (not the signature) must also break verification."""
+    pem = build_csr(key, SpiffeId("cluster.local", "default", "aaaa"))
+    der = x509.load_pem_x509_csr(pem.encode()).public_bytes(Encoding.DER)
+    forged = der.replace(b"/sa/aaaa", b"/sa/root")
+    assert forged != der
+    with pytest.raises(CsrError, match="signature does not verify"):
+        load_csr(_wrap(forged))
+
+
+def test_describe_splits_sans_by_kind(key: PrivateKey) -> None:
+    san = x509.SubjectAlternativeName(
+        [
+            x509.UniformResourceIdentifier("spiffe://cluster.local/ns/a/sa/b"),
+            x509.UniformResourceIdentifier("https://example.com"),
+            x509.DNSName("example.com"),
+            x509.DNSName("*.mesh.svc"),
+            x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+            x509.IPAddress(ipaddress.ip_address("2001:db8::1")),
+            x509.RFC822Name("ops@example.com"),
+            x509.RegisteredID(x509.ObjectIdentifier("1.2.3.4")),
+            x509.DirectoryName(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")])),
+        ]
+    )
+    contents = describe_csr(load_csr(_custom_csr(key, [(san, False)])))
+    assert contents.uri_sans == ("spiffe://cluster.local/ns/a/sa/b", "https://example.com")
+    assert contents.dns_sans == ("example.com", "*.mesh.svc")
+    assert contents.ip_sans == ("10.0.0.1", "2001:db8::1")
+    assert contents.email_sans == ("ops@example.com",)
+    assert contents.other_san_count == 2
+    assert not contents.asks_for_ca
+    assert contents.extension_names == ("subjectAltName",)
+
+
+def test_describe_reports_subject(key: PrivateKey) -> None:
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "acme"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, "web"),
+                ]
+            )
+        )
+        .sign(key, hashes.SHA256())
+    )
+    contents = describe_csr(csr)
+    assert contents.subject == "CN=web,O=acme"
+    assert contents.uri_sans == ()
+    assert contents.extension_names == ()
+
+
+@pytest.mark.parametrize(("ca", "expected"), [(True, True), (False, False)])
+def test_describe_detects_ca_request(key: PrivateKey, ca: bool, expected: bool) -> None:
+    csr = load_csr(
+        _custom_csr(
+            key,
+            [
+                (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
+                (x509.BasicConstraints(ca=ca, path_length=None), True),
+            ],
+        )
+    )
+    contents = describe_csr(csr)
+    assert contents.asks_for_ca is expected
+    assert contents.uri_sans == (IDENTITY.uri,)
+    assert contents.extension_names == ("subjectAltName", "basicConstraints")
+
+
+def test_unexpected_extensions_allows_san_ku_eku(key: PrivateKey) -> None:
+    csr = load_csr(
+        _custom_csr(
+            key,
+            [
+                (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
+                (
+                    x509.KeyUsage(
+                        digital_signature=True,
+                        content_commitment=False,
+                        key_encipherment=True,
+                        data_encipherment=False,
+                        key_agreement=False,
+                        key_cert_sign=False,
+                        crl_sign=False,
+                        encipher_only=False,
+                        decipher_only=False,
+                    ),
+                    True,
+                ),
+                (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False),
+            ],
+        )
+    )
+    assert unexpected_extensions(csr) == []
+
+
+def test_unexpected_extensions_names_the_others(key: PrivateKey) -> None:
+    csr = load_csr(
+        _custom_csr(
+            key,
+            [
+                (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
+                (x509.BasicConstraints(ca=False, path_length=None), True),
+                (x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False),
+                (
+                    x509.UnrecognizedExtension(
+                        x509.ObjectIdentifier("1.3.6.1.4.1.99999.1"), b"\x05\x00"
+                    ),
+                    False,
+                ),
+            ],
+        )
+    )
+    assert unexpected_extensions(csr) == [
+        "basicConstraints",
+        "subjectKeyIdentifier",
+        "1.3.6.1.4.1.99999.1",
+    ]
+    assert describe_csr(csr).extension_names[-1] == "1.3.6.1.4.1.99999.1"
+    assert ExtensionOID.BASIC_CONSTRAINTS in {e.oid for e in csr.extensions}

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from certs import PemError, cert_to_pem, certs_to_pem, load_cert, load_certs
+from tests.certs.helpers import Pki
+
+
+def test_cert_to_pem_round_trip(pki: Pki) -> None:
+    pem = cert_to_pem(pki.root)
+    assert pem.startswith("-----BEGIN CERTIFICATE-----\n")
+    assert pem.endswith("-----END CERTIFICATE-----\n")
+    assert load_cert(pem) == pki.root
+    assert load_cert(pem.encode()) == pki.root
+
+
+def test_bundle_round_trip_keeps_order(pki: Pki, other_pki: Pki) -> None:
+    certs = [pki.intermediate, pki.root, other_pki.root]
+    bundle = certs_to_pem(certs)
+    assert bundle.count("-----BEGIN CERTIFICATE-----") == 3
+    assert bundle == "".join(cert_to_pem(c) for c in certs)
+    assert load_certs(bundle) == certs
+    assert load_cert(bundle) == pki.intermediate
+
+
+def test_empty_bundle_is_empty_text() -> None:
+    assert certs_to_pem([]) == ""
+
+
+def test_bundle_tolerates_text_between_blocks(pki: Pki) -> None:
+    bundle = "# roots\n" + cert_to_pem(pki.root) + "\nsome comment\n" + cert_to_pem(pki.root)
+    assert load_certs(bundle) == [pki.root, pki.root]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", "", "hello", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"],
+)
+def test_no_certificate_block(data: bytes | str) -> None:
+    with pytest.raises(PemError, match=r"root-cert\.pem: no PEM CERTIFICATE block found"):
+        load_certs(data, what="root-cert.pem")
+
+
+def test_malformed_certificate_block() -> None:
+    data = "-----BEGIN CERTIFICATE-----\nZm9vYmFy\n-----END CERTIFICATE-----\n"
+    with pytest.raises(PemError, match=r"ca-cert\.pem: malformed PEM certificate"):
+        load_cert(data, what="ca-cert.pem")
+
+
+def test_pem_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        load_cert("nope")

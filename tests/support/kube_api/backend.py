@@ -1,0 +1,22 @@
+"""Shared state between ``KubeApiServer`` and its request handlers."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .recorder import RequestRecorder
+from .store import Store
+from .tokens import TokenAuthority
+
+
+@dataclass
+class Backend:
+    """Everything a request handler needs; owned by ``KubeApiServer``."""
+
+    store: Store
+    tokens: TokenAuthority
+    recorder: RequestRecorder
+    auth_token: str | None = None
+    watch_timeout: float = 60.0
+    stopping: threading.Event = field(default_factory=threading.Event)
