@@ -225,12 +225,37 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return status
 
 
+def _add_agent_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent.config import add_agent_arguments
+    from agent.up import add_up_arguments
+
+    agent = subparsers.add_parser("agent", help="run the per-pod agent (certificates, SDS, files)")
+    add_agent_arguments(agent)
+    agent.set_defaults(run=_run_agent)
+    up = subparsers.add_parser("up", help="run a local CA and one agent, for trying meshca")
+    add_up_arguments(up)
+    up.set_defaults(run=_run_up)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from agent.main import run_agent_command
+
+    return run_agent_command(args)
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from agent.up import run_up_command
+
+    return run_up_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshca", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_ca_parser(subparsers)
     _add_token_parser(subparsers)
     _add_inspect_parser(subparsers)
+    _add_agent_parsers(subparsers)
     return parser
 
 

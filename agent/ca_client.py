@@ -1,0 +1,304 @@
+"""The agent's client for the Istio CA API (`IstioCertificateService/CreateCertificate`).
+
+Concurrency: asyncio with `grpc.aio`; one channel per client, used from the event loop only.
+Callers may issue concurrent `sign()` calls, but the agent issues one at a time.
+
+Transport: TLS, verifying the CA with the configured root file (or the OS roots). The root file
+is re-read whenever the CA is unreachable, and the channel rebuilt if it changed, so a rotated
+mesh root is picked up without a restart. The CA's serving certificate names `localhost`,
+`127.0.0.1` and `istiod.istio-system.svc`; any other address is dialled with the TLS name
+overridden to `istiod.istio-system.svc`. Reconnect backoff is capped at 1 s so the agent reaches
+a restarted CA immediately.
+
+Each call: fresh token read (see `agent.token`), `authorization`, `clusterid` and `CA_HEADER_*`
+headers, a deadline; transient failures (REFERENCE §1) are retried a few times with backoff, and
+a response is only accepted if it is a chain for exactly the identity and key asked for that
+verifies to the root bundle it carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+from meshca_proto import ca_pb2, ca_pb2_grpc
+
+from agent.backoff import Backoff
+from agent.metrics import AgentMetrics
+from agent.token import TokenProvider
+from certs import (
+    CertsError,
+    PrivateKey,
+    SpiffeId,
+    certs_to_pem,
+    describe_certificate,
+    key_matches_certificate,
+    load_certs,
+    verify_chain,
+)
+from meshca.clock import Clock
+
+log = logging.getLogger(__name__)
+
+CA_SERVING_NAMES = frozenset({"localhost", "127.0.0.1", "istiod.istio-system.svc"})
+CA_TLS_NAME = "istiod.istio-system.svc"
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.ABORTED,
+    }
+)
+CALL_RETRY_BACKOFF = Backoff(initial=0.1, maximum=1.0)
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),  # retries are ours, counted and logged
+]
+
+
+class CaClientError(Exception):
+    """Any failure to obtain a certificate from the CA. `retryable`: can trying again help?"""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class CaConnectionError(CaClientError):
+    """The channel cannot be set up (e.g. the root file to verify the CA is missing)."""
+
+
+class CaRequestError(CaClientError):
+    """The CA answered with a gRPC error status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"CA returned {code.name}: {details}", retryable=code in RETRYABLE_CODES)
+        self.code = code
+        self.details = details
+
+
+class CaResponseError(CaClientError):
+    """The CA answered, but with something that is not a usable certificate for us."""
+
+
+@dataclass(frozen=True)
+class SignedCertificate:
+    """A validated certificate from the CA, with the time it arrived (rotation is measured from
+    then, not from the backdated NotBefore)."""
+
+    chain_pem: str  # leaf first, then intermediates
+    root_bundle_pem: str
+    leaf: x509.Certificate
+    received_at: datetime
+
+    @property
+    def not_after(self) -> datetime:
+        return self.leaf.not_valid_after_utc
+
+    @property
+    def serial_hex(self) -> str:
+        return format(self.leaf.serial_number, "x")
+
+
+class CaClient:
+    """Asks the CA to sign CSRs. Create once, `await close()` at shutdown."""
+
+    def __init__(
+        self,
+        addr: str,
+        root_ca: Path | None,
+        tokens: TokenProvider,
+        clock: Clock,
+        *,
+        cluster_id: str = "",
+        extra_headers: Sequence[tuple[str, str]] = (),
+        timeout: timedelta = timedelta(seconds=10),
+        prov_cert: Path | None = None,
+        metrics: AgentMetrics | None = None,
+        retry: Backoff = CALL_RETRY_BACKOFF,
+        max_attempts: int = 3,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.addr = addr
+        self._root_ca = root_ca
+        self._tokens = tokens
+        self._clock = clock
+        self._cluster_id = cluster_id
+        self._extra_headers = tuple(extra_headers)
+        self._timeout = timeout.total_seconds()
+        self._prov_cert = prov_cert
+        self._metrics = metrics
+        self._retry = retry
+        self._max_attempts = max(1, max_attempts)
+        self._rng = rng or random.Random()
+        self._channel: grpc.aio.Channel | None = None
+        self._root_pem: bytes | None = None
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def sign(
+        self, csr_pem: str, identity: SpiffeId, key: PrivateKey, ttl: timedelta
+    ) -> SignedCertificate:
+        """One certificate for `identity`, retrying transient failures a few times.
+
+        Raises `TokenError` (token unreadable), `CaRequestError` (gRPC status, `.retryable`
+        says whether trying again can help), `CaResponseError` (unusable answer) or
+        `CaConnectionError` (cannot build the channel).
+        """
+        attempt = 0
+        while True:
+            try:
+                return await self._sign_once(csr_pem, identity, key, ttl)
+            except CaRequestError as exc:
+                attempt += 1
+                if exc.code == grpc.StatusCode.UNAVAILABLE:
+                    await self._refresh_root_if_changed()
+                if not exc.retryable or attempt >= self._max_attempts:
+                    raise
+                delay = self._retry.delay(attempt - 1, self._rng)
+                log.info("CA call failed (%s); retry %d in %.2fs", exc, attempt, delay)
+                if self._metrics:
+                    self._metrics.record_retry()
+                await self._clock.sleep(delay)
+
+    async def _sign_once(
+        self, csr_pem: str, identity: SpiffeId, key: PrivateKey, ttl: timedelta
+    ) -> SignedCertificate:
+        metadata = self._metadata()  # reads the token: may raise TokenError
+        channel = self._get_channel()
+        stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
+        request = ca_pb2.IstioCertificateRequest(
+            csr=csr_pem, validity_duration=int(ttl.total_seconds())
+        )
+        started = time.monotonic()
+        try:
+            response = await stub.CreateCertificate(
+                request, metadata=metadata, timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            self._record(started, exc.code().name)
+            raise CaRequestError(exc.code(), exc.details() or "") from None
+        self._record(started, "OK")
+        return self._validate(list(response.cert_chain), identity, key)
+
+    def _record(self, started: float, outcome: str) -> None:
+        if self._metrics:
+            self._metrics.record_ca_request(time.monotonic() - started, outcome)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        headers: list[tuple[str, str]] = []
+        token = self._tokens.token()
+        if token:
+            headers.append(("authorization", f"Bearer {token}"))
+        if self._cluster_id:
+            headers.append(("clusterid", self._cluster_id))
+        headers.extend(self._extra_headers)
+        return tuple(headers)
+
+    def _validate(
+        self, elements: list[str], identity: SpiffeId, key: PrivateKey
+    ) -> SignedCertificate:
+        received_at = self._clock.now()
+        if len(elements) < 2:
+            raise CaResponseError(
+                f"CA returned {len(elements)} certificate element(s); expected the leaf and the "
+                "root bundle at least"
+            )
+        try:
+            chain = [
+                load_certs(pem, what=f"cert_chain[{i}]")[0] for i, pem in enumerate(elements[:-1])
+            ]
+            roots = load_certs(elements[-1], what="root bundle (last cert_chain element)")
+        except CertsError as exc:
+            raise CaResponseError(f"CA response does not parse: {exc}") from None
+        leaf = chain[0]
+        uris = describe_certificate(leaf).uri_sans
+        if uris != (identity.uri,):
+            raise CaResponseError(
+                f"CA issued a certificate for {list(uris)}, but {identity.uri} was asked for"
+            )
+        if not key_matches_certificate(key, leaf):
+            raise CaResponseError("CA issued a certificate for a different key than our CSR's")
+        try:
+            verify_chain(chain, roots, now=received_at)
+        except CertsError as exc:
+            raise CaResponseError(f"CA's certificate chain does not verify: {exc}") from None
+        return SignedCertificate(
+            chain_pem=certs_to_pem(chain),
+            root_bundle_pem=certs_to_pem(roots),
+            leaf=leaf,
+            received_at=received_at,
+        )
+
+    # -- channel ---------------------------------------------------------------------------
+
+    def _get_channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = self._build_channel()
+        return self._channel
+
+    def _read_root(self) -> bytes | None:
+        if self._root_ca is None:
+            return None
+        try:
+            return self._root_ca.read_bytes()
+        except OSError as exc:
+            raise CaConnectionError(
+                f"cannot read the CA root certificate {self._root_ca} ({exc.strerror}); "
+                "set CA_ROOT_CA to the mesh root (or SYSTEM)"
+            ) from None
+
+    def _build_channel(self) -> grpc.aio.Channel:
+        self._root_pem = self._read_root()
+        private_key = chain = None
+        if self._prov_cert is not None:
+            try:
+                chain = (self._prov_cert / "cert-chain.pem").read_bytes()
+                private_key = (self._prov_cert / "key.pem").read_bytes()
+            except OSError as exc:
+                raise CaConnectionError(
+                    f"cannot read the provisioning certificate in {self._prov_cert}: {exc}"
+                ) from None
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=self._root_pem, private_key=private_key, certificate_chain=chain
+        )
+        log.debug("connecting to the CA at %s", self.addr)
+        return grpc.aio.secure_channel(self.addr, credentials, options=channel_options(self.addr))
+
+    async def _refresh_root_if_changed(self) -> None:
+        """The CA is unreachable: maybe the mesh root rotated. Rebuild if the file changed."""
+        try:
+            current = self._read_root()
+        except CaConnectionError:
+            return
+        if current != self._root_pem:
+            log.info("CA root file %s changed; reconnecting with the new root", self._root_ca)
+            await self.close()
+
+
+def channel_options(addr: str) -> list[tuple[str, int | str]]:
+    """Fast reconnects, and the CA's TLS name for addresses its certificate does not list."""
+    options = list(CHANNEL_OPTIONS)
+    if _host_of(addr) not in CA_SERVING_NAMES:
+        options.append(("grpc.ssl_target_name_override", CA_TLS_NAME))
+    return options
+
+
+def _host_of(addr: str) -> str:
+    if addr.startswith("["):
+        return addr[1 : addr.index("]")]
+    return addr.rsplit(":", 1)[0] if ":" in addr else addr

@@ -1,0 +1,227 @@
+"""The agent's configuration: one frozen object, built once at start-up, then passed down.
+
+Sources, highest precedence first: command-line flags, Istio's environment variables (REFERENCE
+§4, same names and defaults, so an Istio sidecar's env works unchanged), built-in defaults.
+Nothing below this module reads `os.environ`; `from_args` receives the environment explicitly so
+tests can hand in a dict.
+
+**meshca:** the default workload key is ECDSA P-256 (Istio's is RSA-2048). Istio's variables
+still select the other kinds: `ECC_SIGNATURE_ALGORITHM=ECDSA` with `ECC_CURVE`, or
+`ECC_SIGNATURE_ALGORITHM=RSA` / an explicit `WORKLOAD_RSA_KEY_SIZE` for RSA.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
+from meshca.durations import parse_duration
+
+DEFAULT_CA_ADDR = "istiod.istio-system.svc:15012"
+DEFAULT_CA_ROOT_CA = "./var/run/secrets/istio/root-cert.pem"
+DEFAULT_TOKEN_PATH = "./var/run/secrets/tokens/istio-token"
+DEFAULT_SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
+DEFAULT_FILE_MOUNTED_DIR = "./etc/certs"
+DEFAULT_STATUS_LISTEN = "127.0.0.1:15020"
+SYSTEM_ROOTS = "SYSTEM"
+CA_HEADER_PREFIX = "CA_HEADER_"
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable has a value the agent cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent needs to know, typed and validated.
+
+    `namespace`/`service_account` may be None: the agent then reads them from the token's claims
+    (see `agent.token.identity_from_token`).
+    """
+
+    ca_addr: str = DEFAULT_CA_ADDR
+    # None means "verify the CA with the operating system's roots" (CA_ROOT_CA=SYSTEM).
+    ca_root_ca: Path | None = Path(DEFAULT_CA_ROOT_CA)
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    namespace: str | None = None
+    service_account: str | None = None
+    secret_ttl: timedelta = timedelta(hours=24)
+    grace_period_ratio: float = 0.5
+    grace_period_ratio_jitter: float = 0.01
+    key_spec: KeySpec = field(default_factory=KeySpec)
+    output_certs: Path | None = None
+    file_mounted_certs: bool = False
+    file_mounted_dir: Path = Path(DEFAULT_FILE_MOUNTED_DIR)
+    prov_cert: Path | None = None
+    cluster_id: str = ""
+    ca_headers: tuple[tuple[str, str], ...] = ()
+    token_path: Path = Path(DEFAULT_TOKEN_PATH)
+    sds_socket: Path = Path(DEFAULT_SDS_SOCKET)
+    status_host: str = "127.0.0.1"
+    status_port: int = 15020
+    ca_request_timeout: timedelta = timedelta(seconds=10)
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.grace_period_ratio < 1:
+            raise ConfigError(
+                f"SECRET_GRACE_PERIOD_RATIO={self.grace_period_ratio} must be between 0 and 1"
+            )
+        if (
+            not 0
+            <= self.grace_period_ratio_jitter
+            < min(self.grace_period_ratio, 1 - self.grace_period_ratio)
+        ):
+            raise ConfigError(
+                f"SECRET_GRACE_PERIOD_RATIO_JITTER={self.grace_period_ratio_jitter} must be "
+                "non-negative and keep the ratio inside (0, 1)"
+            )
+        if self.secret_ttl <= timedelta(0):
+            raise ConfigError("SECRET_TTL must be positive, e.g. 24h")
+        if self.ca_request_timeout <= timedelta(0):
+            raise ConfigError("--ca-request-timeout must be positive")
+
+    @property
+    def identity(self) -> SpiffeId | None:
+        """The identity asked for, when both halves were configured."""
+        if self.namespace and self.service_account:
+            return SpiffeId(self.trust_domain, self.namespace, self.service_account)
+        return None
+
+    @property
+    def status_listen(self) -> str:
+        return f"{self.status_host}:{self.status_port}"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> AgentConfig:
+        """Merges parsed flags (from `add_agent_arguments`) over `environ` over defaults."""
+        return _build(args, environ)
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Registers the agent's flags. Every default is None so `from_args` can tell "not given"
+    from "given", letting the environment variable fill in."""
+    add = parser.add_argument
+    add("--ca-addr", help=f"CA endpoint host:port [CA_ADDR; {DEFAULT_CA_ADDR}]")
+    add("--ca-root-ca", help=f"root to verify the CA, or SYSTEM [CA_ROOT_CA; {DEFAULT_CA_ROOT_CA}]")
+    add("--trust-domain", help=f"[TRUST_DOMAIN; {DEFAULT_TRUST_DOMAIN}]")
+    add("--namespace", help="identity's namespace [POD_NAMESPACE; else from the token]")
+    add("--service-account", help="identity's service account [SERVICE_ACCOUNT; else token]")
+    add("--secret-ttl", help="certificate lifetime to ask for [SECRET_TTL; 24h]")
+    add("--grace-period-ratio", type=float, help="[SECRET_GRACE_PERIOD_RATIO; 0.5]")
+    add("--grace-period-ratio-jitter", type=float, help="[SECRET_GRACE_PERIOD_RATIO_JITTER; 0.01]")
+    add("--key-type", help="ec-p256, ec-p384, rsa-2048/3072/4096 [ECC_*/WORKLOAD_RSA_KEY_SIZE]")
+    add("--output-certs", help="directory to write cert-chain.pem, key.pem, root-cert.pem")
+    add("--file-mounted-certs", action="store_true", default=None, help="[FILE_MOUNTED_CERTS]")
+    add("--prov-cert", help="directory with cert-chain.pem/key.pem for mTLS to the CA")
+    add("--cluster-id", help="sent as the clusterid header [ISTIO_META_CLUSTER_ID]")
+    add("--token-path", help=f"service-account token file [{DEFAULT_TOKEN_PATH}]")
+    add("--sds-socket", help=f"SDS Unix socket path [{DEFAULT_SDS_SOCKET}]")
+    add("--status-listen", help=f"status/metrics HTTP address [{DEFAULT_STATUS_LISTEN}]")
+    add("--ca-request-timeout", help="deadline for one CA call [10s]")
+    add("--log-level", help="DEBUG, INFO, WARNING, ERROR [INFO]")
+
+
+def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
+    def pick(flag: str, var: str | None, default: str | None) -> str | None:
+        value = getattr(args, flag, None)
+        if value is not None:
+            return str(value)
+        if var is not None and env.get(var, "") != "":
+            return env[var]
+        return default
+
+    def duration(flag: str, var: str | None, default: str) -> timedelta:
+        text = pick(flag, var, default) or default
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise ConfigError(f"{var or '--' + flag.replace('_', '-')}: {exc}") from exc
+
+    def number(flag: str, var: str, default: float) -> float:
+        text = pick(flag, var, None)
+        if text is None:
+            return default
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{var}={text!r} is not a number") from None
+
+    root = pick("ca_root_ca", "CA_ROOT_CA", DEFAULT_CA_ROOT_CA) or DEFAULT_CA_ROOT_CA
+    output = pick("output_certs", "OUTPUT_CERTS", None)
+    prov = pick("prov_cert", "PROV_CERT", None)
+    host, port = _parse_listen(pick("status_listen", None, DEFAULT_STATUS_LISTEN) or "")
+    file_mounted = getattr(args, "file_mounted_certs", None)
+    if file_mounted is None:
+        file_mounted = _parse_bool("FILE_MOUNTED_CERTS", env.get("FILE_MOUNTED_CERTS", "false"))
+    return AgentConfig(
+        ca_addr=pick("ca_addr", "CA_ADDR", DEFAULT_CA_ADDR) or DEFAULT_CA_ADDR,
+        ca_root_ca=None if root == SYSTEM_ROOTS else Path(root),
+        trust_domain=pick("trust_domain", "TRUST_DOMAIN", DEFAULT_TRUST_DOMAIN)
+        or DEFAULT_TRUST_DOMAIN,
+        namespace=pick("namespace", "POD_NAMESPACE", None),
+        service_account=pick("service_account", "SERVICE_ACCOUNT", None),
+        secret_ttl=duration("secret_ttl", "SECRET_TTL", "24h"),
+        grace_period_ratio=number("grace_period_ratio", "SECRET_GRACE_PERIOD_RATIO", 0.5),
+        grace_period_ratio_jitter=number(
+            "grace_period_ratio_jitter", "SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01
+        ),
+        key_spec=_key_spec(getattr(args, "key_type", None), env),
+        output_certs=Path(output) if output else None,
+        file_mounted_certs=bool(file_mounted),
+        prov_cert=Path(prov) if prov else None,
+        cluster_id=pick("cluster_id", "ISTIO_META_CLUSTER_ID", "") or "",
+        ca_headers=_ca_headers(env),
+        token_path=Path(pick("token_path", None, DEFAULT_TOKEN_PATH) or DEFAULT_TOKEN_PATH),
+        sds_socket=Path(pick("sds_socket", None, DEFAULT_SDS_SOCKET) or DEFAULT_SDS_SOCKET),
+        status_host=host,
+        status_port=port,
+        ca_request_timeout=duration("ca_request_timeout", None, "10s"),
+        log_level=(pick("log_level", None, "INFO") or "INFO").upper(),
+    )
+
+
+def _key_spec(flag: str | None, env: Mapping[str, str]) -> KeySpec:
+    """Flag `--key-type` wins; then Istio's variables; else ECDSA P-256."""
+    try:
+        if flag:
+            return KeySpec.parse(flag)
+        algorithm = env.get("ECC_SIGNATURE_ALGORITHM", "").strip().upper()
+        rsa_size = env.get("WORKLOAD_RSA_KEY_SIZE", "").strip()
+        if algorithm == "ECDSA" or (not algorithm and not rsa_size):
+            return KeySpec("ECDSA", curve=env.get("ECC_CURVE", "P256").strip().upper() or "P256")
+        if algorithm in ("RSA", ""):
+            return KeySpec("RSA", rsa_bits=int(rsa_size or "2048"))
+    except ValueError as exc:  # KeyMaterialError is a ValueError too
+        raise ConfigError(f"workload key settings: {exc}") from exc
+    raise ConfigError(f"ECC_SIGNATURE_ALGORITHM={algorithm!r}: use ECDSA or RSA")
+
+
+def _ca_headers(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """`CA_HEADER_TENANT=a` → header `tenant: a`, like Istio (gRPC metadata keys are lowercase)."""
+    headers = []
+    for name, value in sorted(env.items()):
+        if name.startswith(CA_HEADER_PREFIX) and len(name) > len(CA_HEADER_PREFIX):
+            key = name[len(CA_HEADER_PREFIX) :].lower()
+            headers.append((key, value))
+    return tuple(headers)
+
+
+def _parse_bool(var: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{var}={text!r} is not a boolean; use true or false")
+
+
+def _parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--status-listen={text!r}: expected HOST:PORT, e.g. 127.0.0.1:15020")
+    return host.strip("[]") or "127.0.0.1", int(port)

@@ -1,0 +1,135 @@
+"""Writes the workload's certificate, key and root to a directory, atomically as a set.
+
+Applications reading `cert-chain.pem` and `key.pem` must never see the new certificate with the
+old key. Writing each file atomically is not enough for that, so this uses the kubelet's
+projected-volume layout:
+
+    OUTPUT/..2030_01_01_00_00_00.abc123/{cert-chain.pem,key.pem,root-cert.pem}   one generation
+    OUTPUT/..data -> ..2030_01_01_00_00_00.abc123                                 swapped atomically
+    OUTPUT/cert-chain.pem -> ..data/cert-chain.pem   (and key.pem, root-cert.pem)
+
+Each change writes a complete new generation directory, then replaces the `..data` symlink with
+one `rename(2)` (temp symlink + `os.replace`). A reader that resolves `..data` once and reads
+from that directory sees one consistent set. The previous generation is kept (so a reader that
+resolved `..data` just before a swap can finish) and older ones are removed.
+
+Concurrency: `write()` is synchronous and is called from the event loop (a cache listener);
+it writes three small files and fsyncs them, well under a millisecond to a few milliseconds.
+Only one writer may use a directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
+from meshca.clock import Clock, SystemClock
+from meshca.files import ensure_dir, fsync_dir
+
+log = logging.getLogger(__name__)
+
+CERT_CHAIN_FILE = "cert-chain.pem"
+KEY_FILE = "key.pem"
+ROOT_CERT_FILE = "root-cert.pem"
+DATA_LINK = "..data"
+_FILE_MODES = {CERT_CHAIN_FILE: 0o644, KEY_FILE: 0o600, ROOT_CERT_FILE: 0o644}
+_KEEP_PREVIOUS = 1
+
+
+class FileOutput:
+    """Mirrors the cache's `default` and `ROOTCA` secrets into `directory` (OUTPUT_CERTS)."""
+
+    def __init__(self, directory: Path, clock: Clock | None = None) -> None:
+        self.directory = directory
+        self._clock = clock or SystemClock()
+        self._tls: TlsSecret | None = None
+        self._root: RootSecret | None = None
+        self._written: tuple[str, str] | None = None
+        self.writes = 0
+
+    def on_secret(self, secret: Secret) -> None:
+        """`SecretCache` listener: writes a new generation once both halves are known."""
+        if isinstance(secret, TlsSecret) and secret.name == DEFAULT_RESOURCE:
+            self._tls = secret
+        elif isinstance(secret, RootSecret) and secret.name == ROOT_RESOURCE:
+            self._root = secret
+        else:
+            return
+        if self._tls is None or self._root is None:
+            return
+        versions = (self._tls.version, self._root.version)
+        if versions == self._written:
+            return
+        try:
+            tls, root = self._tls, self._root
+            self.write(tls.cert_chain_pem, tls.private_key_pem, root.trusted_ca_pem)
+        except OSError as exc:
+            # The in-memory secret (SDS) stays correct; the files catch up on the next change.
+            log.error("could not write certificates to %s: %s", self.directory, exc)
+            return
+        self._written = versions
+
+    def write(self, cert_chain_pem: str, key_pem: str, root_pem: str) -> Path:
+        """Publishes one complete generation; returns its directory."""
+        ensure_dir(self.directory, 0o700)
+        stamp = self._clock.now().strftime("%Y_%m_%d_%H_%M_%S.%f")
+        generation = Path(tempfile.mkdtemp(prefix=f"..{stamp}.", dir=self.directory))
+        os.chmod(generation, 0o755)
+        contents = {CERT_CHAIN_FILE: cert_chain_pem, KEY_FILE: key_pem, ROOT_CERT_FILE: root_pem}
+        for name, text in contents.items():
+            _write_file(generation / name, text.encode("ascii"), _FILE_MODES[name])
+        fsync_dir(generation)
+        _replace_symlink(self.directory / DATA_LINK, generation.name)
+        for name in contents:
+            link = self.directory / name
+            target = f"{DATA_LINK}/{name}"
+            if not (link.is_symlink() and os.readlink(link) == target):
+                _replace_symlink(link, target)
+        fsync_dir(self.directory)
+        self._remove_old_generations(keep=generation.name)
+        self.writes += 1
+        log.info("wrote certificate files to %s", self.directory)
+        return generation
+
+    def _remove_old_generations(self, keep: str) -> None:
+        generations = sorted(
+            (p for p in self.directory.iterdir() if _is_generation(p) and p.name != keep),
+            key=lambda p: p.stat().st_mtime_ns,
+        )
+        for old in generations[: max(0, len(generations) - _KEEP_PREVIOUS)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _is_generation(path: Path) -> bool:
+    return (
+        path.name.startswith("..")
+        and path.name != DATA_LINK
+        and not path.name.endswith(".tmp")
+        and path.is_dir()
+        and not path.is_symlink()
+    )
+
+
+def _write_file(path: Path, data: bytes, mode: int) -> None:
+    """Creates `path` with `mode` from the start (a key is never briefly world-readable)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)  # umask may have narrowed the mode given to open()
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_symlink(link: Path, target: str) -> None:
+    """Points `link` at `target` atomically: new symlink beside it, then rename over it."""
+    tmp = link.with_name(f"{link.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)

@@ -1,0 +1,157 @@
+"""The agent's Prometheus metrics, on a per-process `CollectorRegistry`.
+
+A private registry (not prometheus_client's global one) keeps several agents in one test process
+from colliding and keeps library metrics out of our exposition. Istio's agent metric names are
+kept as they are (REFERENCE §6) so existing dashboards work. prometheus_client appends `_total` to
+every Counter, so the Istio-named counts are exposed as monotonically increasing Gauges: same
+sample names as Istio, and `rate()` works on them. meshca's own metrics are ordinary Counters and
+Histograms under `meshca_agent_`.
+
+`cert_expiry_seconds` is computed at scrape time from the recorded NotAfter and the injected
+clock, so it can never go stale between rotations.
+
+Thread-safety: prometheus_client metrics are thread-safe; the status server scrapes from its
+own thread while the event loop updates them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from meshca.clock import Clock, SystemClock
+
+CSR_REQUEST = "csr"
+
+
+class AgentMetrics:
+    """Every agent metric, registered on `self.registry`.
+
+    Other agent modules (SDS, file-mounted certs) record through the attributes here rather
+    than defining metrics of their own, so the full list lives in one place.
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        # Istio names (REFERENCE §6).
+        self.outgoing_latency = Gauge(
+            "outgoing_latency",
+            "Sum of CA request latencies in milliseconds (Istio-compatible).",
+            ["request_type"],
+            registry=reg,
+        )
+        self.num_outgoing_requests = Gauge(
+            "num_outgoing_requests",
+            "Number of requests sent to the CA (Istio-compatible; monotonic).",
+            ["request_type"],
+            registry=reg,
+        )
+        self.num_failed_outgoing_requests = Gauge(
+            "num_failed_outgoing_requests",
+            "Number of failed requests to the CA (Istio-compatible; monotonic).",
+            ["request_type"],
+            registry=reg,
+        )
+        self.num_outgoing_retries = Gauge(
+            "num_outgoing_retries",
+            "Number of retried requests to the CA (Istio-compatible; monotonic).",
+            ["request_type"],
+            registry=reg,
+        )
+        # meshca additions.
+        self.ca_request_seconds = Histogram(
+            "meshca_agent_ca_request_seconds",
+            "Latency of one CreateCertificate call, by outcome (gRPC status name or OK).",
+            ["outcome"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=reg,
+        )
+        self.rotations = Counter(
+            "meshca_agent_rotations",
+            "Certificates obtained from the CA and published (first one included).",
+            registry=reg,
+        )
+        self.rotation_failures = Counter(
+            "meshca_agent_rotation_failures",
+            "Attempts to obtain a certificate that failed (each is retried with backoff).",
+            registry=reg,
+        )
+        self.sds_pushes = Counter(
+            "meshca_agent_sds_pushes",
+            "Secrets pushed to SDS clients.",
+            ["resource_name"],
+            registry=reg,
+        )
+        self.sds_nacks = Counter(
+            "meshca_agent_sds_nacks",
+            "SDS responses rejected (NACKed) by a client.",
+            ["resource_name"],
+            registry=reg,
+        )
+        for family in (
+            self.outgoing_latency,
+            self.num_outgoing_requests,
+            self.num_failed_outgoing_requests,
+            self.num_outgoing_retries,
+        ):
+            family.labels(CSR_REQUEST)  # exposed as 0 before the first request
+        self._expiry = _ExpiryCollector(clock or SystemClock())
+        reg.register(self._expiry)
+
+    def record_ca_request(self, seconds: float, outcome: str) -> None:
+        self.num_outgoing_requests.labels(CSR_REQUEST).inc()
+        self.outgoing_latency.labels(CSR_REQUEST).inc(seconds * 1000.0)
+        self.ca_request_seconds.labels(outcome).observe(seconds)
+        if outcome != "OK":
+            self.num_failed_outgoing_requests.labels(CSR_REQUEST).inc()
+
+    def record_retry(self) -> None:
+        self.num_outgoing_retries.labels(CSR_REQUEST).inc()
+
+    def record_expiry(self, resource_name: str, not_after: datetime) -> None:
+        """Remembers when `resource_name`'s certificate expires (called on every change)."""
+        self._expiry.set(resource_name, not_after)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+class _ExpiryCollector(Collector):
+    """`cert_expiry_seconds{resource_name}` = NotAfter - now at scrape time, plus the absolute
+    `meshca_agent_cert_expiry_timestamp_seconds` for alerting on a fixed point in time."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._not_after: dict[str, datetime] = {}
+
+    def set(self, resource_name: str, not_after: datetime) -> None:
+        with self._lock:
+            self._not_after[resource_name] = not_after
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            items = sorted(self._not_after.items())
+        now = self._clock.now()
+        remaining = GaugeMetricFamily(
+            "cert_expiry_seconds",
+            "Seconds until the certificate expires (Istio-compatible).",
+            labels=["resource_name"],
+        )
+        absolute = GaugeMetricFamily(
+            "meshca_agent_cert_expiry_timestamp_seconds",
+            "Unix time at which the certificate expires.",
+            labels=["resource_name"],
+        )
+        for name, not_after in items:
+            remaining.add_metric([name], (not_after - now).total_seconds())
+            absolute.add_metric([name], not_after.timestamp())
+        yield remaining
+        yield absolute

@@ -1,0 +1,100 @@
+"""The wired-up Agent (in-process) against an in-process TLS CA: readiness, files, metrics,
+and the readiness body naming the last error. Fast; the real-CA tests are in
+test_agent_integration.py."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+import jwt
+
+from agent.config import AgentConfig
+from agent.main import Agent
+from agent.status import readiness_report
+from certs import key_matches_certificate, load_cert, load_private_key
+from meshca.clock import SystemClock
+from tests.agent.pki import FakeCaServicer, Pki, start_fake_ca
+from tests.support.processes import http_status, http_text
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+async def status(url: str) -> int | None:
+    return await asyncio.to_thread(http_status, url)
+
+
+def test_agent_end_to_end_with_fake_ca() -> None:
+    async def main(tmp: Path) -> None:
+        clock = SystemClock()
+        ca = FakeCaServicer(Pki(datetime.now(UTC)), clock)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())
+        token_path = tmp / "token"
+        config = AgentConfig(
+            ca_addr=addr,
+            ca_root_ca=tmp / "root-cert.pem",
+            token_path=token_path,
+            sds_socket=tmp / "sds" / "socket",
+            output_certs=tmp / "certs",
+            status_port=0,
+        )
+        agent = Agent(config)
+        await agent.start()
+        try:
+            ready = f"{agent.status.url}/healthz/ready"
+            await until(lambda: agent.manager.last_error is not None)
+            assert await status(ready) == 503
+            body = await asyncio.to_thread(_body, ready)
+            assert "does not exist" in body and str(token_path) in body
+
+            # Identity comes from the token's claims when not configured.
+            token_path.write_text(jwt.encode({"sub": "system:serviceaccount:shop:cart"}, "k" * 32))
+            await until(lambda: agent.manager.current is not None)
+            assert await status(ready) == 200
+            files = tmp / "certs"
+            cert = load_cert((files / "cert-chain.pem").read_bytes())
+            key = load_private_key((files / "key.pem").read_bytes())
+            assert key_matches_certificate(key, cert)
+            metrics = await asyncio.to_thread(http_text, f"{agent.status.url}/metrics")
+            assert 'num_outgoing_requests{request_type="csr"}' in metrics
+            assert 'cert_expiry_seconds{resource_name="default"}' in metrics
+            assert "meshca_agent_rotations_total 1.0" in metrics
+            assert "meshca_agent_sds_pushes" in metrics
+
+            # A rejected renewal is reported but the agent stays ready on its cached cert.
+            ca.abort_with = [(grpc.StatusCode.UNAUTHENTICATED, "token expired")]
+            agent.manager.request_rotation()
+            await until(lambda: agent.manager.last_error is not None)
+            assert await status(ready) == 200
+            report = readiness_report(agent.manager, clock.now())[1]
+            assert "CA returned UNAUTHENTICATED: token expired" in report
+            await until(lambda: agent.manager.generation == 2)
+        finally:
+            await agent.stop()
+            await server.stop(None)
+        assert not config.sds_socket.exists()
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+def _body(url: str) -> str:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return str(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode())

@@ -1,0 +1,132 @@
+"""CaClient against an in-process TLS gRPC CA: headers, retries, response validation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.ca_client import (
+    CaClient,
+    CaConnectionError,
+    CaRequestError,
+    CaResponseError,
+    SignedCertificate,
+    channel_options,
+)
+from agent.metrics import AgentMetrics
+from agent.token import FileTokenProvider, TokenFileEmpty
+from certs import PrivateKey, SpiffeId, build_csr, generate_private_key, key_matches_certificate
+from meshca.clock import SystemClock
+from tests.agent.pki import IDENTITY, FakeCaServicer, Pki, start_fake_ca
+
+Scenario = Callable[[CaClient, FakeCaServicer, Path], Awaitable[None]]
+
+
+def run(tmp_path: Path, scenario: Scenario, token: str = "tok-123") -> None:
+    async def main() -> None:
+        clock = SystemClock()
+        servicer = FakeCaServicer(Pki(datetime.now(UTC)), clock)
+        server, addr = await start_fake_ca(servicer, tmp_path, clock.now())
+        (tmp_path / "token").write_text(token)
+        client = CaClient(
+            addr,
+            tmp_path / "root-cert.pem",
+            FileTokenProvider(tmp_path / "token"),
+            clock,
+            cluster_id="c1",
+            extra_headers=[("tenant", "blue")],
+            timeout=timedelta(seconds=5),
+            metrics=AgentMetrics(clock),
+        )
+        try:
+            await scenario(client, servicer, tmp_path)
+        finally:
+            await client.close()
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+async def sign(
+    client: CaClient, identity: SpiffeId = IDENTITY
+) -> tuple[PrivateKey, SignedCertificate]:
+    key = generate_private_key()
+    return key, await client.sign(build_csr(key, identity), identity, key, timedelta(minutes=5))
+
+
+def test_signs_with_headers_and_validates(tmp_path: Path) -> None:
+    async def scenario(client: CaClient, ca: FakeCaServicer, _: Path) -> None:
+        key, signed = await sign(client)
+        assert key_matches_certificate(key, signed.leaf)
+        assert signed.root_bundle_pem == ca.pki.root_pem
+        headers = ca.metadata[0]
+        assert headers["authorization"] == "Bearer tok-123"
+        assert headers["clusterid"] == "c1"
+        assert headers["tenant"] == "blue"
+
+    run(tmp_path, scenario)
+
+
+def test_transient_codes_are_retried_others_are_not(tmp_path: Path) -> None:
+    async def scenario(client: CaClient, ca: FakeCaServicer, _: Path) -> None:
+        ca.abort_with = [(grpc.StatusCode.INTERNAL, "signer busy")]
+        await sign(client)
+        assert len(ca.metadata) == 2
+        ca.abort_with = [(grpc.StatusCode.UNAUTHENTICATED, "token rejected")]
+        with pytest.raises(
+            CaRequestError, match="CA returned UNAUTHENTICATED: token rejected"
+        ) as info:
+            await sign(client)
+        assert not info.value.retryable
+        assert len(ca.metadata) == 3
+
+    run(tmp_path, scenario)
+
+
+def test_rejects_wrong_identity_short_chain_and_foreign_root(tmp_path: Path) -> None:
+    async def scenario(client: CaClient, ca: FakeCaServicer, _: Path) -> None:
+        ca.issue_uri = "spiffe://cluster.local/ns/default/sa/other"
+        with pytest.raises(CaResponseError, match="sa/other"):
+            await sign(client)
+        ca.issue_uri = None
+        ca.rewrite = lambda elements: elements[:1]
+        with pytest.raises(CaResponseError, match="1 certificate element"):
+            await sign(client)
+        other_root = Pki(datetime.now(UTC)).root_pem
+        ca.rewrite = lambda elements: [elements[0], other_root]
+        with pytest.raises(CaResponseError, match="does not verify"):
+            await sign(client)
+
+    run(tmp_path, scenario)
+
+
+def test_empty_token_fails_before_calling(tmp_path: Path) -> None:
+    async def scenario(client: CaClient, ca: FakeCaServicer, _: Path) -> None:
+        with pytest.raises(TokenFileEmpty):
+            await sign(client)
+        assert ca.metadata == []
+
+    run(tmp_path, scenario, token="")
+
+
+def test_missing_root_file_is_a_clear_error(tmp_path: Path) -> None:
+    async def scenario(client: CaClient, _ca: FakeCaServicer, root_dir: Path) -> None:
+        (root_dir / "root-cert.pem").unlink()
+        with pytest.raises(CaConnectionError, match="CA_ROOT_CA"):
+            await sign(client)
+
+    run(tmp_path, scenario)
+
+
+def test_channel_options_reconnect_fast_and_override_unknown_hosts() -> None:
+    options = dict(channel_options("127.0.0.1:15012"))
+    assert int(options["grpc.max_reconnect_backoff_ms"]) <= 1000
+    assert "grpc.ssl_target_name_override" not in options
+    assert "grpc.ssl_target_name_override" not in dict(channel_options("localhost:1"))
+    override = dict(channel_options("10.0.0.7:15012"))
+    assert override["grpc.ssl_target_name_override"] == "istiod.istio-system.svc"

@@ -1,0 +1,102 @@
+"""FileOutput: the kubelet layout, private key mode, and set-atomic rewrites."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from agent.file_output import FileOutput
+from agent.secrets import RootSecret, TlsSecret
+from certs import (
+    CLOCK_SKEW_BACKDATE,
+    build_csr,
+    generate_private_key,
+    key_matches_certificate,
+    load_cert,
+    load_private_key,
+    private_key_to_pem,
+)
+from tests.agent.pki import IDENTITY, Pki
+
+NOW = datetime.now(UTC)
+
+
+def issue_pairs(pki: Pki, count: int) -> list[tuple[str, str]]:
+    pairs = []
+    for _ in range(count):
+        key = generate_private_key()
+        chain = pki.issue(build_csr(key, IDENTITY), timedelta(hours=1), NOW + CLOCK_SKEW_BACKDATE)
+        pairs.append((chain[0], private_key_to_pem(key).decode()))
+    return pairs
+
+
+def test_layout_modes_and_old_generations(tmp_path: Path) -> None:
+    pki = Pki(NOW)
+    out = tmp_path / "out"
+    writer = FileOutput(out)
+    pairs = issue_pairs(pki, 4)
+    for chain, key in pairs:
+        writer.write(chain, key, pki.root_pem)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert os.readlink(out / "cert-chain.pem") == "..data/cert-chain.pem"
+    assert os.readlink(out / "key.pem") == "..data/key.pem"
+    assert os.readlink(out / "root-cert.pem") == "..data/root-cert.pem"
+    assert stat.S_IMODE((out / "key.pem").stat().st_mode) == 0o600
+    assert (out / "cert-chain.pem").read_text() == pairs[-1][0]
+    assert (out / "root-cert.pem").read_text() == pki.root_pem
+    generations = [p for p in out.iterdir() if p.name.startswith("..") and p.name != "..data"]
+    assert len(generations) == 2  # the current one and the one before it
+
+
+def test_existing_directory_is_accepted_and_listener_waits_for_both(tmp_path: Path) -> None:
+    pki = Pki(NOW)
+    tmp_path.chmod(0o755)
+    writer = FileOutput(tmp_path)
+    chain, key = issue_pairs(pki, 1)[0]
+    writer.on_secret(TlsSecret("default", chain, key))
+    assert writer.writes == 0
+    writer.on_secret(RootSecret("ROOTCA", pki.root_pem))
+    writer.on_secret(RootSecret("ROOTCA", pki.root_pem))  # unchanged: no rewrite
+    writer.on_secret(TlsSecret("file-cert:a~b", chain, key))  # not ours
+    assert writer.writes == 1
+    assert (tmp_path / "key.pem").read_text() == key
+
+
+def test_readers_never_see_a_key_that_does_not_match_the_cert(tmp_path: Path) -> None:
+    pki = Pki(NOW)
+    out = tmp_path / "out"
+    writer = FileOutput(out)
+    pairs = issue_pairs(pki, 50)
+    writer.write(*pairs[0], pki.root_pem)
+    stop = threading.Event()
+    checked: list[int] = [0]
+    mismatches: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                # The kubelet-consumer pattern: resolve ..data once, read the set from there.
+                generation = Path(os.path.realpath(out / "..data"))
+                cert = load_cert((generation / "cert-chain.pem").read_bytes())
+                key = load_private_key((generation / "key.pem").read_bytes())
+            except FileNotFoundError:
+                continue  # that generation was just retired; resolve again
+            if not key_matches_certificate(key, cert):
+                mismatches.append(generation.name)
+            checked[0] += 1
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for chain, key in pairs[1:]:
+            writer.write(chain, key, pki.root_pem)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not mismatches
+    assert checked[0] > 0
+    final = load_cert((out / "cert-chain.pem").read_bytes())
+    assert key_matches_certificate(load_private_key((out / "key.pem").read_bytes()), final)
