@@ -28,7 +28,6 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
-from meshca_proto import ca_pb2, ca_pb2_grpc
 
 from agent.backoff import Backoff
 from agent.metrics import AgentMetrics
@@ -44,6 +43,7 @@ from certs import (
     verify_chain,
 )
 from meshca.clock import Clock
+from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -61,6 +61,7 @@ class AgentConfig:
     ca_headers: tuple[tuple[str, str], ...] = ()
     token_path: Path = Path(DEFAULT_TOKEN_PATH)
     sds_socket: Path = Path(DEFAULT_SDS_SOCKET)
+    sds_socket_mode: int = 0o600
     status_host: str = "127.0.0.1"
     status_port: int = 15020
     ca_request_timeout: timedelta = timedelta(seconds=10)
@@ -107,7 +108,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     from "given", letting the environment variable fill in."""
     add = parser.add_argument
     add("--ca-addr", help=f"CA endpoint host:port [CA_ADDR; {DEFAULT_CA_ADDR}]")
-    add("--ca-root-ca", help=f"root to verify the CA, or SYSTEM [CA_ROOT_CA; {DEFAULT_CA_ROOT_CA}]")
+    add(
+        "--ca-root",
+        "--ca-root-ca",
+        dest="ca_root_ca",
+        help=f"root to verify the CA, or SYSTEM [CA_ROOT_CA; {DEFAULT_CA_ROOT_CA}]",
+    )
     add("--trust-domain", help=f"[TRUST_DOMAIN; {DEFAULT_TRUST_DOMAIN}]")
     add("--namespace", help="identity's namespace [POD_NAMESPACE; else from the token]")
     add("--service-account", help="identity's service account [SERVICE_ACCOUNT; else token]")
@@ -115,12 +121,30 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     add("--grace-period-ratio", type=float, help="[SECRET_GRACE_PERIOD_RATIO; 0.5]")
     add("--grace-period-ratio-jitter", type=float, help="[SECRET_GRACE_PERIOD_RATIO_JITTER; 0.01]")
     add("--key-type", help="ec-p256, ec-p384, rsa-2048/3072/4096 [ECC_*/WORKLOAD_RSA_KEY_SIZE]")
-    add("--output-certs", help="directory to write cert-chain.pem, key.pem, root-cert.pem")
+    add(
+        "--output-dir",
+        "--output-certs",
+        dest="output_certs",
+        help="directory to write cert-chain.pem, key.pem, root-cert.pem",
+    )
     add("--file-mounted-certs", action="store_true", default=None, help="[FILE_MOUNTED_CERTS]")
     add("--prov-cert", help="directory with cert-chain.pem/key.pem for mTLS to the CA")
     add("--cluster-id", help="sent as the clusterid header [ISTIO_META_CLUSTER_ID]")
-    add("--token-path", help=f"service-account token file [{DEFAULT_TOKEN_PATH}]")
+    add(
+        "--token-file",
+        "--token-path",
+        dest="token_path",
+        help=f"service-account token file [{DEFAULT_TOKEN_PATH}]",
+    )
     add("--sds-socket", help=f"SDS Unix socket path [{DEFAULT_SDS_SOCKET}]")
+    add(
+        "--sds-socket-mode",
+        help="permissions of the SDS socket, octal [0600; 0660 lets the proxy's group connect]",
+    )
+    add(
+        "--file-mounted-dir",
+        help=f"directory of FILE_MOUNTED_CERTS files [{DEFAULT_FILE_MOUNTED_DIR}]",
+    )
     add("--status-listen", help=f"status/metrics HTTP address [{DEFAULT_STATUS_LISTEN}]")
     add("--ca-request-timeout", help="deadline for one CA call [10s]")
     add("--log-level", help="DEBUG, INFO, WARNING, ERROR [INFO]")
@@ -178,6 +202,10 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         ca_headers=_ca_headers(env),
         token_path=Path(pick("token_path", None, DEFAULT_TOKEN_PATH) or DEFAULT_TOKEN_PATH),
         sds_socket=Path(pick("sds_socket", None, DEFAULT_SDS_SOCKET) or DEFAULT_SDS_SOCKET),
+        sds_socket_mode=_octal_mode(pick("sds_socket_mode", None, "0600") or "0600"),
+        file_mounted_dir=Path(
+            pick("file_mounted_dir", None, DEFAULT_FILE_MOUNTED_DIR) or DEFAULT_FILE_MOUNTED_DIR
+        ),
         status_host=host,
         status_port=port,
         ca_request_timeout=duration("ca_request_timeout", None, "10s"),
@@ -218,6 +246,18 @@ def _parse_bool(var: str, text: str) -> bool:
     if value in ("", "0", "false", "no", "off"):
         return False
     raise ConfigError(f"{var}={text!r} is not a boolean; use true or false")
+
+
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise ConfigError(
+            f"--sds-socket-mode={text!r}: expected an octal mode such as 0600"
+        ) from None
+    if mode & ~0o777:
+        raise ConfigError(f"--sds-socket-mode={text!r}: only permission bits (0-0777) are allowed")
+    return mode
 
 
 def _parse_listen(text: str) -> tuple[str, int]:

@@ -51,6 +51,7 @@ from agent.secrets import (
     Secret,
     SecretCache,
     TlsSecret,
+    not_after,
 )
 from certs import CertsError, key_matches_certificate, load_certs, load_private_key
 from meshca.clock import Clock, SystemClock
@@ -364,6 +365,7 @@ class FileMountedSource:
         root_name: str = ROOT_RESOURCE,
     ) -> None:
         self.cache = cache
+        self._clock = clock or SystemClock()
         self._resources = (
             FileResource(cert_name, (Path(cert_path), Path(key_path))),
             FileResource(root_name, (Path(root_path),)),
@@ -383,6 +385,19 @@ class FileMountedSource:
     def ready(self) -> bool:
         """True once both secrets have been published."""
         return all(self.cache.get(resource.name) for resource in self._resources)
+
+    def has_valid_certificate(self, now: datetime | None = None) -> bool:
+        """Readiness: both secrets held and the certificate not expired (`agent.status`)."""
+        secret = self.cache.get(self._resources[0].name)
+        if not self.ready or secret is None:
+            return False
+        return not_after(secret) > (now or self._clock.now())
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the files were last refused, if they were."""
+        errors = [self.watcher.last_error(resource.name) for resource in self._resources]
+        return "; ".join(error for error in errors if error) or None
 
 
 class FileSecretProvider:

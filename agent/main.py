@@ -1,19 +1,18 @@
 """`meshca agent`: composes the agent's parts and runs them until SIGTERM/SIGINT.
 
-    token file -> IdentityResolver + FileTokenProvider -> CaClient -> SecretManager
-                                                                        | publish
-                                                                        v
-                      FileOutput (OUTPUT_CERTS) <- listener -- SecretCache --> SDS server(s)
-                      StatusServer (/healthz/ready, /metrics) reads SecretManager + AgentMetrics
+    token file -> IdentityResolver + FileTokenProvider -> CaClient -> SecretManager --+
+    FILE_MOUNTED_CERTS: ./etc/certs/*.pem -> FileMountedSource -----------------------+ publish
+                                                                                      v
+        FileOutput (OUTPUT_CERTS) <- listener -- SecretCache --> SdsServer (Unix socket) -> Envoy
+        AgentMetrics (expiry)     <- listener --'        file-cert:/file-root: names -'
+        StatusServer (/healthz/ready, /metrics) reads the source's readiness + AgentMetrics
+
+Every choice between implementations (CA or file-mounted certificates) is made here, once.
 
 Concurrency: one asyncio event loop runs the SecretManager worker, its rotation timer, the CA
-client and the SDS server(s); the status server runs on its own thread (see `agent.status`).
-`Agent.stop()` cancels the worker, stops the servers and removes the SDS socket, all bounded so
-the process exits within 5 s of a signal.
-
-SDS plugs in at `consumer_servers()`: the one place that decides which servers read the cache.
-`agent.sds.SdsServer(cache, socket_path, metrics)` is started there when that module is present
-in the build; it must offer `async start()` and `async stop()`.
+client and the SDS server; watchdog's observer thread hands file events to that loop; the
+status server runs on its own thread (see `agent.status`). `Agent.stop()` stops everything,
+each step bounded, and removes the SDS socket, so the process exits within 5 s of a signal.
 """
 
 from __future__ import annotations
@@ -21,20 +20,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import signal
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
 
 from agent.ca_client import CaClient
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
+from agent.file_mounted import FileMountedSource, FileSecretProvider
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
+from agent.sds import SdsServer, SecretResolver
 from agent.secret_manager import SecretManager
 from agent.secrets import SecretCache
-from agent.status import StatusServer
+from agent.status import ReadinessSource, StatusServer
 from agent.token import FileTokenProvider, IdentityResolver, TokenError
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
@@ -45,102 +44,113 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_SECONDS = 4.0
 
 
-class Server(Protocol):
-    """Something that serves the cache's secrets to consumers (SDS over a Unix socket)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-def consumer_servers(
-    config: AgentConfig, cache: SecretCache, metrics: AgentMetrics
-) -> list[Server]:
-    """The servers started alongside the SecretManager. SDS comes from `agent.sds` when that
-    module is part of the build; without it the agent still writes files and reports status."""
-    try:
-        sds = importlib.import_module("agent.sds")
-    except ModuleNotFoundError as exc:
-        if exc.name != "agent.sds":
-            raise
-        log.warning("this build has no SDS server (agent.sds); serving files and status only")
-        return []
-    server: Server = sds.SdsServer(cache, config.sds_socket, metrics)
-    return [server]
-
-
 class Agent:
     """The wired-up agent. `await start()`, then `await stop()`; or `await run(stop_event)`."""
 
     def __init__(self, config: AgentConfig, *, clock: Clock | None = None) -> None:
-        if config.file_mounted_certs:
-            raise ConfigError(
-                "FILE_MOUNTED_CERTS=true is served by agent.file_mounted, which this command "
-                "does not start yet; unset it to get certificates from the CA"
-            )
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.metrics = AgentMetrics(self.clock)
         self.cache = SecretCache()
-        tokens = FileTokenProvider(config.token_path, required=config.prov_cert is None)
-        self.identity = IdentityResolver(config.identity, tokens, config.trust_domain)
-        self.ca_client = CaClient(
-            config.ca_addr,
-            config.ca_root_ca,
-            tokens,
-            self.clock,
-            cluster_id=config.cluster_id,
-            extra_headers=config.ca_headers,
-            timeout=config.ca_request_timeout,
-            prov_cert=config.prov_cert,
-            metrics=self.metrics,
-        )
-        self.manager = SecretManager(
-            config,
-            self.ca_client,
-            self.cache,
-            self.clock,
-            identity=self.identity,
-            metrics=self.metrics,
-        )
+        self.cache.add_listener(self.metrics.on_secret)
         self.file_output: FileOutput | None = None
         if config.output_certs is not None:
             self.file_output = FileOutput(config.output_certs, self.clock)
             self.cache.add_listener(self.file_output.on_secret)
-        self.status = StatusServer(
-            config.status_host, config.status_port, self.manager, self.metrics, self.clock
+        self.files = FileSecretProvider(self.clock, metrics=self.metrics)
+        self.sds = SdsServer(
+            SecretResolver(self.cache, self.files),
+            str(config.sds_socket),
+            metrics=self.metrics,
+            socket_mode=config.sds_socket_mode,
         )
-        self.servers: list[Server] = []
+        self.manager: SecretManager | None = None
+        self.mounted: FileMountedSource | None = None
+        self.ca_client: CaClient | None = None
+        readiness: ReadinessSource
+        if config.file_mounted_certs:
+            directory = config.file_mounted_dir
+            self.mounted = FileMountedSource(
+                self.cache,
+                directory / "cert-chain.pem",
+                directory / "key.pem",
+                directory / "root-cert.pem",
+                self.clock,
+                metrics=self.metrics,
+            )
+            readiness = self.mounted
+        else:
+            tokens = FileTokenProvider(config.token_path, required=config.prov_cert is None)
+            self.identity = IdentityResolver(config.identity, tokens, config.trust_domain)
+            self.ca_client = CaClient(
+                config.ca_addr,
+                config.ca_root_ca,
+                tokens,
+                self.clock,
+                cluster_id=config.cluster_id,
+                extra_headers=config.ca_headers,
+                timeout=config.ca_request_timeout,
+                prov_cert=config.prov_cert,
+                metrics=self.metrics,
+            )
+            self.manager = SecretManager(
+                config,
+                self.ca_client,
+                self.cache,
+                self.clock,
+                identity=self.identity,
+                metrics=self.metrics,
+            )
+            readiness = self.manager
+        self.status = StatusServer(
+            config.status_host, config.status_port, readiness, self.metrics, self.clock
+        )
         self._worker: asyncio.Task[None] | None = None
+
+    @property
+    def secret_manager(self) -> SecretManager:
+        """The SecretManager (not in file-mounted mode, where no CA is involved)."""
+        if self.manager is None:
+            raise RuntimeError("this agent serves file-mounted certificates; it has no CA client")
+        return self.manager
 
     async def start(self) -> None:
         ensure_dir(self.config.sds_socket.parent, 0o700)
         if self.config.output_certs is not None:
             ensure_dir(self.config.output_certs, 0o700)
-        self._log_identity()
         self.status.start()
-        self.servers = consumer_servers(self.config, self.cache, self.metrics)
-        for server in self.servers:
-            await server.start()
-        self._worker = asyncio.create_task(self.manager.run(), name="secret-manager")
+        await self.sds.start()
+        if self.mounted is not None:
+            log.info("serving file-mounted certificates from %s", self.config.file_mounted_dir)
+            await self.mounted.start()
+        if self.manager is not None:
+            self._log_identity()
+            self._worker = asyncio.create_task(self.manager.run(), name="secret-manager")
 
     async def stop(self) -> None:
         """Stops everything started, each step bounded so shutdown cannot hang."""
+        budget = STOP_TIMEOUT_SECONDS / 5
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._worker, STOP_TIMEOUT_SECONDS / 4)
+                await asyncio.wait_for(self._worker, budget)
             self._worker = None
-        await self.manager.aclose()
-        for server in reversed(self.servers):
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("SDS server", lambda: self.sds.stop(budget / 2)),
+            ("file watchers", self.files.stop),
+        ]
+        if self.mounted is not None:
+            steps.append(("file-mounted source", self.mounted.stop))
+        if self.manager is not None:
+            steps.append(("secret manager", self.manager.aclose))
+        if self.ca_client is not None:
+            steps.append(("CA client", self.ca_client.close))
+        for what, step in steps:
             try:
-                await asyncio.wait_for(server.stop(), STOP_TIMEOUT_SECONDS / 4)
+                await asyncio.wait_for(step(), budget)
             except Exception as exc:
-                log.warning("error stopping %s: %s", type(server).__name__, exc)
-        self.servers = []
+                log.warning("error stopping the %s: %s", what, exc)
         await asyncio.to_thread(self.status.stop)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.ca_client.close(), STOP_TIMEOUT_SECONDS / 4)
         with contextlib.suppress(FileNotFoundError):
             self.config.sds_socket.unlink()
 

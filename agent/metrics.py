@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.secrets import Secret, not_after
 from meshca.clock import Clock, SystemClock
 
 CSR_REQUEST = "csr"
@@ -94,6 +95,12 @@ class AgentMetrics:
             ["resource_name"],
             registry=reg,
         )
+        self.file_reload_failures = Counter(
+            "meshca_agent_file_reload_failures",
+            "File-mounted certificates refused (unreadable, mismatched key, expired).",
+            ["resource_name"],
+            registry=reg,
+        )
         for family in (
             self.outgoing_latency,
             self.num_outgoing_requests,
@@ -117,6 +124,10 @@ class AgentMetrics:
     def record_expiry(self, resource_name: str, not_after: datetime) -> None:
         """Remembers when `resource_name`'s certificate expires (called on every change)."""
         self._expiry.set(resource_name, not_after)
+
+    def on_secret(self, secret: Secret) -> None:
+        """Cache listener: every published secret, from any source, updates its expiry."""
+        self.record_expiry(secret.name, not_after(secret))
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -150,8 +161,8 @@ class _ExpiryCollector(Collector):
             "Unix time at which the certificate expires.",
             labels=["resource_name"],
         )
-        for name, not_after in items:
-            remaining.add_metric([name], (not_after - now).total_seconds())
-            absolute.add_metric([name], not_after.timestamp())
+        for name, expires in items:
+            remaining.add_metric([name], (expires - now).total_seconds())
+            absolute.add_metric([name], expires.timestamp())
         yield remaining
         yield absolute

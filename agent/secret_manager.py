@@ -43,7 +43,6 @@ from certs import (
     build_csr,
     describe_certificate,
     generate_private_key,
-    load_certs,
     private_key_to_pem,
 )
 from meshca.clock import Clock
@@ -215,9 +214,6 @@ class SecretManager:
         await self._cache.publish(TlsSecret(DEFAULT_RESOURCE, signed.chain_pem, key_pem))
         if self._metrics:
             self._metrics.rotations.inc()
-            self._metrics.record_expiry(DEFAULT_RESOURCE, signed.not_after)
-            roots = load_certs(signed.root_bundle_pem)
-            self._metrics.record_expiry(ROOT_RESOURCE, min(r.not_valid_after_utc for r in roots))
         log.info(
             "certificate serial %s for %s installed; expires %s, rotating in %.1fs",
             signed.serial_hex,

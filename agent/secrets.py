@@ -13,6 +13,9 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+
+from certs import load_certs
 
 DEFAULT_RESOURCE = "default"
 ROOT_RESOURCE = "ROOTCA"
@@ -46,6 +49,13 @@ class RootSecret:
 
 
 Secret = TlsSecret | RootSecret
+
+
+def not_after(secret: Secret) -> datetime:
+    """The leaf's expiry, or the earliest expiry in a trust bundle (the one to alert on)."""
+    if isinstance(secret, TlsSecret):
+        return load_certs(secret.cert_chain_pem)[0].not_valid_after_utc
+    return min(cert.not_valid_after_utc for cert in load_certs(secret.trusted_ca_pem))
 
 
 def _digest(text: str) -> str:

@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import grpc
-from meshca_proto import ca_pb2, ca_pb2_grpc
 
 from agent.ca_client import SignedCertificate
 from certs import (
@@ -27,6 +26,7 @@ from certs import (
     public_key_of,
 )
 from meshca.clock import Clock
+from meshca_proto import ca_pb2, ca_pb2_grpc
 
 IDENTITY = SpiffeId("cluster.local", "default", "app")
 

@@ -53,14 +53,14 @@ def test_agent_end_to_end_with_fake_ca() -> None:
         await agent.start()
         try:
             ready = f"{agent.status.url}/healthz/ready"
-            await until(lambda: agent.manager.last_error is not None)
+            await until(lambda: agent.secret_manager.last_error is not None)
             assert await status(ready) == 503
             body = await asyncio.to_thread(_body, ready)
             assert "does not exist" in body and str(token_path) in body
 
             # Identity comes from the token's claims when not configured.
             token_path.write_text(jwt.encode({"sub": "system:serviceaccount:shop:cart"}, "k" * 32))
-            await until(lambda: agent.manager.current is not None)
+            await until(lambda: agent.secret_manager.current is not None)
             assert await status(ready) == 200
             files = tmp / "certs"
             cert = load_cert((files / "cert-chain.pem").read_bytes())
@@ -74,12 +74,12 @@ def test_agent_end_to_end_with_fake_ca() -> None:
 
             # A rejected renewal is reported but the agent stays ready on its cached cert.
             ca.abort_with = [(grpc.StatusCode.UNAUTHENTICATED, "token expired")]
-            agent.manager.request_rotation()
-            await until(lambda: agent.manager.last_error is not None)
+            agent.secret_manager.request_rotation()
+            await until(lambda: agent.secret_manager.last_error is not None)
             assert await status(ready) == 200
-            report = readiness_report(agent.manager, clock.now())[1]
+            report = readiness_report(agent.secret_manager, clock.now())[1]
             assert "CA returned UNAUTHENTICATED: token expired" in report
-            await until(lambda: agent.manager.generation == 2)
+            await until(lambda: agent.secret_manager.generation == 2)
         finally:
             await agent.stop()
             await server.stop(None)

@@ -177,7 +177,7 @@ def test_short_ttl_rotates_and_readers_never_see_a_mismatch(short_dir: Path) -> 
             agent = Agent(config)
             await agent.start()
             try:
-                await _until(lambda: agent.manager.generation >= 3, 20, "3 certs")
+                await _until(lambda: agent.secret_manager.generation >= 3, 20, "3 certs")
             finally:
                 await agent.stop()
 
@@ -206,14 +206,18 @@ def test_rejected_token_is_reported_and_retried(short_dir: Path) -> None:
             await agent.start()
             ready = f"{agent.status.url}/healthz/ready"
             try:
-                await _until(lambda: agent.manager.last_error is not None, 15, "a CA rejection")
+                await _until(
+                    lambda: agent.secret_manager.last_error is not None, 15, "a CA rejection"
+                )
                 code, body = await asyncio.to_thread(get, ready)
                 assert code == 503
                 assert "UNAUTHENTICATED" in body
                 assert "not-a-token" not in body
                 token = await asyncio.to_thread(ca.mint_token, "default", "app")
                 (short_dir / "token").write_text(token)
-                await _until(lambda: agent.manager.current is not None, 20, "retry succeeding")
+                await _until(
+                    lambda: agent.secret_manager.current is not None, 20, "retry succeeding"
+                )
                 assert (await asyncio.to_thread(get, ready))[0] == 200
             finally:
                 await agent.stop()
