@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,16 @@ CA_NAMESPACE = "istio-system"
 
 ALL_MANIFESTS = list(manifests())
 KUSTOMIZATION_DIRS = [p.parent for p in kustomization_files()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cached_schemas() -> Iterator[None]:
+    """kubernetes-validate re-reads the multi-megabyte _definitions.json on every call; read each
+    bundled schema file once for this module (the parsed schemas are never mutated)."""
+    cached = functools.cache(kubernetes_validate.utils.schema_contents)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kubernetes_validate.utils, "schema_contents", cached)
+        yield
 
 
 def _id(value: Any) -> str:
