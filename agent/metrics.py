@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -129,9 +129,6 @@ class AgentMetrics:
         """Cache listener: every published secret, from any source, updates its expiry."""
         self.record_expiry(secret.name, not_after(secret))
 
-    def exposition(self) -> bytes:
-        """The registry in Prometheus text format."""
-        return generate_latest(self.registry)
 
 
 class _ExpiryCollector(Collector):
