@@ -36,12 +36,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
+from agent.metrics import LabeledCounter
 from agent.secrets import (
     DEFAULT_RESOURCE,
     FILE_CERT_PREFIX,
@@ -74,14 +75,6 @@ class FileSecretError(Exception):
 
 class UnknownFileResourceError(ValueError):
     """A malformed `file-cert:` / `file-root:` resource name."""
-
-
-class CounterChild(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class LabeledCounter(Protocol):
-    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> CounterChild: ...
 
 
 class FileMetrics(Protocol):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,17 @@ from meshca.clock import Clock, SystemClock
 from meshca.prometheus_compat import IstioCounterAliases
 
 CSR_REQUEST = "csr"
+
+
+class CounterChild(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class LabeledCounter(Protocol):
+    """What other agent modules use of a labelled `prometheus_client.Counter`; they type their
+    metrics argument against this so they can be tested with a bare registry."""
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> CounterChild: ...
 
 
 class AgentMetrics:

@@ -44,6 +44,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
 
+from agent.metrics import LabeledCounter
 from agent.secrets import (
     FILE_CERT_PREFIX,
     FILE_ROOT_PREFIX,
@@ -61,16 +62,6 @@ DEFAULT_FETCH_TIMEOUT = 5.0
 
 
 # --- metrics ---------------------------------------------------------------------------------
-
-
-class CounterChild(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class LabeledCounter(Protocol):
-    """What we use of a `prometheus_client.Counter` with labels."""
-
-    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> CounterChild: ...
 
 
 class SdsMetrics(Protocol):

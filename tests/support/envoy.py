@@ -32,7 +32,7 @@ from pathlib import Path
 from string import Template
 from types import TracebackType
 
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import free_port, stop_child, wait_for
 
 SECRET_NAMES = ("default", "ROOTCA")
 _TYPES = {
@@ -318,16 +318,7 @@ class EnvoyProcess:
         wait_for(loaded, timeout, f"envoy {self.name} to load its SDS secrets")
 
     def stop(self, timeout: float = 10) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return None if self.proc is None else stop_child(self.proc, signal.SIGTERM, timeout)
 
     def __enter__(self) -> EnvoyProcess:
         return self

@@ -65,6 +65,20 @@ def http_text(url: str) -> str:
         return str(response.read().decode())
 
 
+def stop_child(
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10
+) -> int:
+    """Signals `proc` and reaps it; SIGKILL if it ignores `sig` for `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
 class MeshcaProcess:
     """One `python -m meshca <args>` child with its output captured to a log file."""
 
@@ -94,16 +108,7 @@ class MeshcaProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int | None:
         """Signals the child and reaps it; SIGKILL if it ignores `sig` for `timeout` seconds."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return None if self.proc is None else stop_child(self.proc, sig, timeout)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
