@@ -27,7 +27,7 @@ from tests.support.ca_process import CaProcess
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 
-def _issue(ca: CaProcess, root_pem: bytes, token: str, ttl: int = 0):  # type: ignore[no-untyped-def]
+def _issue(ca: CaProcess, root_pem: bytes, token: str, ttl: int = 0):
     key = generate_private_key()
     with ca_stub(ca.addr, root_pem) as stub:
         chain = create_certificate(stub, build_csr(key, SLEEP), token=token, ttl_seconds=ttl)

@@ -19,7 +19,7 @@ SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 
 @pytest.fixture
-def fresh_ca(tmp_path) -> Iterator[CaProcess]:  # type: ignore[no-untyped-def]
+def fresh_ca(tmp_path) -> Iterator[CaProcess]:
     process = CaProcess(tmp_path / "data")
     process.start()
     yield process

@@ -47,7 +47,7 @@ class CaProcess(MeshcaProcess):
     def monitoring_url(self) -> str:
         return f"http://127.0.0.1:{self.monitoring_port}"
 
-    def start(self, timeout: float = 30) -> None:  # type: ignore[override]
+    def start(self, timeout: float = 30) -> None:
         super().start()
         try:
             wait_for(self._ready, timeout, "the CA's /ready")
