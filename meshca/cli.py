@@ -107,6 +107,12 @@ def _add_ca_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     ca.add_argument("--root-ttl", type=_duration, default="3650d")
     ca.add_argument(
+        "--authority-poll-interval",
+        type=_duration,
+        default="5s",
+        help="how often to check the plugged-in CA files or the shared root Secret for changes",
+    )
+    ca.add_argument(
         "--serving-host",
         action="append",
         default=[],
@@ -241,6 +247,7 @@ def ca_config_from_args(args: argparse.Namespace) -> CaConfig:
         ttl=ttl,
         root_key=args.root_key,
         root_lifetime=args.root_ttl,
+        plugged_ca_poll_interval=args.authority_poll_interval,
         kube=kube,
     )
     if args.serving_host:
