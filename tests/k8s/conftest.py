@@ -102,7 +102,7 @@ def rpc_code(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         call()
     error = info.value
-    return error.code(), error.details()  # type: ignore[attr-defined]
+    return error.code(), error.details()
 
 
 def audit_lines(ca: CaProcess) -> list[dict[str, Any]]:
