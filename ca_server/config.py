@@ -10,6 +10,8 @@ from certs import DEFAULT_TRUST_DOMAIN, KeySpec
 
 DEFAULT_AUDIENCE = "istio-ca"
 DEFAULT_SERVING_HOSTS = ("localhost", "127.0.0.1", "istiod.istio-system.svc")
+DEFAULT_NAMESPACE = "istio-system"
+DEFAULT_CLUSTER_ID = "Kubernetes"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,33 @@ class TtlPolicy:
 
 
 @dataclass(frozen=True)
+class KubeConfig:
+    """Kubernetes mode: where the API server is and what the CA does with it.
+
+    `kubeconfig=None` means in-cluster credentials (the pod's service account). Remote clusters
+    are only asked to review tokens whose request names them in the `clusterid` header.
+    """
+
+    kubeconfig: Path | None = None
+    remote_kubeconfigs: tuple[tuple[str, Path], ...] = ()
+    namespace: str = DEFAULT_NAMESPACE
+    cluster_id: str = DEFAULT_CLUSTER_ID
+    token_review: bool = True
+    audiences: tuple[str, ...] = (DEFAULT_AUDIENCE,)
+    trusted_node_accounts: tuple[tuple[str, str], ...] = ()
+    # Names this replica in the leader Lease and in its API user agent.
+    instance_id: str = "meshca"
+    # TokenReview calls per second (sustained) and burst, per CA process.
+    qps: float = 50.0
+    burst: int = 100
+    # HTTP connections kept per API server: the long-lived watches plus concurrent reviews.
+    connection_pool_size: int = 16
+    publish_root: bool = True
+    lease_duration: timedelta = timedelta(seconds=15)
+    resync_interval: timedelta = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
 class CaConfig:
     data_dir: Path
     listen: str = "127.0.0.1:15012"
@@ -54,3 +83,4 @@ class CaConfig:
     serving_cert_lifetime: timedelta = timedelta(days=365)
     plugged_ca_poll_interval: timedelta = timedelta(seconds=5)
     shutdown_grace: timedelta = timedelta(seconds=2)
+    kube: KubeConfig | None = None

@@ -42,3 +42,9 @@ class CaUnavailableError(RequestError):
     """The CA cannot sign right now (not ready, expired, signing failed); clients retry."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+class DependencyUnavailableError(RequestError):
+    """Something the CA depends on (the Kubernetes API server) did not answer; clients retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE

@@ -1,10 +1,15 @@
 """Assembles the CA from its configuration and runs it until SIGTERM.
 
 Every choice between implementations (which authority source, which authenticators, which
-impersonation policy) is made here, once, at start-up.
+impersonation policy) is made here, once, at start-up. Kubernetes mode (`CaConfig.kube` set:
+`--kubeconfig`, or in-cluster credentials) swaps in the cluster-backed ones from
+`ca_server.kube`: the root in Secret `istio-ca-secret` (unless a plugged-in CA is present),
+TokenReview authentication, the node authorizer, and root ConfigMap publication.
 
-Concurrency: one asyncio event loop runs the `grpc.aio` server and the plugged-in CA watcher;
+Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority watcher
+(loading signing material, which may block on files or the API server, runs in a worker thread);
 the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
+Kubernetes mode adds its own threads (see `ca_server.kube`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -22,8 +28,9 @@ from grpc_reflection.v1alpha import reflection
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
-from ca_server.impersonation import DenyImpersonation
+from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
+from ca_server.kube.mode import KubernetesMode
 from ca_server.metrics import CaMetrics
 from ca_server.root_store import (
     AuthoritySource,
@@ -48,19 +55,25 @@ SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].ful
 _MAX_MESSAGE_BYTES = 1024 * 1024
 
 
-def authority_source_for(config: CaConfig) -> AuthoritySource:
-    """Plugged-in CA when `--cacerts-dir` holds a complete layout, else the self-signed root."""
+def authority_source_for(config: CaConfig, kube: KubernetesMode | None = None) -> AuthoritySource:
+    """Plugged-in CA when `--cacerts-dir` holds a complete layout; else the root shared through
+    Secret `istio-ca-secret` in Kubernetes mode; else a self-signed root in `--data-dir`."""
     if config.cacerts_dir is not None:
         plugged = detect_plugged_ca(config.cacerts_dir)
         if plugged is not None:
             return plugged
         log.info("no plugged-in CA files in %s; using a self-signed root", config.cacerts_dir)
+    if kube is not None:
+        return kube.secret_root_store()
     return SelfSignedRootStore(
         config.data_dir, config.trust_domain, config.root_key, config.root_lifetime
     )
 
 
-def build_authenticators(config: CaConfig, signer: LocalSigner, clock: Clock) -> AuthenticatorChain:
+def build_authenticators(
+    config: CaConfig, signer: LocalSigner, clock: Clock, kube: KubernetesMode | None = None
+) -> AuthenticatorChain:
+    """In Istio's order: client certificate, JWKS issuers (if any), Kubernetes TokenReview."""
     issuers = list(config.jwt_issuers)
     if config.trust_dev_issuer:
         with data_dir_lock(config.data_dir):
@@ -72,7 +85,14 @@ def build_authenticators(config: CaConfig, signer: LocalSigner, clock: Clock) ->
     ]
     if issuers:
         chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock.now))
+    if kube is not None and kube.kube.token_review:
+        chain.append(kube.token_review_authenticator(clock.now))
     return AuthenticatorChain(chain)
+
+
+def impersonation_policy_for(kube: KubernetesMode | None) -> ImpersonationPolicy:
+    """The node authorizer when Kubernetes mode has trusted node accounts; else refuse."""
+    return kube.impersonation_policy() if kube is not None else DenyImpersonation()
 
 
 @dataclass
@@ -86,9 +106,11 @@ async def watch_authority(
     config: CaConfig,
     metrics: CaMetrics,
     clock: Clock,
+    on_reload: Callable[[SigningAuthority], None] = lambda authority: None,
 ) -> None:
-    """Re-reads the signing material when its files change; a broken update is refused and the
-    current authority kept, so an operator's half-copied `cacerts` never stops issuance."""
+    """Re-reads the signing material when it changes (files, or the shared Secret); a broken
+    update is refused and the current authority kept, so an operator's half-copied `cacerts`
+    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher)."""
     seen = source.fingerprint()
     while True:
         await clock.sleep(config.plugged_ca_poll_interval.total_seconds())
@@ -97,7 +119,7 @@ async def watch_authority(
             continue
         seen = current
         try:
-            authority = source.load(clock.now())
+            authority = await asyncio.to_thread(source.load, clock.now())
         except (CaSetupError, CertsError) as exc:
             log.error(
                 "keeping the current CA: the changed %s is unusable: %s", source.description, exc
@@ -106,6 +128,7 @@ async def watch_authority(
         signer.replace(authority)
         publish_root_bundle(config.data_dir, authority)
         _record_expiry(metrics, authority)
+        on_reload(authority)
         log.info(
             "reloaded %s; now signing with serial %x",
             source.description,
@@ -122,18 +145,31 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     """Runs the CA until SIGTERM/SIGINT. Raises `CaSetupError` for unusable configuration."""
     clock = clock or SystemClock()
     ensure_dir(config.data_dir)
-    source = authority_source_for(config)
-    authority = source.load(clock.now())
+    metrics = CaMetrics()
+    kube = KubernetesMode(config, config.kube, metrics) if config.kube is not None else None
+    try:
+        await _serve(config, clock, metrics, kube)
+    finally:
+        if kube is not None:
+            await kube.stop()
+
+
+async def _serve(
+    config: CaConfig, clock: Clock, metrics: CaMetrics, kube: KubernetesMode | None
+) -> None:
+    source = authority_source_for(config, kube)
+    authority = await asyncio.to_thread(source.load, clock.now())
     publish_root_bundle(config.data_dir, authority)
     log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+    if kube is not None:
+        await kube.start(authority)
 
-    metrics = CaMetrics()
     _record_expiry(metrics, authority)
     signer = LocalSigner(authority)
     state = CaState()
     service = CertificateService(
-        authenticators=build_authenticators(config, signer, clock),
-        impersonation=DenyImpersonation(),
+        authenticators=build_authenticators(config, signer, clock, kube),
+        impersonation=impersonation_policy_for(kube),
         signer=signer,
         ttl_policy=config.ttl,
         metrics=metrics,
@@ -181,7 +217,10 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
         f" and mTLS on {config.mtls_listen}" if config.mtls_listen else "",
         config.monitoring_listen,
     )
-    watcher = asyncio.create_task(watch_authority(source, signer, config, metrics, clock))
+    on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
+    watcher = asyncio.create_task(
+        watch_authority(source, signer, config, metrics, clock, on_reload)
+    )
     try:
         await stop.wait()
     finally:

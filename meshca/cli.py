@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.config import DEFAULT_AUDIENCE, CaConfig, JwtIssuerConfig, TtlPolicy
+from ca_server.config import (
+    DEFAULT_AUDIENCE,
+    DEFAULT_CLUSTER_ID,
+    DEFAULT_NAMESPACE,
+    CaConfig,
+    JwtIssuerConfig,
+    KubeConfig,
+    TtlPolicy,
+)
+from ca_server.kube.node_authorizer import parse_node_accounts
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, describe_certificate, load_certs
 from certs.inspect import format_duration
 from meshca.durations import parse_duration
@@ -96,19 +107,117 @@ def _add_ca_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     ca.add_argument("--root-ttl", type=_duration, default="3650d")
     ca.add_argument(
+        "--ca-reload-interval",
+        "--authority-poll-interval",
+        dest="ca_reload_interval",
+        type=_duration,
+        default="5s",
+        help="how often to check the plugged-in CA files or the shared root Secret for changes",
+    )
+    ca.add_argument(
         "--serving-host",
         action="append",
         default=[],
         help="DNS name or IP for the CA's TLS certificate (repeatable)",
     )
-    ca.add_argument(
-        "--ca-reload-interval",
-        type=_duration,
-        default="5s",
-        help="how often to check the CA files (plugged-in or shared root) for changes",
-    )
+    _add_kubernetes_flags(ca)
     ca.add_argument("--log-level", default="INFO")
     ca.set_defaults(run=_run_ca)
+
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
+    kube = ca.add_argument_group(
+        "Kubernetes mode",
+        "on with --kubeconfig, or automatically with in-cluster credentials: TokenReview "
+        "authentication, shared root in Secret istio-ca-secret, root ConfigMaps, node authorizer",
+    )
+    kube.add_argument(
+        "--kubernetes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="force Kubernetes mode on/off (default: on with --kubeconfig or in a pod)",
+    )
+    kube.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig of this cluster")
+    kube.add_argument(
+        "--remote-kubeconfig",
+        action="append",
+        default=[],
+        metavar="CLUSTER_ID=PATH",
+        help="kubeconfig of a remote cluster whose tokens arrive with `clusterid: CLUSTER_ID`",
+    )
+    kube.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
+        help="the CA's own namespace (Secret, Lease); default $POD_NAMESPACE or istio-system",
+    )
+    kube.add_argument(
+        "--cluster-id",
+        default=os.environ.get("CLUSTER_ID") or DEFAULT_CLUSTER_ID,
+        help="this cluster's id, as sent in the clusterid header (default $CLUSTER_ID)",
+    )
+    kube.add_argument(
+        "--trusted-node-accounts",
+        default=os.environ.get("CA_TRUSTED_NODE_ACCOUNTS", ""),
+        metavar="NS/SA,...",
+        help="service accounts allowed to impersonate pods on their node (ztunnel); "
+        "default $CA_TRUSTED_NODE_ACCOUNTS",
+    )
+    kube.add_argument(
+        "--token-review",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="authenticate bearer tokens with TokenReview (Kubernetes mode only)",
+    )
+    kube.add_argument(
+        "--root-configmaps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="publish ConfigMap istio-ca-root-cert in every namespace (Kubernetes mode only)",
+    )
+    kube.add_argument(
+        "--instance-id",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the leader Lease and API user agent (default $POD_NAME)",
+    )
+    kube.add_argument("--kube-qps", type=float, default=50.0, help="TokenReview calls/second")
+    kube.add_argument("--kube-burst", type=int, default=100, help="TokenReview burst")
+
+
+def kube_config_from_args(args: argparse.Namespace) -> KubeConfig | None:
+    """Kubernetes mode is on with `--kubeconfig`, or in a pod (in-cluster credentials), unless
+    `--no-kubernetes`; `--kubernetes` insists (and fails at start-up without credentials)."""
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and IN_CLUSTER_TOKEN.exists()
+    enabled = args.kubernetes
+    if enabled is None:
+        enabled = args.kubeconfig is not None or in_cluster
+    if not enabled:
+        return None
+    remote = []
+    for item in args.remote_kubeconfig:
+        cluster_id, sep, path = item.partition("=")
+        if not sep or not cluster_id or not path:
+            raise SystemExit(f"meshca ca: --remote-kubeconfig {item!r} is not CLUSTER_ID=PATH")
+        remote.append((cluster_id, Path(path)))
+    try:
+        trusted = parse_node_accounts(args.trusted_node_accounts)
+    except ValueError as exc:
+        raise SystemExit(f"meshca ca: --trusted-node-accounts: {exc}") from exc
+    return KubeConfig(
+        kubeconfig=args.kubeconfig,
+        remote_kubeconfigs=tuple(remote),
+        namespace=args.namespace,
+        cluster_id=args.cluster_id,
+        token_review=args.token_review,
+        audiences=tuple(args.audience) or (DEFAULT_AUDIENCE,),
+        trusted_node_accounts=trusted,
+        instance_id=args.instance_id,
+        qps=args.kube_qps,
+        burst=args.kube_burst,
+        publish_root=args.root_configmaps,
+    )
 
 
 def ca_config_from_args(args: argparse.Namespace) -> CaConfig:
@@ -119,7 +228,10 @@ def ca_config_from_args(args: argparse.Namespace) -> CaConfig:
         JwtIssuerConfig(issuer, jwks, audiences)
         for issuer, jwks in zip(args.jwt_issuer, args.jwks, strict=True)
     )
-    trust_dev = args.dev_issuer if args.dev_issuer is not None else not issuers
+    kube = kube_config_from_args(args)
+    # The development issuer is a local stand-in for the API server: never trusted by default
+    # when a real cluster (or real issuer) is configured.
+    trust_dev = args.dev_issuer if args.dev_issuer is not None else not (issuers or kube)
     try:
         ttl = TtlPolicy(
             args.workload_cert_ttl, args.max_workload_cert_ttl, args.min_workload_cert_ttl
@@ -139,6 +251,7 @@ def ca_config_from_args(args: argparse.Namespace) -> CaConfig:
         root_key=args.root_key,
         root_lifetime=args.root_ttl,
         plugged_ca_poll_interval=args.ca_reload_interval,
+        kube=kube,
     )
     if args.serving_host:
         config = replace(config, serving_hosts=tuple(args.serving_host))

@@ -53,6 +53,13 @@ class CaProcess(MeshcaProcess):
 
     def start(self, timeout: float = 30) -> None:
         super().start()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Starts the process without waiting (to start several at the same instant)."""
+        super().start()
+
+    def wait_ready(self, timeout: float = 30) -> None:
         try:
             wait_for(self._ready, timeout, "the CA's /ready")
         except TimeoutError:

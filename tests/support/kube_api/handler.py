@@ -181,7 +181,13 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 return
             if url.path.rstrip("/") == TOKENREVIEW_PATH:
                 record = self.backend.recorder.record(
-                    RequestRecord(method, self.path, "create", "tokenreviews")
+                    RequestRecord(
+                        method,
+                        self.path,
+                        "create",
+                        "tokenreviews",
+                        user_agent=self.headers.get("User-Agent"),
+                    )
                 )
                 if method != "POST":
                     raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
@@ -192,7 +198,15 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             verb = verb_for(method, route, query)
             resource = route.rt.plural + (f"/{route.subresource}" if route.subresource else "")
             record = self.backend.recorder.record(
-                RequestRecord(method, self.path, verb, resource, route.namespace, route.name)
+                RequestRecord(
+                    method,
+                    self.path,
+                    verb,
+                    resource,
+                    route.namespace,
+                    route.name,
+                    user_agent=self.headers.get("User-Agent"),
+                )
             )
             if verb == "watch":
                 record.code = 200

@@ -18,6 +18,8 @@ class RequestRecord:
     namespace: str | None = None
     name: str | None = None
     code: int | None = None
+    # The client's User-Agent: tells apart several clients (e.g. CA replicas) of one server.
+    user_agent: str | None = None
 
 
 class RequestRecorder:

@@ -1,0 +1,27 @@
+"""Kubernetes mode: the CA's parts that talk to the API server.
+
+One module per job:
+- `clients`: builds `kubernetes.client.ApiClient`s (in-cluster, kubeconfig, remote clusters).
+- `ratelimit`: the token bucket in front of TokenReview calls.
+- `token_cache` / `tokenreview`: the TokenReview authenticator and its cache of reviews.
+- `informer`: list+watch of one resource into an in-memory cache (the building block below).
+- `secret_root`: the shared root in Secret `istio-ca-secret` (an `AuthoritySource`).
+- `leader`: the Lease that decides which replica writes ConfigMaps.
+- `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
+- `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel).
+- `mode`: composes all of the above for `ca_server.server`.
+
+Concurrency model. The CA runs on one asyncio event loop (`grpc.aio`); the official `kubernetes`
+client is synchronous. So:
+- Request-path calls (TokenReview) run in the default thread pool via `asyncio.to_thread`,
+  after an `await` on the async token bucket; the loop never waits on a socket.
+- Long-lived work (watches, the Lease loop, the ConfigMap reconciler) runs in dedicated daemon
+  threads. They share state with the loop only through small lock-protected caches whose
+  critical sections are dictionary operations, and through `threading.Event` wake-ups, so a
+  lookup from the loop never waits on I/O.
+- Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
+
+Every API call made here is listed in `tests/k8s/api_calls.py`, which the deploy RBAC mirrors:
+TokenReview create; Secrets and Leases in the CA's namespace; ConfigMaps in all namespaces;
+Pods and Namespaces list/watch.
+"""

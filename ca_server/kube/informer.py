@@ -1,0 +1,195 @@
+"""List+watch of one Kubernetes resource into an in-memory cache, in a dedicated thread.
+
+The pattern client-go calls an informer, reduced to what meshca needs: list (remember the
+list's resourceVersion), then watch from it, applying each event to the cache; when the watch
+ends (server timeout) resume from the last seen resourceVersion; on 410 Gone (history
+compacted) or any error, list again — after a backoff for errors — and replace the cache.
+Objects are passed through `transform` so a cache can keep only the fields it uses; `indexers`
+maintain secondary indexes (e.g. pods by node) next to the primary (namespace, name) key.
+
+Concurrency: the watch runs in its own daemon thread and blocks only there. Readers on other
+threads (the event loop, the reconciler) take the cache lock for a dictionary lookup; the
+watcher holds it only to apply one event or swap in a re-listed cache. `on_change` is called
+from the watcher thread after every change and must be quick (it sets an Event).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import urllib3.exceptions
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+V = TypeVar("V")
+Key = tuple[str, str]  # (namespace or "", name)
+
+_HTTP_GONE = 410
+_WATCH_SECONDS = 30  # server-side watch timeout; the watch is then resumed
+_READ_TIMEOUT = _WATCH_SECONDS + 15  # client-side guard against a silently dead connection
+_BACKOFF_MIN, _BACKOFF_MAX = 0.5, 10.0
+
+
+def object_key(obj: Any) -> Key:
+    return (obj.metadata.namespace or "", obj.metadata.name)
+
+
+class Informer(Generic[V]):
+    """Keeps `{(namespace, name): transform(object)}` in sync with the API server.
+
+    `list_func` is a generated list method (e.g. `CoreV1Api.list_namespace`, or a
+    `functools.partial` binding a namespace); `list_kwargs` are passed to every list and watch
+    (field/label selectors).
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        list_func: Callable[..., Any],
+        transform: Callable[[Any], V],
+        *,
+        list_kwargs: Mapping[str, Any] | None = None,
+        indexers: Mapping[str, Callable[[V], str | None]] | None = None,
+        on_change: Callable[[], None] | None = None,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        self.resource = resource
+        self._list_func = list_func
+        self._transform = transform
+        self._list_kwargs = dict(list_kwargs or {})
+        self._indexers = dict(indexers or {})
+        self._on_change = on_change or (lambda: None)
+        self._on_restart = on_restart or (lambda cause: None)
+        self._lock = threading.Lock()
+        self._items: dict[Key, V] = {}
+        self._indexes: dict[str, dict[str, set[Key]]] = {name: {} for name in self._indexers}
+        self._synced = threading.Event()
+        self._stopping = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._thread = threading.Thread(target=self._run, name=f"informer-{resource}", daemon=True)
+
+    # -- readers (any thread) --------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    def get(self, key: Key) -> V | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def items(self) -> dict[Key, V]:
+        with self._lock:
+            return dict(self._items)
+
+    def by_index(self, index: str, value: str) -> list[V]:
+        with self._lock:
+            keys = self._indexes[index].get(value, set())
+            return [self._items[key] for key in keys]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Asks the thread to end; it does at its next event or watch timeout (daemon)."""
+        self._stopping.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    # -- the watcher thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = _BACKOFF_MIN
+        while not self._stopping.is_set():
+            try:
+                resource_version = self._relist()
+                backoff = _BACKOFF_MIN
+                while not self._stopping.is_set():
+                    resource_version = self._watch_from(resource_version)
+            except ApiException as exc:
+                if self._stopping.is_set():
+                    return
+                if exc.status == _HTTP_GONE:
+                    log.info("%s watch expired (410 Gone); listing again", self.resource)
+                    self._on_restart("expired")
+                    continue
+                log.warning("%s list/watch failed: HTTP %s %s; retrying in %.1fs",
+                            self.resource, exc.status, exc.reason, backoff)  # fmt: skip
+                self._on_restart("error")
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                if self._stopping.is_set():
+                    return
+                log.warning("%s list/watch failed: %s; retrying in %.1fs",
+                            self.resource, exc, backoff)  # fmt: skip
+                self._on_restart("error")
+            self._stopping.wait(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _relist(self) -> str:
+        result = self._list_func(**self._list_kwargs, _request_timeout=_READ_TIMEOUT)
+        items = {object_key(obj): self._transform(obj) for obj in result.items}
+        indexes: dict[str, dict[str, set[Key]]] = {name: {} for name in self._indexers}
+        for key, value in items.items():
+            self._index_add(indexes, key, value)
+        with self._lock:
+            self._items, self._indexes = items, indexes
+        self._synced.set()
+        self._on_change()
+        return str(result.metadata.resource_version)
+
+    def _watch_from(self, resource_version: str) -> str:
+        """Applies events until the server ends the watch; returns where to resume."""
+        self._watch = watch.Watch()
+        stream = self._watch.stream(
+            self._list_func,
+            **self._list_kwargs,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=_WATCH_SECONDS,
+            _request_timeout=_READ_TIMEOUT,
+        )
+        for event in stream:
+            if self._stopping.is_set():
+                break
+            if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                self._apply(event["type"], event["object"])
+        return str(self._watch.resource_version or resource_version)
+
+    def _apply(self, kind: str, obj: Any) -> None:
+        key = object_key(obj)
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._index_remove(key, old)
+            if kind != "DELETED":
+                value = self._transform(obj)
+                self._items[key] = value
+                self._index_add(self._indexes, key, value)
+        self._on_change()
+
+    def _index_add(self, indexes: dict[str, dict[str, set[Key]]], key: Key, value: V) -> None:
+        for name, indexer in self._indexers.items():
+            index_value = indexer(value)
+            if index_value is not None:
+                indexes[name].setdefault(index_value, set()).add(key)
+
+    def _index_remove(self, key: Key, value: V) -> None:
+        for name, indexer in self._indexers.items():
+            index_value = indexer(value)
+            if index_value is None:
+                continue
+            keys = self._indexes[name].get(index_value)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._indexes[name][index_value]

@@ -1,0 +1,130 @@
+"""Kubernetes mode, composed: the parts `ca_server.server` plugs in when a cluster is configured.
+
+`KubernetesMode` builds the API clients once and hands out the cluster-backed implementations
+of the CA's seams — an `AuthoritySource` (Secret `istio-ca-secret`), an `Authenticator`
+(TokenReview) and an `ImpersonationPolicy` (node authorizer) — and runs the background parts
+(watches, Lease election, ConfigMap publication) between `start` and `stop`.
+
+Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (waiting for
+the first pod list, releasing the Lease) is pushed to a worker thread. The background parts run
+in their own threads (see `ca_server.kube`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from ca_server.config import CaConfig, KubeConfig
+from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
+from ca_server.kube.clients import KubeClients
+from ca_server.kube.leader import LeaseElector
+from ca_server.kube.node_authorizer import NodeAuthorizer
+from ca_server.kube.pod_cache import PodCache
+from ca_server.kube.ratelimit import AsyncTokenBucket
+from ca_server.kube.root_publisher import RootConfigMapPublisher
+from ca_server.kube.secret_root import KubeSecretRootStore
+from ca_server.kube.tokenreview import TokenReviewAuthenticator
+from ca_server.metrics import CaMetrics
+from ca_server.root_store import CaSetupError
+from certs import SigningAuthority
+
+log = logging.getLogger(__name__)
+
+_POD_SYNC_TIMEOUT = 30.0
+
+
+class KubernetesMode:
+    def __init__(self, config: CaConfig, kube: KubeConfig, metrics: CaMetrics) -> None:
+        self._config = config
+        self.kube = kube
+        self._metrics = metrics
+        self.clients = KubeClients.from_config(kube)
+        self._secret_store: KubeSecretRootStore | None = None
+        self._pods = PodCache(self.clients.local, metrics) if kube.trusted_node_accounts else None
+        self._elector: LeaseElector | None = None
+        self._publisher: RootConfigMapPublisher | None = None
+        if kube.publish_root:
+            self._elector = LeaseElector(
+                self.clients.local,
+                kube.namespace,
+                kube.instance_id,
+                lease_duration=kube.lease_duration,
+                on_change=self._leadership_changed,
+            )
+            self._publisher = RootConfigMapPublisher(
+                self.clients.local,
+                self._elector.is_leader,
+                metrics,
+                resync_interval=kube.resync_interval,
+            )
+
+    # -- the seams -------------------------------------------------------------------------
+
+    def secret_root_store(self) -> KubeSecretRootStore:
+        if self._secret_store is None:
+            self._secret_store = KubeSecretRootStore(
+                self.clients.local,
+                self.kube.namespace,
+                self._config.trust_domain,
+                self._config.root_key,
+                self._config.root_lifetime,
+            )
+        return self._secret_store
+
+    def token_review_authenticator(self, now: Callable[[], datetime]) -> TokenReviewAuthenticator:
+        return TokenReviewAuthenticator(
+            self.clients,
+            audiences=self.kube.audiences,
+            trust_domain=self._config.trust_domain,
+            limiter=AsyncTokenBucket(self.kube.qps, self.kube.burst),
+            metrics=self._metrics,
+            now=now,
+        )
+
+    def impersonation_policy(self) -> ImpersonationPolicy:
+        if self._pods is None:
+            return DenyImpersonation()
+        return NodeAuthorizer(
+            self.kube.trusted_node_accounts, self._pods, self._config.trust_domain
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, authority: SigningAuthority) -> None:
+        """Starts the watches and the election; returns once the pod cache is usable."""
+        if self._secret_store is not None:
+            self._secret_store.start_watch()
+        if self._publisher is not None and self._elector is not None:
+            self._publisher.set_root(authority.root_bundle_pem)
+            self._publisher.start()
+            self._elector.start()
+        if self._pods is not None:
+            self._pods.start()
+            if not await asyncio.to_thread(self._pods.wait_synced, _POD_SYNC_TIMEOUT):
+                raise CaSetupError(
+                    f"could not list pods within {_POD_SYNC_TIMEOUT:.0f}s; the node authorizer "
+                    "needs list/watch on pods (check the API server and the CA's RBAC)"
+                )
+
+    def authority_changed(self, authority: SigningAuthority) -> None:
+        if self._publisher is not None:
+            self._publisher.set_root(authority.root_bundle_pem)
+
+    async def stop(self) -> None:
+        if self._publisher is not None:
+            self._publisher.stop()
+        if self._pods is not None:
+            self._pods.stop()
+        if self._secret_store is not None:
+            self._secret_store.stop_watch()
+        if self._elector is not None:
+            await asyncio.to_thread(self._elector.stop)
+        self.clients.close()
+
+    def _leadership_changed(self, leading: bool) -> None:
+        self._metrics.root_publisher_leader.set(1 if leading else 0)
+        if leading and self._publisher is not None:
+            self._publisher.kick()

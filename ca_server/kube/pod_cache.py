@@ -1,0 +1,80 @@
+"""Every pod's identity facts, from a watch, indexed by (namespace, name) and by node.
+
+The node authorizer asks two questions per impersonation request — "is the caller's pod what
+its token says?" and "does a pod of this service account run on that node?" — and must not
+turn each into a GET against the API server. A cluster-wide list+watch of pods keeps just the
+fields those questions need.
+
+Concurrency: see `Informer` — the watch runs in its own thread; lookups from the event loop
+take a lock held only for dictionary operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes.client
+
+from ca_server.kube.informer import Informer
+from ca_server.metrics import CaMetrics
+
+_BY_NODE = "node"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    service_account: str
+    node_name: str | None
+    phase: str | None
+
+    @property
+    def running(self) -> bool:
+        """Scheduled and not finished: what may legitimately hold a workload certificate."""
+        return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
+
+
+def pod_info(obj: Any) -> PodInfo:
+    spec, status = obj.spec, obj.status
+    return PodInfo(
+        namespace=obj.metadata.namespace,
+        name=obj.metadata.name,
+        uid=obj.metadata.uid or "",
+        service_account=(spec.service_account_name if spec else None) or "default",
+        node_name=(spec.node_name if spec else None) or None,
+        phase=status.phase if status else None,
+    )
+
+
+class PodCache:
+    def __init__(self, api: kubernetes.client.ApiClient, metrics: CaMetrics) -> None:
+        core = kubernetes.client.CoreV1Api(api)
+        self._informer: Informer[PodInfo] = Informer(
+            "pods",
+            core.list_pod_for_all_namespaces,
+            pod_info,
+            indexers={_BY_NODE: lambda pod: pod.node_name},
+            on_restart=lambda cause: metrics.kube_watch_restarts.labels("pods", cause).inc(),
+        )
+
+    @property
+    def synced(self) -> bool:
+        return self._informer.synced
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._informer.wait_synced(timeout)
+
+    def start(self) -> None:
+        self._informer.start()
+
+    def stop(self) -> None:
+        self._informer.stop()
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        return self._informer.get((namespace, name))
+
+    def on_node(self, node_name: str) -> list[PodInfo]:
+        return self._informer.by_index(_BY_NODE, node_name)

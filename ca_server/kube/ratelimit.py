@@ -1,0 +1,41 @@
+"""A token bucket for calls the CA makes on behalf of requests (TokenReview).
+
+The python `kubernetes` client has no client-side limiter (client-go's QPS/Burst), so a burst of
+workloads starting at once would become the same burst at the API server. The bucket turns it
+into at most `burst` immediate calls followed by `rate` per second.
+
+Concurrency: used only from the event loop; `acquire` reserves a slot synchronously (no lock
+needed between awaits) and then sleeps until the slot's time, so waiters are served in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class AsyncTokenBucket:
+    def __init__(
+        self, rate: float, burst: int, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"token bucket needs rate > 0 and burst >= 1 (got {rate}, {burst})")
+        self._rate = rate
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._monotonic = monotonic
+        self._updated = monotonic()
+
+    def reserve(self) -> float:
+        """Takes one token; returns how many seconds the caller must wait before using it."""
+        now = self._monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+        self._updated = now
+        self._tokens -= 1
+        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+
+    async def acquire(self) -> None:
+        delay = self.reserve()
+        if delay > 0:
+            await asyncio.sleep(delay)

@@ -1,0 +1,211 @@
+"""Publishes the mesh root as ConfigMap `istio-ca-root-cert` in every namespace (REFERENCE §3).
+
+Level-triggered reconciliation: two watches (namespaces; the ConfigMaps of that name in all
+namespaces) keep a picture of the cluster, and whenever either changes, the root changes, or
+leadership is gained, one reconcile pass compares every namespace's ConfigMap with the wanted
+one and creates or updates what differs. So a new namespace gets its copy, a deleted or edited
+copy is restored, and a new root reaches all namespaces, each within one watch round-trip. A
+periodic pass (`resync_interval`) repairs anything a lost event might have left behind.
+
+Only the Lease holder writes (`is_leader`); every replica watches, so a new leader starts from
+a warm cache. Updates carry the resourceVersion read, so a write racing another writer fails
+with 409 and the next pass re-reads. Keys other than `root-cert.pem` and labels others added
+are kept.
+
+Concurrency: the reconciler runs in its own daemon thread, woken through a `threading.Event`
+by the watch threads (`Informer.on_change`), the election thread and the event loop
+(`set_root`). All its API calls block only that thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import kubernetes.client
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from ca_server.kube.informer import Informer
+from ca_server.metrics import CaMetrics
+
+log = logging.getLogger(__name__)
+
+CONFIGMAP_NAME = "istio-ca-root-cert"
+ROOT_KEY = "root-cert.pem"
+LABELS = {"istio.io/config": "true"}
+SKIPPED_NAMESPACES = frozenset({"kube-public", "kube-node-lease"})
+_REQUEST_TIMEOUT = (2.0, 5.0)
+_RETRY_AFTER_ERROR = 1.0
+
+
+@dataclass(frozen=True)
+class NamespaceInfo:
+    name: str
+    terminating: bool
+
+
+@dataclass(frozen=True)
+class ConfigMapInfo:
+    namespace: str
+    resource_version: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    data: dict[str, str]
+
+
+def _namespace_info(obj: Any) -> NamespaceInfo:
+    phase = obj.status.phase if obj.status else None
+    return NamespaceInfo(obj.metadata.name, phase == "Terminating")
+
+
+def _configmap_info(obj: Any) -> ConfigMapInfo:
+    meta = obj.metadata
+    return ConfigMapInfo(
+        meta.namespace,
+        meta.resource_version,
+        dict(meta.labels or {}),
+        dict(meta.annotations or {}),
+        dict(obj.data or {}),
+    )
+
+
+def needs_update(existing: ConfigMapInfo, root_pem: str) -> bool:
+    labelled = all(existing.labels.get(k) == v for k, v in LABELS.items())
+    return existing.data.get(ROOT_KEY) != root_pem or not labelled
+
+
+class RootConfigMapPublisher:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        is_leader: Callable[[], bool],
+        metrics: CaMetrics,
+        *,
+        resync_interval: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self._core = kubernetes.client.CoreV1Api(api)
+        self._is_leader = is_leader
+        self._metrics = metrics
+        self._resync = resync_interval.total_seconds()
+        self._root_pem: str | None = None
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        restarts = metrics.kube_watch_restarts
+        self.namespaces: Informer[NamespaceInfo] = Informer(
+            "namespaces",
+            self._core.list_namespace,
+            _namespace_info,
+            on_change=self.kick,
+            on_restart=lambda cause: restarts.labels("namespaces", cause).inc(),
+        )
+        self.configmaps: Informer[ConfigMapInfo] = Informer(
+            "configmaps",
+            self._core.list_config_map_for_all_namespaces,
+            _configmap_info,
+            list_kwargs={"field_selector": f"metadata.name={CONFIGMAP_NAME}"},
+            on_change=self.kick,
+            on_restart=lambda cause: restarts.labels("configmaps", cause).inc(),
+        )
+        self._thread = threading.Thread(target=self._run, name="root-publisher", daemon=True)
+
+    # -- called from other threads ---------------------------------------------------------
+
+    def set_root(self, root_pem: str) -> None:
+        self._root_pem = root_pem
+        self.kick()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self.namespaces.start()
+        self.configmaps.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self.namespaces.stop()
+        self.configmaps.stop()
+
+    # -- the reconciler thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(self._resync)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            if not self.reconcile():
+                self._stopping.wait(_RETRY_AFTER_ERROR)
+                self._wake.set()
+
+    def reconcile(self) -> bool:
+        """One pass; False if a write failed and the pass should be retried soon."""
+        root_pem = self._root_pem
+        if root_pem is None or not self._is_leader():
+            return True
+        if not (self.namespaces.synced and self.configmaps.synced):
+            return True  # the sync itself will kick us
+        ok = True
+        existing = self.configmaps.items()
+        for namespace in sorted(self.namespaces.items().values(), key=lambda n: n.name):
+            if namespace.name in SKIPPED_NAMESPACES or namespace.terminating:
+                continue
+            if not self._is_leader() or self._stopping.is_set():
+                return True
+            current = existing.get((namespace.name, CONFIGMAP_NAME))
+            if current is None:
+                ok &= self._write("create", namespace.name, None, root_pem)
+            elif needs_update(current, root_pem):
+                ok &= self._write("update", namespace.name, current, root_pem)
+        return ok
+
+    def _write(
+        self, operation: str, namespace: str, current: ConfigMapInfo | None, root_pem: str
+    ) -> bool:
+        body = kubernetes.client.V1ConfigMap(
+            api_version="v1",
+            kind="ConfigMap",
+            metadata=kubernetes.client.V1ObjectMeta(
+                name=CONFIGMAP_NAME,
+                namespace=namespace,
+                labels={**(current.labels if current else {}), **LABELS},
+                annotations=current.annotations if current and current.annotations else None,
+                resource_version=current.resource_version if current else None,
+            ),
+            data={**(current.data if current else {}), ROOT_KEY: root_pem},
+        )
+        try:
+            if current is None:
+                self._core.create_namespaced_config_map(
+                    namespace, body, _request_timeout=_REQUEST_TIMEOUT
+                )
+            else:
+                self._core.replace_namespaced_config_map(
+                    CONFIGMAP_NAME, namespace, body, _request_timeout=_REQUEST_TIMEOUT
+                )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                # Namespace gone, or someone changed it since our watch saw it: the watch
+                # will show the new state and trigger another pass.
+                self._metrics.root_configmap_writes.labels(operation, "conflict").inc()
+                log.info("%s of %s/%s raced another change (HTTP %s); will re-check",
+                         operation, namespace, CONFIGMAP_NAME, exc.status)  # fmt: skip
+                return True
+            self._metrics.root_configmap_writes.labels(operation, "error").inc()
+            log.warning("could not %s %s/%s: HTTP %s %s", operation, namespace,
+                        CONFIGMAP_NAME, exc.status, exc.reason)  # fmt: skip
+            return False
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._metrics.root_configmap_writes.labels(operation, "error").inc()
+            log.warning("could not %s %s/%s: %s", operation, namespace, CONFIGMAP_NAME, exc)
+            return False
+        self._metrics.root_configmap_writes.labels(operation, "ok").inc()
+        log.info("%sd %s/%s", operation, namespace, CONFIGMAP_NAME)
+        return True

@@ -1,0 +1,72 @@
+"""Successful TokenReviews, remembered per token digest until the token expires.
+
+A workload's agent sends the same projected token on every call until the kubelet rotates it,
+so caching turns "one API call per certificate request" into "one per token". Only the SHA-256
+of (cluster id, token) is kept, never the token. The expiry comes from the token's own `exp`
+claim, read without verifying the signature (the API server has just vouched for the token;
+the claim only bounds how long we trust that answer), capped so a revoked token stops working
+within `max_ttl` even if it carries no `exp` or a far one.
+
+Concurrency: used from the event loop only; no locking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from datetime import UTC, datetime, timedelta
+from typing import Generic, TypeVar
+
+import jwt
+
+V = TypeVar("V")
+
+
+def token_digest(cluster_id: str, token: str) -> str:
+    return hashlib.sha256(f"{cluster_id}\0{token}".encode()).hexdigest()
+
+
+def token_expiry(token: str) -> datetime | None:
+    """The `exp` claim of a JWT, unverified; `None` for an opaque token or one without `exp`."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    exp = claims.get("exp")
+    if not isinstance(exp, int | float):
+        return None
+    return datetime.fromtimestamp(exp, UTC)
+
+
+class ReviewCache(Generic[V]):
+    """A bounded LRU map from token digest to a value, each entry with its own expiry."""
+
+    def __init__(self, max_entries: int = 10_000, max_ttl: timedelta = timedelta(minutes=5)):
+        self._entries: OrderedDict[str, tuple[datetime, V]] = OrderedDict()
+        self._max_entries = max_entries
+        self.max_ttl = max_ttl
+
+    def get(self, digest: str, now: datetime) -> V | None:
+        entry = self._entries.get(digest)
+        if entry is None:
+            return None
+        expires, value = entry
+        if now >= expires:
+            del self._entries[digest]
+            return None
+        self._entries.move_to_end(digest)
+        return value
+
+    def put(self, digest: str, value: V, now: datetime, token_exp: datetime | None) -> None:
+        expires = now + self.max_ttl
+        if token_exp is not None:
+            expires = min(expires, token_exp)
+        if expires <= now:
+            return
+        self._entries[digest] = (expires, value)
+        self._entries.move_to_end(digest)
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)

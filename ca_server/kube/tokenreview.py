@@ -1,0 +1,186 @@
+"""Kubernetes TokenReview authentication (`authentication.k8s.io/v1`), as Istio does it.
+
+The API server decides whether a bearer token is valid for our audiences; this module then
+accepts only service-account users: `authenticated: true`, groups containing
+`system:serviceaccounts`, username `system:serviceaccount:<ns>:<sa>`. A pod-bound token also
+names its pod in `user.extra`, which the node authorizer needs.
+
+Outcomes: API says no → `AuthenticationError` (UNAUTHENTICATED, not retried); API unreachable
+or erroring → `DependencyUnavailableError` (UNAVAILABLE, clients retry).
+
+Concurrency: `authenticate` runs on the event loop. The review itself is a blocking HTTP call on
+the synchronous client, so it runs in a worker thread (`asyncio.to_thread`) after the token
+bucket admits it. Concurrent requests with the same token share one review.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import kubernetes.client
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from ca_server.authn import AuthnRequest, Caller
+from ca_server.errors import AuthenticationError, DependencyUnavailableError
+from ca_server.kube.clients import KubeClients
+from ca_server.kube.ratelimit import AsyncTokenBucket
+from ca_server.kube.token_cache import ReviewCache, token_digest, token_expiry
+from ca_server.metrics import CaMetrics
+from certs import CertsError, SpiffeId
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNTS_GROUP = "system:serviceaccounts"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
+_REQUEST_TIMEOUT = (2.0, 5.0)  # (connect, read) seconds: a slow API server must not pile up
+
+
+def caller_from_review(status: Any, trust_domain: str, cluster_id: str) -> Caller:
+    """The `Caller` a TokenReview status vouches for, or `AuthenticationError` saying why not.
+
+    `status` is a `V1TokenReviewStatus`; kept duck-typed so tests can hand in plain objects.
+    """
+    if status is None or not status.authenticated:
+        error = (status.error if status is not None else None) or "no reason given"
+        raise AuthenticationError(
+            "token-rejected",
+            f"the Kubernetes API server (cluster {cluster_id}) rejected the token: {error}; "
+            "send a current projected service-account token with audience istio-ca",
+        )
+    user = status.user
+    username = (user.username if user else None) or ""
+    groups = (user.groups if user else None) or []
+    if SERVICE_ACCOUNTS_GROUP not in groups:
+        raise AuthenticationError(
+            "token-not-service-account",
+            f"token authenticates {username or 'an unnamed user'}, which is not in group "
+            f"{SERVICE_ACCOUNTS_GROUP}: only service-account tokens are accepted",
+        )
+    parts = username.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")
+    if not username.startswith(SERVICE_ACCOUNT_PREFIX) or len(parts) != 2:
+        raise AuthenticationError(
+            "token-not-service-account",
+            f"token authenticates {username!r}, not system:serviceaccount:<namespace>:<name>",
+        )
+    namespace, service_account = parts
+    try:
+        identity = SpiffeId(trust_domain, namespace, service_account)
+    except CertsError as exc:
+        raise AuthenticationError("token-not-service-account", f"token user: {exc}") from exc
+    extra = (user.extra if user else None) or {}
+    return Caller(
+        identity,
+        TokenReviewAuthenticator.name,
+        subject=username,
+        pod_name=_first(extra.get(POD_NAME_KEY)),
+        pod_uid=_first(extra.get(POD_UID_KEY)),
+        extra={"cluster_id": cluster_id},
+    )
+
+
+def _first(values: Sequence[str] | None) -> str | None:
+    return values[0] if values else None
+
+
+class TokenReviewAuthenticator:
+    name = "kubernetes-tokenreview"
+
+    def __init__(
+        self,
+        clients: KubeClients,
+        *,
+        audiences: Sequence[str],
+        trust_domain: str,
+        limiter: AsyncTokenBucket,
+        metrics: CaMetrics,
+        now: Callable[[], datetime],
+        cache: ReviewCache[Caller] | None = None,
+    ) -> None:
+        self._clients = clients
+        self._audiences = list(audiences)
+        self._trust_domain = trust_domain
+        self._limiter = limiter
+        self._metrics = metrics
+        self._now = now
+        self._cache: ReviewCache[Caller] = cache or ReviewCache()
+        self._in_flight: dict[str, asyncio.Future[Caller]] = {}
+
+    async def authenticate(self, request: AuthnRequest) -> Caller | None:
+        token = request.bearer_token
+        if token is None:
+            return None
+        cluster_id = request.cluster_id or self._clients.local_cluster_id
+        api = self._clients.for_cluster(cluster_id)
+        if api is None:
+            raise AuthenticationError(
+                "unknown-cluster",
+                f"clusterid {cluster_id!r} is not a cluster this CA can review tokens for; "
+                "configure it with --remote-kubeconfig",
+            )
+        digest = token_digest(cluster_id, token)
+        cached = self._cache.get(digest, self._now())
+        if cached is not None:
+            self._metrics.tokenreview_cache_hits.inc()
+            return cached
+        pending = self._in_flight.get(digest)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Caller] = asyncio.get_running_loop().create_future()
+        self._in_flight[digest] = future
+        try:
+            caller = await self._review(api, token, cluster_id)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # marks it retrieved: there may be no other waiter
+            raise
+        finally:
+            del self._in_flight[digest]
+        future.set_result(caller)
+        self._cache.put(digest, caller, self._now(), token_expiry(token))
+        return caller
+
+    async def _review(
+        self, api: kubernetes.client.ApiClient, token: str, cluster_id: str
+    ) -> Caller:
+        await self._limiter.acquire()
+        try:
+            review = await asyncio.to_thread(self._create_review, api, token)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            self._metrics.tokenreview_requests.labels("error").inc()
+            if isinstance(exc, ApiException):
+                detail = f"HTTP {exc.status} {exc.reason}"
+            else:
+                detail = type(exc).__name__
+            log.warning("TokenReview against cluster %s failed: %s", cluster_id, detail)
+            raise DependencyUnavailableError(
+                "tokenreview-unavailable",
+                f"could not verify the token with the Kubernetes API server (cluster "
+                f"{cluster_id}): {detail}; retry later",
+            ) from exc
+        try:
+            caller = caller_from_review(review.status, self._trust_domain, cluster_id)
+        except AuthenticationError:
+            self._metrics.tokenreview_requests.labels("rejected").inc()
+            raise
+        self._metrics.tokenreview_requests.labels("authenticated").inc()
+        return caller
+
+    def _create_review(self, api: kubernetes.client.ApiClient, token: str) -> Any:
+        body = kubernetes.client.V1TokenReview(
+            api_version="authentication.k8s.io/v1",
+            kind="TokenReview",
+            spec=kubernetes.client.V1TokenReviewSpec(token=token, audiences=self._audiences),
+        )
+        return kubernetes.client.AuthenticationV1Api(api).create_token_review(
+            body, _request_timeout=_REQUEST_TIMEOUT
+        )

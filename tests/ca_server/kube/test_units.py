@@ -1,0 +1,90 @@
+"""Pure parts of Kubernetes mode: review cache expiry/bounds, token bucket, TokenReview status
+interpretation, CA_TRUSTED_NODE_ACCOUNTS parsing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import jwt
+import pytest
+
+from ca_server.errors import AuthenticationError
+from ca_server.kube.node_authorizer import parse_node_accounts
+from ca_server.kube.ratelimit import AsyncTokenBucket
+from ca_server.kube.token_cache import ReviewCache, token_digest, token_expiry
+from ca_server.kube.tokenreview import POD_NAME_KEY, POD_UID_KEY, caller_from_review
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_review_cache_honours_token_exp_cap_and_size():
+    cache: ReviewCache[str] = ReviewCache(max_entries=2, max_ttl=timedelta(minutes=5))
+    cache.put("a", "A", NOW, NOW + timedelta(seconds=30))
+    cache.put("b", "B", NOW, None)
+    assert cache.get("a", NOW + timedelta(seconds=29)) == "A"
+    assert cache.get("a", NOW + timedelta(seconds=30)) is None
+    assert cache.get("b", NOW + timedelta(minutes=4)) == "B"
+    assert cache.get("b", NOW + timedelta(minutes=5)) is None
+    cache.put("c", "C", NOW, None)
+    cache.put("d", "D", NOW, None)
+    cache.put("e", "E", NOW, None)
+    assert len(cache) == 2 and cache.get("c", NOW) is None
+    cache.put("expired", "X", NOW, NOW - timedelta(seconds=1))
+    assert cache.get("expired", NOW) is None
+
+
+def test_token_expiry_and_digest():
+    exp = int(NOW.timestamp())
+    token = jwt.encode({"exp": exp}, "secret-key-of-at-least-32-bytes!!", algorithm="HS256")
+    assert token_expiry(token) == NOW
+    assert token_expiry("opaque") is None
+    assert token_digest("c1", "t") != token_digest("c2", "t")
+
+
+def test_token_bucket_allows_burst_then_paces():
+    clock = [0.0]
+    bucket = AsyncTokenBucket(rate=10, burst=2, monotonic=lambda: clock[0])
+    assert [bucket.reserve() for _ in range(2)] == [0.0, 0.0]
+    assert bucket.reserve() == pytest.approx(0.1)
+    assert bucket.reserve() == pytest.approx(0.2)
+    clock[0] = 1.0
+    assert bucket.reserve() == 0.0
+    with pytest.raises(ValueError):
+        AsyncTokenBucket(rate=0, burst=1)
+
+
+def _status(authenticated=True, username="system:serviceaccount:shop:cart",
+            groups=("system:serviceaccounts",), extra=None, error=None):  # fmt: skip
+    user = SimpleNamespace(username=username, groups=list(groups), extra=extra)
+    return SimpleNamespace(authenticated=authenticated, user=user, error=error)
+
+
+def test_caller_from_review():
+    caller = caller_from_review(
+        _status(extra={POD_NAME_KEY: ["cart-1"], POD_UID_KEY: ["u1"]}), "cluster.local", "K"
+    )
+    assert caller.identity.uri == "spiffe://cluster.local/ns/shop/sa/cart"
+    assert (caller.pod_name, caller.pod_uid) == ("cart-1", "u1")
+    rejections = {
+        "token-rejected": _status(authenticated=False, error="expired"),
+        "token-not-service-account": _status(groups=("system:authenticated",)),
+    }
+    for reason, status in rejections.items():
+        with pytest.raises(AuthenticationError) as info:
+            caller_from_review(status, "cluster.local", "K")
+        assert info.value.reason == reason
+    for username in ("alice", "system:serviceaccount:shop", "system:serviceaccount:a:b:c"):
+        with pytest.raises(AuthenticationError):
+            caller_from_review(_status(username=username), "cluster.local", "K")
+
+
+def test_parse_node_accounts():
+    assert parse_node_accounts(" istio-system/ztunnel, kube-system/agent,") == (
+        ("istio-system", "ztunnel"),
+        ("kube-system", "agent"),
+    )
+    assert parse_node_accounts("") == ()
+    for bad in ("ztunnel", "/sa", "ns/", "a/b/c"):
+        with pytest.raises(ValueError):
+            parse_node_accounts(bad)

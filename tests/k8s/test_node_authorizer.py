@@ -1,0 +1,78 @@
+"""Done means 4: a trusted node agent (ztunnel) may get certificates for pods on its own node,
+and nothing else; every denial names its reason in the audit line."""
+
+from __future__ import annotations
+
+import functools
+
+import grpc
+
+from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, issue, rpc_code, spiffe
+from tests.support.kube_api import KubeApiServer
+from tests.support.processes import wait_for
+
+
+def test_node_agent_impersonation(kube_api: KubeApiServer, kube_ca: CaFactory):
+    kube_api.create_namespace("shop")
+    kube_api.create_pod(CA_NAMESPACE, "ztunnel-a", service_account="ztunnel", uid="zt-a",
+                        node_name="node-a")  # fmt: skip
+    kube_api.create_pod("shop", "cart-1", service_account="cart", node_name="node-a")
+    kube_api.create_pod("shop", "payments-1", service_account="payments", node_name="node-b")
+    kube_api.create_pod("shop", "done-1", service_account="batch", node_name="node-a",
+                        phase="Succeeded")  # fmt: skip
+    tokens = {
+        "ztunnel": ("ztunnel", "ztunnel-a", "zt-a"),
+        "ztunnel-stale": ("ztunnel", "ztunnel-a", "uid-of-a-deleted-pod"),
+        "ztunnel-gone": ("ztunnel", "ztunnel-z", "zt-z"),
+    }
+    for token, (account, pod, uid) in tokens.items():
+        kube_api.add_service_account_token(token, CA_NAMESPACE, account, audiences=["istio-ca"],
+                                           pod_name=pod, pod_uid=uid)  # fmt: skip
+    kube_api.add_service_account_token("cart", "shop", "cart", audiences=["istio-ca"],
+                                       pod_name="cart-1")  # fmt: skip
+    ca = kube_ca("ca-0", "--no-root-configmaps",
+                 "--trusted-node-accounts", f"{CA_NAMESPACE}/ztunnel")  # fmt: skip
+    pods_listed = kube_api.count("list", "pods")
+
+    def impersonate(token: str, target: str) -> list[str]:
+        return issue(ca, token, target, metadata={"ImpersonatedIdentity": target})
+
+    cart = spiffe("shop", "cart")
+    chain = impersonate("ztunnel", cart)
+    assert len(chain) == 2
+
+    denials = {
+        "impersonation-no-target-pod-on-node": ("ztunnel", spiffe("shop", "payments")),
+        "impersonation-untrusted-caller": ("cart", spiffe("shop", "cart")),
+        "impersonation-pod-uid-mismatch": ("ztunnel-stale", cart),
+        "impersonation-caller-pod-not-found": ("ztunnel-gone", cart),
+    }
+    for reason, (token, target) in denials.items():
+        code, details = rpc_code(functools.partial(impersonate, token, target))
+        assert code == grpc.StatusCode.UNAUTHENTICATED, (reason, details)
+    # A finished pod does not make its identity available on the node.
+    code, _ = rpc_code(lambda: impersonate("ztunnel", spiffe("shop", "batch")))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+
+    lines = audit_lines(ca)
+    issued = [line for line in lines if line["outcome"] == "issued"]
+    assert issued[0]["identity"] == cart
+    assert issued[0]["caller"] == f"system:serviceaccount:{CA_NAMESPACE}:ztunnel"
+    denied = [line for line in lines if line["outcome"] == "denied"]
+    assert [line["reason"] for line in denied[: len(denials)]] == list(denials)
+    assert denied[-1]["reason"] == "impersonation-no-target-pod-on-node"
+    # Decisions come from the watch-backed cache, not a GET per request.
+    assert kube_api.count("get", "pods") == 0
+    assert kube_api.count("list", "pods") == pods_listed
+
+    # A pod scheduled later becomes available once the watch delivers it.
+    kube_api.create_pod("shop", "orders-1", service_account="orders", node_name="node-a")
+
+    def orders_allowed() -> bool:
+        try:
+            impersonate("ztunnel", spiffe("shop", "orders"))
+        except grpc.RpcError:
+            return False
+        return True
+
+    wait_for(orders_allowed, 2, "the new pod in the CA's pod cache")

@@ -1,0 +1,110 @@
+"""Done means 2: replicas started at the same instant share one root through Secret
+`istio-ca-secret`, both issue chains that verify against it, and a changed Secret is picked up
+by every replica and reaches the root ConfigMaps."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from datetime import UTC, datetime, timedelta
+
+from ca_server.kube.secret_root import (
+    SECRET_NAME,
+    SECRET_TYPE,
+    KubeSecretRootStore,
+    secret_data_for,
+)
+from certs import KeySpec, SigningAuthority, build_root_certificate, generate_private_key
+from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
+from tests.support.kube_api import KubeApiServer
+from tests.support.processes import wait_for
+
+
+def _secret_root(kube_api: KubeApiServer) -> bytes:
+    secret = kube_api.get("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
+    assert secret["type"] == SECRET_TYPE
+    assert set(secret["data"]) == {
+        "ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem", "key.pem"
+    }  # fmt: skip
+    return base64.b64decode(secret["data"]["root-cert.pem"])
+
+
+def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_ca: CaFactory):
+    kube_api.add_service_account_token("cart-token", "default", "cart", audiences=["istio-ca"])
+    replicas = [kube_ca(f"ca-{i}", "--ca-reload-interval", "200ms", start=False)
+                for i in range(2)]  # fmt: skip
+    for ca in replicas:
+        ca.launch()
+    for ca in replicas:
+        ca.wait_ready()
+
+    root = _secret_root(kube_api)
+    assert 1 <= kube_api.count("create", "secrets") <= 2
+    assert len(kube_api.list("secrets", namespace=CA_NAMESPACE)) == 1
+    for ca in replicas:
+        assert ca.root_cert_path.read_bytes() == root
+        chain = issue(ca, "cart-token", spiffe("default", "cart"))
+        assert chain[-1].encode() == root
+        assert_verifies(chain, root)
+
+    # An operator replaces the root: every replica reloads it and the ConfigMaps follow.
+    key = generate_private_key()
+    cert = build_root_certificate(
+        key, "cluster.local", now=datetime.now(UTC), lifetime=timedelta(days=365)
+    )
+    authority = SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
+    secret = kube_api.get("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
+    secret["data"] = {k: v if isinstance(v, str) else v.decode()
+                      for k, v in secret_data_for(authority).items()}  # fmt: skip
+    kube_api.update("secrets", secret)
+    new_root = authority.root_bundle_pem.encode()
+
+    def everywhere() -> bool:
+        configmaps = kube_api.list("configmaps")
+        return (
+            all(ca.root_cert_path.read_bytes() == new_root for ca in replicas)
+            and len(configmaps) == 3
+            and all(cm["data"]["root-cert.pem"].encode() == new_root for cm in configmaps)
+        )
+
+    wait_for(everywhere, 15, "the new root in every replica and every ConfigMap")
+    for ca in replicas:
+        # The CA's own TLS certificate is still from the old root until it restarts (known gap).
+        chain = issue(ca, "cart-token", spiffe("default", "cart"), tls_roots=root + new_root)
+        assert_verifies(chain, new_root)
+
+
+def test_losing_the_create_race_adopts_the_winners_root(kube_api: KubeApiServer):
+    """Deterministic version of the race: a store that decided to create after another
+    replica already did gets 409, re-reads, and uses the existing root (never overwrites)."""
+
+    def store() -> KubeSecretRootStore:
+        return KubeSecretRootStore(
+            kube_api.api_client(), CA_NAMESPACE, "cluster.local", KeySpec(), timedelta(days=30)
+        )
+
+    now = datetime.now(UTC)
+    winner = store().load(now)
+    loser = store()
+    adopted = loser._create(now)  # what load() does after its read found nothing
+    assert base64.b64decode(adopted.data["root-cert.pem"]).decode() == winner.root_bundle_pem
+    assert loser.load(now).root_bundle_pem == winner.root_bundle_pem
+    assert kube_api.count("create", "secrets") == 2
+    assert kube_api.count("update", "secrets") == 0
+
+    # Many stores at once, in threads: still one root.
+    kube_api.delete("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
+    barrier = threading.Barrier(6)
+    roots: list[str] = []
+
+    def load() -> None:
+        candidate = store()
+        barrier.wait()
+        roots.append(candidate.load(now).root_bundle_pem)
+
+    threads = [threading.Thread(target=load) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(roots) == 6 and len(set(roots)) == 1
