@@ -184,7 +184,9 @@ class PodIdentitySource:
     """Watches the pods on `node_name` with the `kubernetes` client (see the module docstring).
 
     `api_client_factory` builds a `kubernetes.client.ApiClient` (from a kubeconfig or the
-    in-cluster service account); it is called on the watch thread, once.
+    in-cluster service account); it is called on the watch thread, once. Watches last
+    `watch_timeout_seconds` and then resume from the last resourceVersion seen (advanced by
+    bookmarks, when `bookmarks`, so a quiet node does not fall behind compaction).
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class PodIdentitySource:
         *,
         watch_timeout_seconds: int = 300,
         request_timeout_seconds: float = 30.0,
+        bookmarks: bool = True,
         backoff: Backoff = RELIST_BACKOFF,
     ) -> None:
         self.node_name = node_name
@@ -202,6 +205,7 @@ class PodIdentitySource:
         self._index = PodIndex(trust_domain)
         self._watch_timeout = watch_timeout_seconds
         self._request_timeout = request_timeout_seconds
+        self._bookmarks = bookmarks
         self._backoff = backoff
         self._rng = random.Random()
         self._stopping = threading.Event()
@@ -300,7 +304,7 @@ class PodIdentitySource:
                 field_selector=self.selector,
                 resource_version=version,
                 timeout_seconds=self._watch_timeout,
-                allow_watch_bookmarks=True,
+                allow_watch_bookmarks=self._bookmarks,
             )
             for event in stream:
                 if self._stopping.is_set():
