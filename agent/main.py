@@ -45,7 +45,7 @@ from agent.node_secrets import NodeSecretManager
 from agent.sds import SdsServer, SecretResolver
 from agent.secret_manager import SecretManager
 from agent.secrets import SecretCache
-from agent.status import ReadinessSource, StatusServer
+from agent.status import ReadinessSource, build_status_server
 from agent.token import FileTokenProvider, IdentityResolver, TokenError
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
@@ -130,7 +130,7 @@ class Agent:
                     metrics=self.metrics,
                 )
                 readiness = self.manager
-        self.status = StatusServer(
+        self.status = build_status_server(
             config.status_host, config.status_port, readiness, self.metrics, self.clock
         )
         self._worker: asyncio.Task[None] | None = None
@@ -156,6 +156,7 @@ class Agent:
         if self.config.output_certs is not None:
             ensure_dir(self.config.output_certs, 0o700)
         self.status.start()
+        log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
         await self.sds.start()
         if self.mounted is not None:
             log.info("serving file-mounted certificates from %s", self.config.file_mounted_dir)

@@ -2,10 +2,9 @@
 
 A private registry (not prometheus_client's global one) keeps several agents in one test process
 from colliding and keeps library metrics out of our exposition. Istio's agent metric names are
-kept as they are (REFERENCE §6) so existing dashboards work. prometheus_client appends `_total` to
-every Counter, so the Istio-named counts are exposed as monotonically increasing Gauges: same
-sample names as Istio, and `rate()` works on them. meshca's own metrics are ordinary Counters and
-Histograms under `meshca_agent_`.
+kept as they are (REFERENCE §6) so existing dashboards work: they are recorded as ordinary
+`meshca_agent_*` Counters and re-exported under Istio's exact names (no `_total`) by
+`meshca.prometheus_compat.IstioCounterAliases`, as the CA does.
 
 `cert_expiry_seconds` is computed at scrape time from the recorded NotAfter and the injected
 clock, so it can never go stale between rotations.
@@ -20,12 +19,13 @@ import threading
 from collections.abc import Iterator
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.secrets import Secret, not_after
 from meshca.clock import Clock, SystemClock
+from meshca.prometheus_compat import IstioCounterAliases
 
 CSR_REQUEST = "csr"
 
@@ -40,30 +40,34 @@ class AgentMetrics:
     def __init__(self, clock: Clock | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        # Istio names (REFERENCE §6).
-        self.outgoing_latency = Gauge(
-            "outgoing_latency",
-            "Sum of CA request latencies in milliseconds (Istio-compatible).",
+        # CA calls, re-exported under Istio's names (REFERENCE §6) by IstioCounterAliases.
+        self.ca_requests = Counter(
+            "meshca_agent_ca_requests", "Requests sent to the CA.", ["request_type"], registry=reg
+        )
+        self.ca_request_failures = Counter(
+            "meshca_agent_ca_request_failures",
+            "Requests to the CA that failed.",
             ["request_type"],
             registry=reg,
         )
-        self.num_outgoing_requests = Gauge(
-            "num_outgoing_requests",
-            "Number of requests sent to the CA (Istio-compatible; monotonic).",
+        self.ca_retries = Counter(
+            "meshca_agent_ca_retries", "Requests to the CA retried.", ["request_type"], registry=reg
+        )
+        self.ca_latency_ms = Counter(
+            "meshca_agent_ca_latency_milliseconds",
+            "Sum of CA request latencies in milliseconds.",
             ["request_type"],
             registry=reg,
         )
-        self.num_failed_outgoing_requests = Gauge(
-            "num_failed_outgoing_requests",
-            "Number of failed requests to the CA (Istio-compatible; monotonic).",
-            ["request_type"],
-            registry=reg,
-        )
-        self.num_outgoing_retries = Gauge(
-            "num_outgoing_retries",
-            "Number of retried requests to the CA (Istio-compatible; monotonic).",
-            ["request_type"],
-            registry=reg,
+        reg.register(
+            IstioCounterAliases(
+                {
+                    "num_outgoing_requests": self.ca_requests,
+                    "num_failed_outgoing_requests": self.ca_request_failures,
+                    "num_outgoing_retries": self.ca_retries,
+                    "outgoing_latency": self.ca_latency_ms,
+                }
+            )
         )
         # meshca additions.
         self.ca_request_seconds = Histogram(
@@ -118,24 +122,24 @@ class AgentMetrics:
             registry=reg,
         )
         for family in (
-            self.outgoing_latency,
-            self.num_outgoing_requests,
-            self.num_failed_outgoing_requests,
-            self.num_outgoing_retries,
+            self.ca_requests,
+            self.ca_request_failures,
+            self.ca_retries,
+            self.ca_latency_ms,
         ):
             family.labels(CSR_REQUEST)  # exposed as 0 before the first request
         self._expiry = _ExpiryCollector(clock or SystemClock())
         reg.register(self._expiry)
 
     def record_ca_request(self, seconds: float, outcome: str) -> None:
-        self.num_outgoing_requests.labels(CSR_REQUEST).inc()
-        self.outgoing_latency.labels(CSR_REQUEST).inc(seconds * 1000.0)
+        self.ca_requests.labels(CSR_REQUEST).inc()
+        self.ca_latency_ms.labels(CSR_REQUEST).inc(seconds * 1000.0)
         self.ca_request_seconds.labels(outcome).observe(seconds)
         if outcome != "OK":
-            self.num_failed_outgoing_requests.labels(CSR_REQUEST).inc()
+            self.ca_request_failures.labels(CSR_REQUEST).inc()
 
     def record_retry(self) -> None:
-        self.num_outgoing_retries.labels(CSR_REQUEST).inc()
+        self.ca_retries.labels(CSR_REQUEST).inc()
 
     def record_expiry(self, resource_name: str, not_after: datetime) -> None:
         """Remembers when `resource_name`'s certificate expires (called on every change)."""
@@ -148,10 +152,6 @@ class AgentMetrics:
     def on_secret_removed(self, resource_name: str) -> None:
         """Cache removal listener: a removed secret no longer has an expiry to report."""
         self._expiry.discard(resource_name)
-
-    def exposition(self) -> bytes:
-        """The registry in Prometheus text format."""
-        return generate_latest(self.registry)
 
 
 class _ExpiryCollector(Collector):

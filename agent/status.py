@@ -1,9 +1,9 @@
 """The agent's HTTP status endpoint: `/healthz/ready` for the kubelet, `/metrics` for Prometheus.
 
-Concurrency: a stdlib `ThreadingHTTPServer` on its own daemon thread, so a slow scrape never
-stalls the event loop that serves SDS and rotates certificates. Handlers only read: the
-readiness source's attributes are immutable snapshots replaced by single assignments, and
-prometheus_client is thread-safe.
+Concurrency: `meshca.status_http.StatusServer`, a stdlib HTTP server on its own daemon
+thread, so a slow scrape never stalls the event loop that serves SDS and rotates certificates.
+Handlers only read: the readiness source's attributes are immutable snapshots replaced by single
+assignments, and prometheus_client is thread-safe.
 
 Readiness means "holding a valid (unexpired) certificate", not "the last CA call worked": while
 the CA is down the agent keeps serving its cached certificate and stays ready. When not ready
@@ -12,23 +12,19 @@ the body says why (the last error), so `kubectl describe pod` shows something ac
 
 from __future__ import annotations
 
-import logging
-import threading
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
 from agent.metrics import AgentMetrics
 from meshca.clock import Clock
-
-log = logging.getLogger(__name__)
+from meshca.status_http import Response, StatusServer, metrics_route, text
 
 READY_PATH = "/healthz/ready"
 METRICS_PATH = "/metrics"
 
 
 class ReadinessSource(Protocol):
-    """What the status endpoint asks (implemented by `SecretManager`)."""
+    """What the status endpoint asks (`SecretManager`, `NodeSecretManager`, file-mounted)."""
 
     def has_valid_certificate(self, now: datetime | None = None) -> bool: ...
 
@@ -48,71 +44,21 @@ def readiness_report(source: ReadinessSource, now: datetime) -> tuple[bool, str]
     return False, f"not ready: {reason}\n"
 
 
-class StatusServer:
-    """Serves readiness and metrics on `host:port` (port 0 picks a free one, see `.port`)."""
+def build_status_server(
+    host: str,
+    port: int,
+    readiness: ReadinessSource,
+    metrics: AgentMetrics,
+    clock: Clock,
+) -> StatusServer:
+    """`/healthz/ready` and `/metrics` on `host:port` (port 0 picks a free one); not started."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        readiness: ReadinessSource,
-        metrics: AgentMetrics,
-        clock: Clock,
-    ) -> None:
-        handler = _make_handler(readiness, metrics, clock)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="agent-status", daemon=True
-        )
+    def ready() -> Response:
+        is_ready, body = readiness_report(readiness, clock.now())
+        return text(200 if is_ready else 503, body)
 
-    @property
-    def host(self) -> str:
-        return str(self._server.server_address[0])
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("status server on %s (%s, %s)", self.url, READY_PATH, METRICS_PATH)
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
-
-
-def _make_handler(
-    readiness: ReadinessSource, metrics: AgentMetrics, clock: Clock
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "meshca-agent"
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == READY_PATH:
-                ready, body = readiness_report(readiness, clock.now())
-                self._send(200 if ready else 503, body.encode(), "text/plain; charset=utf-8")
-            elif path == METRICS_PATH:
-                self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
-            else:
-                self._send(404, b"not found; try /healthz/ready or /metrics\n", "text/plain")
-
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("status %s - %s", self.address_string(), format % args)
-
-    return Handler
+    return StatusServer(
+        f"{host}:{port}",
+        {READY_PATH: ready, METRICS_PATH: metrics_route(metrics.registry)},
+        name="agent",
+    )

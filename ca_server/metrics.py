@@ -1,31 +1,14 @@
 """The CA's Prometheus metrics: Istio's names (REFERENCE §6) plus meshca's own.
 
-Istio exposes its counters without the `_total` suffix that `prometheus_client` appends; the
-`IstioCounterAliases` collector re-exports meshca's counters under Istio's exact names so
-existing dashboards keep working, while meshca's own names follow Prometheus conventions.
+Counters are recorded under meshca's names and re-exported under Istio's exact names by
+`meshca.prometheus_compat.IstioCounterAliases`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
-
-class IstioCounterAliases(Collector):
-    def __init__(self, aliases: dict[str, Counter]) -> None:
-        self._aliases = aliases
-
-    def collect(self) -> Iterable[Metric]:
-        for alias, counter in self._aliases.items():
-            metric = Metric(alias, f"Istio-compatible alias of {counter._name}_total", "unknown")
-            for family in counter.collect():
-                for sample in family.samples:
-                    if sample.name.endswith("_total"):
-                        metric.add_sample(alias, sample.labels, sample.value)
-            yield metric
+from meshca.prometheus_compat import IstioCounterAliases
 
 
 class CaMetrics:

@@ -30,15 +30,18 @@ def split_host_port(listen: str) -> tuple[str, int]:
 
 
 class StatusServer:
-    def __init__(self, listen: str, routes: dict[str, Route]) -> None:
-        self._routes = routes
+    """Serves `routes` (path → handler) on `listen`; port 0 picks a free one (see `.port`)."""
+
+    def __init__(self, listen: str, routes: dict[str, Route], *, name: str = "status") -> None:
         host, port = split_host_port(listen)
-        routes_ref = self._routes
+        known = ", ".join(sorted(routes))
 
         class Handler(BaseHTTPRequestHandler):
+            server_version = f"meshca-{name}"
+
             def do_GET(self) -> None:
-                route = routes_ref.get(self.path.split("?", 1)[0])
-                status, content_type, body = route() if route else text(404, "not found\n")
+                route = routes.get(self.path.split("?", 1)[0])
+                status, content_type, body = route() if route else text(404, f"try {known}\n")
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
@@ -51,16 +54,26 @@ class StatusServer:
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, daemon=True, name="status-http"
+            target=self._server.serve_forever, daemon=True, name=f"{name}-http"
         )
+
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=5)
         self._server.server_close()

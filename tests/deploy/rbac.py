@@ -1,0 +1,99 @@
+"""The RBAC that ``deploy/`` grants, as a flat set of rules to compare with real API traffic.
+
+A rule is ``(api_group, resource, verb, scope)``; ``scope`` is ``"cluster"`` for a ClusterRole
+bound by a ClusterRoleBinding, and ``"namespace"`` for anything bound by a RoleBinding (in the
+binding's namespace, which is the service account's own in deploy/). Example, comparing with the
+requests the fake API server recorded::
+
+    granted = granted_rules("istio-system", "meshca")
+    for record in server.recorder.records():
+        needed = required_rule(group_of(record.resource), record.resource, record.verb,
+                               record.namespace, home_namespace="istio-system")
+        assert is_allowed(granted, needed), needed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from .manifests import DEPLOY_DIR, Manifest, manifests
+
+Scope = Literal["namespace", "cluster"]
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
+
+
+class Rule(NamedTuple):
+    api_group: str
+    resource: str
+    verb: str
+    scope: Scope
+
+
+class UnsupportedRbac(ValueError):
+    """A rule this flat model cannot represent (resourceNames, nonResourceURLs, aggregation)."""
+
+
+def _expand(rules: Iterable[dict[str, Any]], scope: Scope, where: str) -> set[Rule]:
+    expanded: set[Rule] = set()
+    for rule in rules:
+        for unsupported in ("resourceNames", "nonResourceURLs"):
+            if rule.get(unsupported):
+                raise UnsupportedRbac(f"{where}: {unsupported} is not modelled by tests/deploy")
+        for group in rule.get("apiGroups") or []:
+            for resource in rule.get("resources") or []:
+                for verb in rule.get("verbs") or []:
+                    expanded.add(Rule(group, resource, verb, scope))
+    return expanded
+
+
+def _rbac_objects(root: Path) -> list[Manifest]:
+    return [m for m in manifests(root) if m.doc.get("apiVersion") == RBAC_API_VERSION]
+
+
+def granted_rules(namespace: str, service_account: str, root: Path = DEPLOY_DIR) -> set[Rule]:
+    """Every ``Rule`` bound to the ServiceAccount ``namespace/service_account`` under ``root``."""
+    objects = _rbac_objects(root)
+    roles = {(m.kind, m.namespace, m.name): m for m in objects if m.kind in ("Role", "ClusterRole")}
+    granted: set[Rule] = set()
+    for binding in objects:
+        if binding.kind not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        subjects = binding.doc.get("subjects") or []
+        if not any(
+            s.get("kind") == "ServiceAccount"
+            and s.get("name") == service_account
+            and s.get("namespace", binding.namespace) == namespace
+            for s in subjects
+        ):
+            continue
+        ref = binding.doc["roleRef"]
+        role_namespace = binding.namespace if ref["kind"] == "Role" else None
+        role = roles.get((ref["kind"], role_namespace, ref["name"]))
+        if role is None:
+            raise LookupError(f"{binding}: roleRef {ref['kind']}/{ref['name']} is not in deploy/")
+        if role.doc.get("aggregationRule"):
+            raise UnsupportedRbac(f"{role}: aggregated roles are not modelled by tests/deploy")
+        scope: Scope = "cluster" if binding.kind == "ClusterRoleBinding" else "namespace"
+        granted |= _expand(role.doc.get("rules") or [], scope, str(role))
+    return granted
+
+
+def required_rule(
+    api_group: str, resource: str, verb: str, namespace: str | None, home_namespace: str
+) -> Rule:
+    """The narrowest rule that allows one request made by an account living in
+    ``home_namespace``. ``namespace`` None is a cluster-wide call (a cluster-scoped resource such
+    as tokenreviews, or list/watch across all namespaces); a call into another namespace than the
+    account's own needs a cluster grant too, since deploy/ binds Roles only in the home namespace.
+    """
+    scope: Scope = "namespace" if namespace == home_namespace else "cluster"
+    return Rule(api_group, resource, verb, scope)
+
+
+def is_allowed(granted: set[Rule], needed: Rule) -> bool:
+    """Whether ``granted`` allows ``needed``; a cluster grant also allows namespaced calls."""
+    if needed in granted:
+        return True
+    return needed.scope == "namespace" and needed._replace(scope="cluster") in granted

