@@ -1,7 +1,8 @@
 """The agent's client for the Istio CA API (`IstioCertificateService/CreateCertificate`).
 
 Concurrency: asyncio with `grpc.aio`; one channel per client, used from the event loop only.
-Callers may issue concurrent `sign()` calls, but the agent issues one at a time.
+Callers may issue concurrent `sign()` calls: the single-identity agent issues one at a time, the
+node agent up to `--max-concurrent-fetches` (they share the channel, multiplexed by HTTP/2).
 
 Transport: TLS, verifying the CA with the configured root file (or the OS roots). The root file
 is re-read whenever the CA is unreachable, and the channel rebuilt if it changed, so a rotated
@@ -9,6 +10,10 @@ mesh root is picked up without a restart. The CA's serving certificate names `lo
 `127.0.0.1` and `istiod.istio-system.svc`; any other address is dialled with the TLS name
 overridden to `istiod.istio-system.svc`. Reconnect backoff is capped at 1 s so the agent reaches
 a restarted CA immediately.
+
+Node mode: `sign(..., impersonate=id)` adds request metadata `ImpersonatedIdentity: <SPIFFE URI>`
+(a `google.protobuf.Struct`, REFERENCE §1-2): the caller authenticates as itself (the node
+agent's service account) and asks for a pod identity on its node.
 
 Each call: fresh token read (see `agent.token`), `authorization`, `clusterid` and `CA_HEADER_*`
 headers, a deadline; transient failures (REFERENCE §1) are retried a few times with backoff, and
@@ -28,6 +33,7 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
+from google.protobuf import struct_pb2
 
 from agent.backoff import Backoff
 from agent.metrics import AgentMetrics
@@ -58,6 +64,7 @@ RETRYABLE_CODES = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
+IMPERSONATED_IDENTITY_KEY = "ImpersonatedIdentity"
 CALL_RETRY_BACKOFF = Backoff(initial=0.1, maximum=1.0)
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -151,9 +158,19 @@ class CaClient:
             await channel.close()
 
     async def sign(
-        self, csr_pem: str, identity: SpiffeId, key: PrivateKey, ttl: timedelta
+        self,
+        csr_pem: str,
+        identity: SpiffeId,
+        key: PrivateKey,
+        ttl: timedelta,
+        *,
+        impersonate: SpiffeId | None = None,
     ) -> SignedCertificate:
         """One certificate for `identity`, retrying transient failures a few times.
+
+        `impersonate`: ask for that identity on behalf of a workload (node mode); sent as the
+        `ImpersonatedIdentity` request metadata. The response must then be for `identity`, which
+        the caller sets to the same SPIFFE ID.
 
         Raises `TokenError` (token unreadable), `CaRequestError` (gRPC status, `.retryable`
         says whether trying again can help), `CaResponseError` (unusable answer) or
@@ -162,7 +179,7 @@ class CaClient:
         attempt = 0
         while True:
             try:
-                return await self._sign_once(csr_pem, identity, key, ttl)
+                return await self._sign_once(csr_pem, identity, key, ttl, impersonate)
             except CaRequestError as exc:
                 attempt += 1
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
@@ -176,7 +193,12 @@ class CaClient:
                 await self._clock.sleep(delay)
 
     async def _sign_once(
-        self, csr_pem: str, identity: SpiffeId, key: PrivateKey, ttl: timedelta
+        self,
+        csr_pem: str,
+        identity: SpiffeId,
+        key: PrivateKey,
+        ttl: timedelta,
+        impersonate: SpiffeId | None,
     ) -> SignedCertificate:
         metadata = self._metadata()  # reads the token: may raise TokenError
         channel = self._get_channel()
@@ -184,6 +206,8 @@ class CaClient:
         request = ca_pb2.IstioCertificateRequest(
             csr=csr_pem, validity_duration=int(ttl.total_seconds())
         )
+        if impersonate is not None:
+            request.metadata.CopyFrom(impersonation_metadata(impersonate))
         started = time.monotonic()
         try:
             response = await stub.CreateCertificate(
@@ -288,6 +312,13 @@ class CaClient:
         if current != self._root_pem:
             log.info("CA root file %s changed; reconnecting with the new root", self._root_ca)
             await self.close()
+
+
+def impersonation_metadata(identity: SpiffeId) -> struct_pb2.Struct:
+    """`IstioCertificateRequest.metadata` asking for `identity` on a workload's behalf."""
+    metadata = struct_pb2.Struct()
+    metadata.update({IMPERSONATED_IDENTITY_KEY: identity.uri})
+    return metadata
 
 
 def channel_options(addr: str) -> list[tuple[str, int | str]]:

@@ -27,6 +27,7 @@ DEFAULT_TOKEN_PATH = "./var/run/secrets/tokens/istio-token"
 DEFAULT_SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
 DEFAULT_FILE_MOUNTED_DIR = "./etc/certs"
 DEFAULT_STATUS_LISTEN = "127.0.0.1:15020"
+DEFAULT_MAX_CONCURRENT_FETCHES = 8  # ztunnel's limit
 SYSTEM_ROOTS = "SYSTEM"
 CA_HEADER_PREFIX = "CA_HEADER_"
 
@@ -66,6 +67,15 @@ class AgentConfig:
     status_port: int = 15020
     ca_request_timeout: timedelta = timedelta(seconds=10)
     log_level: str = "INFO"
+    # Node mode (ztunnel's pattern): one agent, one certificate per identity on its node.
+    node_mode: bool = False
+    node_name: str | None = None
+    kubeconfig: Path | None = None
+    # True when running in a pod (KUBERNETES_SERVICE_HOST set): in-cluster API credentials.
+    in_cluster: bool = False
+    identities: tuple[tuple[str, str], ...] = ()  # static (namespace, service account) pairs
+    identities_file: Path | None = None
+    max_concurrent_fetches: int = DEFAULT_MAX_CONCURRENT_FETCHES
 
     def __post_init__(self) -> None:
         if not 0 < self.grace_period_ratio < 1:
@@ -85,6 +95,35 @@ class AgentConfig:
             raise ConfigError("SECRET_TTL must be positive, e.g. 24h")
         if self.ca_request_timeout <= timedelta(0):
             raise ConfigError("--ca-request-timeout must be positive")
+        if self.max_concurrent_fetches < 1:
+            raise ConfigError("--max-concurrent-fetches must be at least 1")
+        if self.node_mode:
+            self._check_node_mode()
+
+    def _check_node_mode(self) -> None:
+        if self.file_mounted_certs:
+            raise ConfigError(
+                "--node-mode and FILE_MOUNTED_CERTS exclude each other: node mode asks the CA "
+                "for every identity on the node"
+            )
+        if self.static_identities:
+            return
+        if self.kubeconfig is None and not self.in_cluster:
+            raise ConfigError(
+                "--node-mode needs an identity source: --kubeconfig PATH (or run in a pod for "
+                "in-cluster credentials) to watch the node's pods, or a static list with "
+                "--identities ns/sa,... or --identities-file PATH"
+            )
+        if not self.node_name:
+            raise ConfigError(
+                "--node-mode watching pods needs the node's name: --node-name or NODE_NAME "
+                "(from the downward API, spec.nodeName)"
+            )
+
+    @property
+    def static_identities(self) -> bool:
+        """Node mode serves a fixed list instead of watching pods."""
+        return bool(self.identities) or self.identities_file is not None
 
     @property
     def identity(self) -> SpiffeId | None:
@@ -148,6 +187,29 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     add("--status-listen", help=f"status/metrics HTTP address [{DEFAULT_STATUS_LISTEN}]")
     add("--ca-request-timeout", help="deadline for one CA call [10s]")
     add("--log-level", help="DEBUG, INFO, WARNING, ERROR [INFO]")
+    node = parser.add_argument_group("node mode (one agent per node, ztunnel's pattern)")
+    node.add_argument(
+        "--node-mode",
+        action="store_true",
+        default=None,
+        help="serve one certificate per (namespace, service account) with pods on this node",
+    )
+    node.add_argument("--node-name", help="this node's name, to select its pods [NODE_NAME]")
+    node.add_argument(
+        "--kubeconfig", help="kubeconfig for watching pods [KUBECONFIG; else in-cluster]"
+    )
+    node.add_argument(
+        "--identities",
+        help="static identities instead of watching pods: ns/sa,ns/sa (no API server needed)",
+    )
+    node.add_argument(
+        "--identities-file", help="static identities from a file, one ns/sa per line (# comments)"
+    )
+    node.add_argument(
+        "--max-concurrent-fetches",
+        type=int,
+        help=f"CSRs in flight at once [{DEFAULT_MAX_CONCURRENT_FETCHES}]",
+    )
 
 
 def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
@@ -182,6 +244,9 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
     file_mounted = getattr(args, "file_mounted_certs", None)
     if file_mounted is None:
         file_mounted = _parse_bool("FILE_MOUNTED_CERTS", env.get("FILE_MOUNTED_CERTS", "false"))
+    kubeconfig = pick("kubeconfig", "KUBECONFIG", None)
+    identities_file = pick("identities_file", None, None)
+    max_fetches = pick("max_concurrent_fetches", None, str(DEFAULT_MAX_CONCURRENT_FETCHES))
     return AgentConfig(
         ca_addr=pick("ca_addr", "CA_ADDR", DEFAULT_CA_ADDR) or DEFAULT_CA_ADDR,
         ca_root_ca=None if root == SYSTEM_ROOTS else Path(root),
@@ -210,7 +275,37 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         status_port=port,
         ca_request_timeout=duration("ca_request_timeout", None, "10s"),
         log_level=(pick("log_level", None, "INFO") or "INFO").upper(),
+        node_mode=bool(getattr(args, "node_mode", None)),
+        node_name=pick("node_name", "NODE_NAME", None),
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+        in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
+        identities=parse_identities(pick("identities", None, "") or "", "--identities"),
+        identities_file=Path(identities_file) if identities_file else None,
+        max_concurrent_fetches=_int("--max-concurrent-fetches", max_fetches or "0"),
     )
+
+
+def parse_identities(text: str, where: str) -> tuple[tuple[str, str], ...]:
+    """`ns/sa,ns/sa` (commas or newlines; `#` starts a comment) → ((ns, sa), ...), deduplicated
+    in order."""
+    pairs: dict[tuple[str, str], None] = {}
+    for line in text.splitlines():
+        for item in line.split("#", 1)[0].split(","):
+            item = item.strip()
+            if not item:
+                continue
+            namespace, sep, account = item.partition("/")
+            if not sep or not namespace or not account or "/" in account:
+                raise ConfigError(f"{where}: {item!r} is not NAMESPACE/SERVICE_ACCOUNT")
+            pairs[(namespace, account)] = None
+    return tuple(pairs)
+
+
+def _int(where: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{where}={text!r} is not an integer") from None
 
 
 def _key_spec(flag: str | None, env: Mapping[str, str]) -> KeySpec:

@@ -13,6 +13,10 @@ one `rename(2)` (temp symlink + `os.replace`). A reader that resolves `..data` o
 from that directory sees one consistent set. The previous generation is kept (so a reader that
 resolved `..data` just before a swap can finish) and older ones are removed.
 
+Node mode: `NodeFileOutput` keeps one `FileOutput` per identity under `OUTPUT/<ns>/<sa>/`,
+created when the identity's first certificate is published (its SDS name is its SPIFFE ID) and
+removed, directory and all, when the identity's secret is removed from the cache.
+
 Concurrency: `write()` is synchronous and is called from the event loop (a cache listener);
 it writes three small files and fsyncs them, well under a millisecond to a few milliseconds.
 Only one writer may use a directory.
@@ -28,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
+from certs import SpiffeId, SpiffeIdError
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir, fsync_dir
 
@@ -42,10 +47,14 @@ _KEEP_PREVIOUS = 1
 
 
 class FileOutput:
-    """Mirrors the cache's `default` and `ROOTCA` secrets into `directory` (OUTPUT_CERTS)."""
+    """Mirrors the cache's `default` (or `tls_resource`) and `ROOTCA` secrets into `directory`
+    (OUTPUT_CERTS)."""
 
-    def __init__(self, directory: Path, clock: Clock | None = None) -> None:
+    def __init__(
+        self, directory: Path, clock: Clock | None = None, *, tls_resource: str = DEFAULT_RESOURCE
+    ) -> None:
         self.directory = directory
+        self.tls_resource = tls_resource
         self._clock = clock or SystemClock()
         self._tls: TlsSecret | None = None
         self._root: RootSecret | None = None
@@ -54,7 +63,7 @@ class FileOutput:
 
     def on_secret(self, secret: Secret) -> None:
         """`SecretCache` listener: writes a new generation once both halves are known."""
-        if isinstance(secret, TlsSecret) and secret.name == DEFAULT_RESOURCE:
+        if isinstance(secret, TlsSecret) and secret.name == self.tls_resource:
             self._tls = secret
         elif isinstance(secret, RootSecret) and secret.name == ROOT_RESOURCE:
             self._root = secret
@@ -103,6 +112,62 @@ class FileOutput:
         )
         for old in generations[: max(0, len(generations) - _KEEP_PREVIOUS)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+class NodeFileOutput:
+    """Node mode: `OUTPUT/<ns>/<sa>/{cert-chain,key,root-cert}.pem` for every identity whose
+    certificate is in the cache (SDS name = SPIFFE ID); a `SecretCache` listener and removal
+    listener."""
+
+    def __init__(self, directory: Path, clock: Clock | None = None) -> None:
+        self.directory = directory
+        self._clock = clock or SystemClock()
+        self._root: RootSecret | None = None
+        self.outputs: dict[str, FileOutput] = {}
+
+    def on_secret(self, secret: Secret) -> None:
+        if isinstance(secret, RootSecret) and secret.name == ROOT_RESOURCE:
+            self._root = secret
+            for existing in self.outputs.values():
+                existing.on_secret(secret)
+            return
+        if not isinstance(secret, TlsSecret):
+            return
+        output = self.outputs.get(secret.name) or self._add(secret.name)
+        if output is not None:
+            output.on_secret(secret)
+
+    def _add(self, name: str) -> FileOutput | None:
+        identity = _identity_of(name)
+        if identity is None:
+            return None
+        output = FileOutput(
+            self.directory / identity.namespace / identity.service_account,
+            self._clock,
+            tls_resource=name,
+        )
+        self.outputs[name] = output
+        if self._root is not None:
+            output.on_secret(self._root)
+        return output
+
+    def on_secret_removed(self, name: str) -> None:
+        output = self.outputs.pop(name, None)
+        if output is None:
+            return
+        shutil.rmtree(output.directory, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the namespace directory, once empty
+            output.directory.parent.rmdir()
+        log.info("removed certificate files in %s", output.directory)
+
+
+def _identity_of(name: str) -> SpiffeId | None:
+    if not name.startswith("spiffe://"):
+        return None
+    try:
+        return SpiffeId.parse(name)
+    except SpiffeIdError:
+        return None
 
 
 def _is_generation(path: Path) -> bool:

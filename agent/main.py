@@ -7,9 +7,19 @@
         AgentMetrics (expiry)     <- listener --'        file-cert:/file-root: names -'
         StatusServer (/healthz/ready, /metrics) reads the source's readiness + AgentMetrics
 
-Every choice between implementations (CA or file-mounted certificates) is made here, once.
+Node mode (`--node-mode`, ztunnel's pattern) replaces the SecretManager and the single
+FileOutput:
 
-Concurrency: one asyncio event loop runs the SecretManager worker, its rotation timer, the CA
+    node-agent token -> CaClient (ImpersonatedIdentity) <- NodeSecretManager (priority queue,
+    IdentitySource (pods on NODE_NAME | static list) --set_identities--^  N fetch workers)
+        NodeSecretManager --publish spiffe://.../ns/NS/sa/SA + ROOTCA--> SecretCache --> SDS
+        NodeFileOutput (OUTPUT/<ns>/<sa>/) and AgentMetrics <- listeners (publish and remove)
+
+Every choice between implementations (CA, node mode or file-mounted certificates) is made here,
+once (the identity source inside node mode: `agent.node_identities.identity_source_for`).
+
+Concurrency: one asyncio event loop runs the SecretManager worker (or the node manager's
+fetch workers), its rotation timer, the CA
 client and the SDS server; watchdog's observer thread hands file events to that loop; the
 status server runs on its own thread (see `agent.status`). `Agent.stop()` stops everything,
 each step bounded, and removes the SDS socket, so the process exits within 5 s of a signal.
@@ -28,8 +38,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from agent.ca_client import CaClient
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
 from agent.file_mounted import FileMountedSource, FileSecretProvider
-from agent.file_output import FileOutput
+from agent.file_output import FileOutput, NodeFileOutput
 from agent.metrics import AgentMetrics
+from agent.node_identities import IdentitySource, identity_source_for
+from agent.node_secrets import NodeSecretManager
 from agent.sds import SdsServer, SecretResolver
 from agent.secret_manager import SecretManager
 from agent.secrets import SecretCache
@@ -53,9 +65,14 @@ class Agent:
         self.metrics = AgentMetrics(self.clock)
         self.cache = SecretCache()
         self.cache.add_listener(self.metrics.on_secret)
-        self.file_output: FileOutput | None = None
+        self.cache.add_removal_listener(self.metrics.on_secret_removed)
+        self.file_output: FileOutput | NodeFileOutput | None = None
         if config.output_certs is not None:
-            self.file_output = FileOutput(config.output_certs, self.clock)
+            if config.node_mode:
+                self.file_output = NodeFileOutput(config.output_certs, self.clock)
+                self.cache.add_removal_listener(self.file_output.on_secret_removed)
+            else:
+                self.file_output = FileOutput(config.output_certs, self.clock)
             self.cache.add_listener(self.file_output.on_secret)
         self.files = FileSecretProvider(self.clock, metrics=self.metrics)
         self.sds = SdsServer(
@@ -65,6 +82,8 @@ class Agent:
             socket_mode=config.sds_socket_mode,
         )
         self.manager: SecretManager | None = None
+        self.node_manager: NodeSecretManager | None = None
+        self.identity_source: IdentitySource | None = None
         self.mounted: FileMountedSource | None = None
         self.ca_client: CaClient | None = None
         readiness: ReadinessSource
@@ -80,6 +99,8 @@ class Agent:
             )
             readiness = self.mounted
         else:
+            # In node mode this is the node agent's own token: it authenticates as itself and
+            # impersonates the workloads on its node.
             tokens = FileTokenProvider(config.token_path, required=config.prov_cert is None)
             self.identity = IdentityResolver(config.identity, tokens, config.trust_domain)
             self.ca_client = CaClient(
@@ -93,15 +114,22 @@ class Agent:
                 prov_cert=config.prov_cert,
                 metrics=self.metrics,
             )
-            self.manager = SecretManager(
-                config,
-                self.ca_client,
-                self.cache,
-                self.clock,
-                identity=self.identity,
-                metrics=self.metrics,
-            )
-            readiness = self.manager
+            if config.node_mode:
+                self.identity_source = identity_source_for(config)
+                self.node_manager = NodeSecretManager(
+                    config, self.ca_client, self.cache, self.clock, metrics=self.metrics
+                )
+                readiness = self.node_manager
+            else:
+                self.manager = SecretManager(
+                    config,
+                    self.ca_client,
+                    self.cache,
+                    self.clock,
+                    identity=self.identity,
+                    metrics=self.metrics,
+                )
+                readiness = self.manager
         self.status = build_status_server(
             config.status_host, config.status_port, readiness, self.metrics, self.clock
         )
@@ -109,10 +137,19 @@ class Agent:
 
     @property
     def secret_manager(self) -> SecretManager:
-        """The SecretManager (not in file-mounted mode, where no CA is involved)."""
+        """The SecretManager (not in file-mounted mode, where no CA is involved, nor in node
+        mode, see `node_secret_manager`)."""
         if self.manager is None:
-            raise RuntimeError("this agent serves file-mounted certificates; it has no CA client")
+            raise RuntimeError(
+                "this agent has no single-identity SecretManager (file-mounted or node mode)"
+            )
         return self.manager
+
+    @property
+    def node_secret_manager(self) -> NodeSecretManager:
+        if self.node_manager is None:
+            raise RuntimeError("this agent is not in node mode (--node-mode)")
+        return self.node_manager
 
     async def start(self) -> None:
         ensure_dir(self.config.sds_socket.parent, 0o700)
@@ -127,10 +164,24 @@ class Agent:
         if self.manager is not None:
             self._log_identity()
             self._worker = asyncio.create_task(self.manager.run(), name="secret-manager")
+        if self.node_manager is not None and self.identity_source is not None:
+            log.info(
+                "node agent: identities from %s; CA at %s; up to %d fetches at once",
+                self.identity_source.describe(),
+                self.config.ca_addr,
+                self.node_manager.max_concurrent,
+            )
+            self._worker = asyncio.create_task(self.node_manager.run(), name="node-secrets")
+            self.identity_source.start(self.node_manager.set_identities)
 
     async def stop(self) -> None:
         """Stops everything started, each step bounded so shutdown cannot hang."""
         budget = STOP_TIMEOUT_SECONDS / 5
+        if self.identity_source is not None:
+            try:
+                await asyncio.wait_for(self.identity_source.stop(), budget)
+            except Exception as exc:
+                log.warning("error stopping the identity source: %s", exc)
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
@@ -144,6 +195,8 @@ class Agent:
             steps.append(("file-mounted source", self.mounted.stop))
         if self.manager is not None:
             steps.append(("secret manager", self.manager.aclose))
+        if self.node_manager is not None:
+            steps.append(("node secret manager", self.node_manager.aclose))
         if self.ca_client is not None:
             steps.append(("CA client", self.ca_client.close))
         for what, step in steps:

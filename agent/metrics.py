@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -117,6 +117,22 @@ class AgentMetrics:
             ["resource_name"],
             registry=reg,
         )
+        # Node mode.
+        self.node_identities = Gauge(
+            "meshca_agent_node_identities",
+            "Identities (namespace/service account) the node agent currently serves.",
+            registry=reg,
+        )
+        self.fetches_in_flight = Gauge(
+            "meshca_agent_fetches_in_flight",
+            "Certificate fetches (key generation + CSR) in progress right now.",
+            registry=reg,
+        )
+        self.fetches_queued = Gauge(
+            "meshca_agent_fetches_queued",
+            "Identities waiting for a fetch slot (first certificates and due renewals).",
+            registry=reg,
+        )
         for family in (
             self.ca_requests,
             self.ca_request_failures,
@@ -145,6 +161,10 @@ class AgentMetrics:
         """Cache listener: every published secret, from any source, updates its expiry."""
         self.record_expiry(secret.name, not_after(secret))
 
+    def on_secret_removed(self, resource_name: str) -> None:
+        """Cache removal listener: a removed secret no longer has an expiry to report."""
+        self._expiry.discard(resource_name)
+
 
 class _ExpiryCollector(Collector):
     """`cert_expiry_seconds{resource_name}` = NotAfter - now at scrape time, plus the absolute
@@ -158,6 +178,10 @@ class _ExpiryCollector(Collector):
     def set(self, resource_name: str, not_after: datetime) -> None:
         with self._lock:
             self._not_after[resource_name] = not_after
+
+    def discard(self, resource_name: str) -> None:
+        with self._lock:
+            self._not_after.pop(resource_name, None)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:

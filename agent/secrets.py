@@ -70,6 +70,7 @@ class SecretCache:
         self._secrets: dict[str, Secret] = {}
         self._changed = asyncio.Condition()
         self._listeners: list[Callable[[Secret], None]] = []
+        self._removal_listeners: list[Callable[[str], None]] = []
 
     def get(self, name: str) -> Secret | None:
         return self._secrets.get(name)
@@ -80,6 +81,10 @@ class SecretCache:
     def add_listener(self, listener: Callable[[Secret], None]) -> None:
         """Calls `listener(secret)` synchronously on every change (metrics, file output)."""
         self._listeners.append(listener)
+
+    def add_removal_listener(self, listener: Callable[[str], None]) -> None:
+        """Calls `listener(name)` synchronously when a resource is removed (node mode)."""
+        self._removal_listeners.append(listener)
 
     async def publish(self, secret: Secret) -> bool:
         """Stores `secret`; wakes watchers if it differs from what was held. Returns changed."""
@@ -96,6 +101,8 @@ class SecretCache:
     async def remove(self, name: str) -> None:
         """Forgets a resource (node mode: an identity left the node)."""
         if self._secrets.pop(name, None) is not None:
+            for listener in self._removal_listeners:
+                listener(name)
             async with self._changed:
                 self._changed.notify_all()
 

@@ -1,0 +1,147 @@
+"""The wired-up Agent in node mode against an in-process TLS gRPC CA that signs impersonated
+identities: 100 identities, never more than 8 CSRs in flight (measured by the server), each
+certificate served over SDS under its SPIFFE ID, per-identity files, metrics and readiness.
+Identities come from the static list, so no API server is involved."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from envoy.service.secret.v3 import sds_pb2_grpc
+
+from agent.config import AgentConfig
+from agent.main import Agent
+from certs import (
+    SpiffeId,
+    describe_certificate,
+    key_matches_certificate,
+    load_cert,
+    load_private_key,
+)
+from meshca.clock import SystemClock
+from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
+from tests.agent.pki import Pki, start_fake_ca
+from tests.agent.test_agent_inprocess import status, until
+from tests.support.processes import http_text
+
+NODE = base_pb2.Node(id="ztunnel~10.0.0.1~node-1~meshca-system.svc.cluster.local")
+
+
+async def fetch_secrets(socket: Path, names: Sequence[str]) -> dict[str, secret_pb2.Secret]:
+    """FetchSecrets over the SDS Unix socket, as a proxy would."""
+    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+        stub = sds_pb2_grpc.SecretDiscoveryServiceStub(channel)
+        response = await stub.FetchSecrets(
+            discovery_pb2.DiscoveryRequest(node=NODE, resource_names=list(names)), timeout=5
+        )
+    secrets = {}
+    for resource in response.resources:
+        secret = secret_pb2.Secret()
+        resource.Unpack(secret)
+        secrets[secret.name] = secret
+    return secrets
+
+
+def test_node_agent_serves_100_identities_with_at_most_8_csrs_in_flight() -> None:
+    async def main(tmp: Path) -> None:
+        clock = SystemClock()
+        ca = ImpersonatingCaServicer(Pki(datetime.now(UTC)), clock, delay=0.03)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())  # type: ignore[arg-type]
+        (tmp / "token").write_text(NODE_TOKEN)
+        pairs = tuple((f"ns{i % 10}", f"sa{i}") for i in range(100))
+        config = AgentConfig(
+            ca_addr=addr,
+            ca_root_ca=tmp / "root-cert.pem",
+            token_path=tmp / "token",
+            sds_socket=tmp / "sds" / "socket",
+            output_certs=tmp / "certs",
+            status_port=0,
+            node_mode=True,
+            identities=pairs,
+        )
+        assert config.max_concurrent_fetches == 8
+        agent = Agent(config)
+        await agent.start()
+        try:
+            manager = agent.node_secret_manager
+            await until(lambda: manager.has_valid_certificate(), timeout=30)
+            assert await status(f"{agent.status.url}/healthz/ready") == 200
+            assert len(ca.issued) == 100 and set(ca.issued.values()) == {1}
+            assert ca.max_in_flight == 8  # saturated, never exceeded (counted by the server)
+            assert manager.max_in_flight == 8
+
+            ids = [SpiffeId("cluster.local", ns, sa) for ns, sa in pairs]
+            picked = [ids[0], ids[37], ids[99]]
+            secrets = await fetch_secrets(config.sds_socket, [i.uri for i in picked] + ["ROOTCA"])
+            assert set(secrets) == {i.uri for i in picked} | {"ROOTCA"}
+            for identity in picked:
+                tls = secrets[identity.uri].tls_certificate
+                leaf = load_cert(tls.certificate_chain.inline_bytes)
+                assert describe_certificate(leaf).uri_sans == (identity.uri,)
+                assert key_matches_certificate(load_private_key(tls.private_key.inline_bytes), leaf)
+            assert secrets["ROOTCA"].validation_context.trusted_ca.inline_bytes.decode() == (
+                ca.pki.root_pem
+            )
+
+            files = tmp / "certs" / "ns7" / "sa37"
+            leaf = load_cert((files / "cert-chain.pem").read_bytes())
+            assert describe_certificate(leaf).uri_sans == (ids[37].uri,)
+            assert (files / "root-cert.pem").read_text() == ca.pki.root_pem
+            assert (files / "key.pem").stat().st_mode & 0o777 == 0o600
+
+            metrics = await asyncio.to_thread(http_text, f"{agent.status.url}/metrics")
+            assert f'cert_expiry_seconds{{resource_name="{ids[37].uri}"}}' in metrics
+            assert "meshca_agent_node_identities 100.0" in metrics
+            assert "meshca_agent_fetches_in_flight 0.0" in metrics
+            assert "meshca_agent_rotations_total 100.0" in metrics
+        finally:
+            await agent.stop()
+            await server.stop(None)
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+def test_static_identities_file_without_an_api_server() -> None:
+    async def main(tmp: Path) -> None:
+        clock = SystemClock()
+        ca = ImpersonatingCaServicer(Pki(datetime.now(UTC)), clock, delay=0)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())  # type: ignore[arg-type]
+        (tmp / "token").write_text(NODE_TOKEN)
+        (tmp / "identities").write_text("# this node's workloads\nshop/cart\nshop/pay, web/front\n")
+        config = AgentConfig(
+            ca_addr=addr,
+            ca_root_ca=tmp / "root-cert.pem",
+            token_path=tmp / "token",
+            sds_socket=tmp / "sds" / "socket",
+            status_port=0,
+            node_mode=True,
+            identities_file=tmp / "identities",
+        )
+        agent = Agent(config)
+        await agent.start()
+        try:
+            await until(lambda: agent.node_secret_manager.has_valid_certificate())
+            assert sorted(ca.issued) == [
+                "spiffe://cluster.local/ns/shop/sa/cart",
+                "spiffe://cluster.local/ns/shop/sa/pay",
+                "spiffe://cluster.local/ns/web/sa/front",
+            ]
+            secrets = await fetch_secrets(
+                config.sds_socket, ["spiffe://cluster.local/ns/web/sa/front"]
+            )
+            assert secrets
+        finally:
+            await agent.stop()
+            await server.stop(None)
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        asyncio.run(main(Path(tmp)))

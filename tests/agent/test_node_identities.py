@@ -1,0 +1,244 @@
+"""Node identity sources: the pod index, the pod watch against the fake API server with the real
+`kubernetes` client (including a 410 re-list), the static list, and the node agent end to end:
+an identity appears with its first pod on the node and disappears (SDS resource, files, rotation)
+with its last one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from kubernetes import client
+
+from agent.config import AgentConfig, ConfigError
+from agent.main import Agent
+from agent.node_identities import (
+    IdentitySet,
+    PodIdentitySource,
+    PodIndex,
+    StaticIdentitySource,
+    identity_source_for,
+    kube_api_client_factory,
+)
+from certs import SpiffeId
+from meshca.clock import SystemClock
+from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
+from tests.agent.pki import Pki, start_fake_ca
+from tests.agent.test_agent_inprocess import until
+from tests.agent.test_node_agent import fetch_secrets
+from tests.support.kube_api import KubeApiServer
+
+NODE, OTHER = "node-1", "node-2"
+
+
+def sid(namespace: str, account: str) -> SpiffeId:
+    return SpiffeId("cluster.local", namespace, account)
+
+
+def pod(namespace: str, name: str, account: str, phase: str = "Running") -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(namespace=namespace, name=name),
+        spec=client.V1PodSpec(containers=[], service_account_name=account, node_name=NODE),
+        status=client.V1PodStatus(phase=phase),
+    )
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApiServer]:
+    server = KubeApiServer().start()
+    for namespace in ("shop", "web"):
+        server.create_namespace(namespace)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_pod_index_tracks_identities_by_live_pods() -> None:
+    index = PodIndex("cluster.local")
+    assert index.replace([pod("shop", "cart-1", "cart"), pod("shop", "done", "job", "Succeeded")])
+    assert index.identities == {sid("shop", "cart")}
+    assert not index.apply("ADDED", pod("shop", "cart-2", "cart"))  # same identity
+    assert index.apply("ADDED", pod("web", "front-1", "front"))
+    assert not index.apply("DELETED", pod("shop", "cart-1", "cart"))  # cart-2 remains
+    assert index.apply("MODIFIED", pod("shop", "cart-2", "cart", "Failed"))  # finished
+    assert index.identities == {sid("web", "front")}
+    assert not index.apply("BOOKMARK", pod("web", "x", "y"))
+
+
+def test_pod_source_sees_only_this_nodes_pods_and_relists_after_410(
+    kube: KubeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.node_identities")
+
+    async def main() -> None:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        config = AgentConfig(node_mode=True, node_name=NODE, kubeconfig=kubeconfig)
+        assert isinstance(identity_source_for(config), PodIdentitySource)
+        # Short watches without bookmarks: the resume version is the last event on this node,
+        # so compaction after other nodes' changes makes the next resume a 410 Gone.
+        source = PodIdentitySource(
+            NODE,
+            "cluster.local",
+            kube_api_client_factory(config),
+            watch_timeout_seconds=1,
+            bookmarks=False,
+        )
+        kube.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
+        kube.create_pod("shop", "elsewhere", service_account="pay", node_name=OTHER)
+        snapshots: list[IdentitySet] = []
+        source.start(snapshots.append)
+        try:
+            await until(lambda: len(snapshots) >= 1)
+            assert snapshots[-1] == {sid("shop", "cart")}
+
+            kube.create_pod("web", "front-1", service_account="front", node_name=NODE)
+            kube.create_pod("web", "other-1", service_account="other", node_name=OTHER)
+            await until(lambda: sid("web", "front") in snapshots[-1])
+            assert snapshots[-1] == {sid("shop", "cart"), sid("web", "front")}
+
+            kube.create_pod("web", "other-2", service_account="other", node_name=OTHER)
+            kube.compact()  # the next resume, from front-1's resourceVersion, gets 410 Gone
+            await until(lambda: source.lists >= 2, timeout=10)
+            assert "410 Gone" in caplog.text
+            kube.create_pod("shop", "cart-2", service_account="cart", node_name=NODE)
+            kube.delete("pods", "cart-1", namespace="shop")
+            await asyncio.sleep(0.2)
+            assert snapshots[-1] == {sid("shop", "cart"), sid("web", "front")}
+            kube.delete("pods", "cart-2", namespace="shop")
+            await until(lambda: snapshots[-1] == {sid("web", "front")}, timeout=10)
+        finally:
+            await source.stop()
+        assert all(sid("shop", "pay") not in s and sid("web", "other") not in s for s in snapshots)
+
+    asyncio.run(main())
+
+
+def test_static_source_and_choice_of_source(tmp_path: Path) -> None:
+    config = AgentConfig(node_mode=True, identities=(("shop", "cart"), ("web", "front")))
+    source = identity_source_for(config)
+    assert isinstance(source, StaticIdentitySource)
+    assert source.identities() == {sid("shop", "cart"), sid("web", "front")}
+    with pytest.raises(ConfigError, match="identity source"):
+        AgentConfig(node_mode=True)
+    with pytest.raises(ConfigError, match="NODE_NAME"):
+        AgentConfig(node_mode=True, kubeconfig=tmp_path / "kubeconfig")
+    bad = StaticIdentitySource("cluster.local", [], tmp_path / "missing")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        bad.identities()
+
+
+def test_node_agent_adds_and_drops_identities_as_pods_come_and_go(kube: KubeApiServer) -> None:
+    async def main(tmp: Path) -> None:
+        clock = SystemClock()
+        ca = ImpersonatingCaServicer(Pki(datetime.now(UTC)), clock, delay=0)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())  # type: ignore[arg-type]
+        (tmp / "token").write_text(NODE_TOKEN)
+        kube.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
+        kube.create_pod("shop", "cart-2", service_account="cart", node_name=NODE)
+        kube.create_pod("web", "front-1", service_account="front", node_name=OTHER)
+        config = AgentConfig(
+            ca_addr=addr,
+            ca_root_ca=tmp / "root-cert.pem",
+            token_path=tmp / "token",
+            sds_socket=tmp / "sds" / "socket",
+            output_certs=tmp / "certs",
+            status_port=0,
+            secret_ttl=timedelta(seconds=2),  # renewals every ~1 s show that rotation stops
+            node_mode=True,
+            node_name=NODE,
+            kubeconfig=kube.write_kubeconfig(tmp / "kubeconfig"),
+        )
+        agent = Agent(config)
+        await agent.start()
+        manager = agent.node_secret_manager
+        cart, front = sid("shop", "cart"), sid("web", "front")
+        try:
+            await until(lambda: agent.cache.get(cart.uri) is not None)
+            assert manager.identities == {cart}  # front's only pod is on another node
+            assert manager.has_valid_certificate()
+
+            kube.create_pod("web", "front-2", service_account="front", node_name=NODE)
+            await until(lambda: agent.cache.get(front.uri) is not None)
+            assert set(await fetch_secrets(config.sds_socket, [front.uri, cart.uri])) == {
+                front.uri,
+                cart.uri,
+            }
+            assert (tmp / "certs" / "web" / "front" / "cert-chain.pem").exists()
+
+            kube.delete("pods", "cart-1", namespace="shop")  # cart-2 still runs here
+            await asyncio.sleep(0.3)
+            assert cart in manager.identities
+            kube.delete("pods", "cart-2", namespace="shop")  # the last one
+            await until(lambda: agent.cache.get(cart.uri) is None)
+            assert manager.identities == {front}
+            assert not (tmp / "certs" / "shop").exists()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await fetch_secrets_briefly(config.sds_socket, cart.uri)
+            assert info.value.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+            issued_cart, issued_front = ca.issued[cart.uri], ca.issued[front.uri]
+            await asyncio.sleep(2.5)  # more than two renewal periods
+            assert ca.issued[cart.uri] == issued_cart  # rotation stopped
+            assert ca.issued[front.uri] > issued_front  # the remaining identity still renews
+        finally:
+            await agent.stop()
+            await server.stop(None)
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+async def fetch_secrets_briefly(socket: Path, name: str) -> None:
+    from envoy.service.discovery.v3 import discovery_pb2
+    from envoy.service.secret.v3 import sds_pb2_grpc
+
+    from tests.agent.test_node_agent import NODE as PROXY
+
+    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+        stub = sds_pb2_grpc.SecretDiscoveryServiceStub(channel)
+        await stub.FetchSecrets(
+            discovery_pb2.DiscoveryRequest(node=PROXY, resource_names=[name]), timeout=0.5
+        )
+
+
+def test_kube_client_factory_reads_the_kubeconfig(kube: KubeApiServer, tmp_path: Path) -> None:
+    config = AgentConfig(
+        node_mode=True, node_name=NODE, kubeconfig=kube.write_kubeconfig(tmp_path / "kc")
+    )
+    api = client.CoreV1Api(kube_api_client_factory(config)())
+    assert api.api_client.configuration.host == kube.url
+
+
+def test_node_flags_and_environment() -> None:
+    import argparse
+
+    from agent.config import add_agent_arguments
+
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    args = parser.parse_args(
+        ["--node-mode", "--kubeconfig", "/kc", "--max-concurrent-fetches", "4"]
+    )
+    config = AgentConfig.from_args(args, {"NODE_NAME": "node-7"})
+    assert config.node_mode and config.node_name == "node-7"
+    assert config.kubeconfig == Path("/kc") and config.max_concurrent_fetches == 4
+    static = parser.parse_args(["--node-mode", "--identities", "shop/cart, web/front,shop/cart"])
+    assert AgentConfig.from_args(static, {}).identities == (("shop", "cart"), ("web", "front"))
+    in_cluster = AgentConfig.from_args(
+        parser.parse_args(["--node-mode"]),
+        {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "NODE_NAME": "n"},
+    )
+    assert in_cluster.in_cluster and in_cluster.kubeconfig is None
+    with pytest.raises(ConfigError, match="NAMESPACE/SERVICE_ACCOUNT"):
+        AgentConfig.from_args(parser.parse_args(["--node-mode", "--identities", "cart"]), {})
+    with pytest.raises(ConfigError, match="at least 1"):
+        AgentConfig.from_args(parser.parse_args(["--max-concurrent-fetches", "0"]), {})
