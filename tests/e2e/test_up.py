@@ -290,3 +290,34 @@ def test_sigint_to_meshca_up_alone_also_stops_its_ca(up: Up) -> None:
     itself, so `meshca up` must stop it."""
     wait_for(lambda: http_status(up.banner["ready"]) == 200, 15, "the agent to be ready")
     interrupt_and_check_stopped(up, group=False)
+
+
+@pytest.mark.timeout(60)
+def test_sigint_while_the_ca_is_still_starting_stops_and_reaps_it() -> None:
+    """Regression: a signal before the agent was up used to raise KeyboardInterrupt out of
+    `meshca up` and leave the CA child running, orphaned."""
+    workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="up-"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshca", "up", "--dir", str(workdir / "meshca"),
+         "--status-listen", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        # ca.log is created just before the CA child is launched; the CA takes ~1 s to be ready.
+        wait_for(lambda: (workdir / "meshca" / "ca.log").exists(), 30, "the CA to be launched")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=5)
+        started = time.monotonic()
+        while _process_group_alive(proc.pid):
+            assert time.monotonic() - started < 5, "the CA child was left running"
+            time.sleep(0.05)
+        assert proc.returncode == 0, err.decode(errors="replace")
+        assert b"Traceback" not in err
+    finally:
+        if _process_group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
