@@ -147,11 +147,23 @@ async def _refresh_token(ca: LocalCa, path: Path) -> None:
 
 async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
     ensure_dir(directory, 0o700)
+    # Signals are handled from the start: a Ctrl-C while the CA is still starting must stop
+    # (and reap) the CA child too, not leave it running behind a KeyboardInterrupt.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     ca = LocalCa(directory / "ca", min_ttl="1s")
-    await asyncio.to_thread(ca.start)
+    starting = asyncio.ensure_future(asyncio.to_thread(ca.start))
     agent: Agent | None = None
     refresher: asyncio.Task[None] | None = None
     try:
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if stop.is_set():
+            return
+        starting.result()  # raises if the CA could not start
         token_path = directory / "token"
         atomic_write(token_path, await asyncio.to_thread(ca.mint_token), 0o600)
         host, _, port = status_listen.rpartition(":")
@@ -168,10 +180,6 @@ async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
             status_port=int(port),
         )
         agent = Agent(config)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         refresher = asyncio.create_task(_refresh_token(ca, token_path))
         await agent.start()
         print(
@@ -192,5 +200,8 @@ async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
                 await refresher
         if agent is not None:
             await agent.stop()
-        await asyncio.to_thread(ca.stop)
+        await asyncio.to_thread(ca.stop)  # also ends a start still waiting for the CA
+        with contextlib.suppress(Exception):
+            await starting
+        await asyncio.to_thread(ca.stop)  # in case it started after the first stop
         log.info("meshca up: stopped")

@@ -1,0 +1,96 @@
+"""A real `meshca agent` process for tests, started through the CLI against a `CaProcess`.
+
+Each agent gets its own directory (token file, SDS socket, output dir, log) under `workdir`,
+a token minted by the CA for its namespace/service account, and a free loopback status port.
+`start()` returns once `/healthz/ready` is 200 (it holds a certificate) and the SDS socket exists;
+to start several at once, `launch()` each, then `wait_ready()` each.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from certs import load_cert
+from tests.support.ca_process import CaProcess
+from tests.support.processes import MeshcaProcess, free_port, http_status, http_text, wait_for
+
+
+class AgentProcess(MeshcaProcess):
+    def __init__(
+        self,
+        workdir: Path,
+        ca: CaProcess,
+        service_account: str,
+        *,
+        namespace: str = "default",
+        secret_ttl: str = "8s",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.namespace = namespace
+        self.service_account = service_account
+        self.directory = workdir / service_account
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.token_path = self.directory / "token"
+        self.sds_socket = self.directory / "sds.sock"
+        self.output_dir = self.directory / "certs"
+        self.status_port = free_port()
+        self.token_path.write_text(ca.mint_token(namespace, service_account))
+        args = [
+            "agent",
+            "--ca-addr", ca.addr,
+            "--ca-root", str(ca.root_cert_path),
+            "--token-file", str(self.token_path),
+            "--sds-socket", str(self.sds_socket),
+            "--output-dir", str(self.output_dir),
+            "--status-listen", f"127.0.0.1:{self.status_port}",
+            "--namespace", namespace,
+            "--service-account", service_account,
+            "--secret-ttl", secret_ttl,
+            *extra_args,
+        ]  # fmt: skip
+        super().__init__(args, self.directory / "agent.log")
+
+    @property
+    def identity(self) -> str:
+        return f"spiffe://cluster.local/ns/{self.namespace}/sa/{self.service_account}"
+
+    @property
+    def status_url(self) -> str:
+        return f"http://127.0.0.1:{self.status_port}"
+
+    def start(self, timeout: float = 30) -> None:
+        """Launches the child and waits until it is ready (stopping it if it never is)."""
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Starts the child without waiting for it."""
+        super().start()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Waits for a launched agent to hold its first certificate."""
+        try:
+            wait_for(self._ready, timeout, f"agent {self.service_account} to hold a certificate")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        if not self.running:
+            raise RuntimeError(
+                f"agent {self.service_account} exited with "
+                f"{self.proc and self.proc.returncode}:\n{self.log()}"
+            )
+        return http_status(f"{self.status_url}/healthz/ready") == 200 and self.sds_socket.exists()
+
+    def metrics(self) -> str:
+        return http_text(f"{self.status_url}/metrics")
+
+    def file_serial(self) -> int | None:
+        """Serial of the leaf in the output dir's current generation (None before the first)."""
+        try:
+            generation = Path(os.path.realpath(self.output_dir / "..data"))
+            return int(load_cert((generation / "cert-chain.pem").read_bytes()).serial_number)
+        except (FileNotFoundError, ValueError):
+            return None  # not written yet, or that generation was just retired
