@@ -75,6 +75,7 @@ class Agent:
                 self.file_output = FileOutput(config.output_certs, self.clock)
             self.cache.add_listener(self.file_output.on_secret)
         self.files = FileSecretProvider(self.clock, metrics=self.metrics)
+        self.files.cache.add_listener(self.metrics.on_secret)
         self.sds = SdsServer(
             SecretResolver(self.cache, self.files),
             str(config.sds_socket),

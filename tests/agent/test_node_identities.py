@@ -32,6 +32,8 @@ from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
 from tests.agent.pki import Pki, start_fake_ca
 from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
+from tests.deploy.rbac import is_allowed
+from tests.k8s.api_calls import NODE_AGENT_RBAC, describe, required_rules
 from tests.support.kube_api import KubeApiServer
 
 NODE, OTHER = "node-1", "node-2"
@@ -56,6 +58,9 @@ def kube() -> Iterator[KubeApiServer]:
         server.create_namespace(namespace)
     try:
         yield server
+        needed = required_rules(server.requests(), "istio-system")
+        denied = {rule for rule in needed if not is_allowed(set(NODE_AGENT_RBAC), rule)}
+        assert not denied, f"node agent calls its RBAC does not allow: {describe(denied)}"
     finally:
         server.stop()
 

@@ -15,6 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC
+
 from .manifests import (
     CLUSTER_SCOPED_KINDS,
     DEPLOY_DIR,
@@ -27,7 +29,7 @@ from .manifests import (
     manifests,
     render,
 )
-from .rbac import Rule, granted_rules, is_allowed, required_rule
+from .rbac import granted_rules, is_allowed, required_rule
 
 # The oldest Kubernetes the manifests target: native sidecars (restartPolicy: Always on an init
 # container) and matchLabelKeys in topology spread constraints are on by default from 1.29/1.30.
@@ -418,35 +420,13 @@ def test_node_agent_overlay_trusts_the_node_agent_account() -> None:
 
 # -- RBAC --------------------------------------------------------------------------------------
 
-CA_RULES = {
-    Rule("authentication.k8s.io", "tokenreviews", "create", "cluster"),
-    *(
-        Rule("", "configmaps", verb, "cluster")
-        for verb in ("get", "list", "watch", "create", "update", "patch")
-    ),
-    *(
-        Rule("", resource, verb, "cluster")
-        for resource in ("pods", "namespaces")
-        for verb in ("get", "list", "watch")
-    ),
-    *(
-        Rule("", "secrets", verb, "namespace")
-        for verb in ("get", "list", "watch", "create", "update")
-    ),
-    *(
-        Rule("coordination.k8s.io", "leases", verb, "namespace")
-        for verb in ("get", "list", "watch", "create", "update")
-    ),
-}
-NODE_AGENT_RULES = {Rule("", "pods", verb, "cluster") for verb in ("get", "list", "watch")}
-
 
 def test_ca_rbac_is_exactly_what_the_code_uses() -> None:
-    assert granted_rules(CA_NAMESPACE, "meshca") == CA_RULES
+    assert granted_rules(CA_NAMESPACE, "meshca") == CA_RBAC
 
 
 def test_node_agent_rbac_is_exactly_what_it_uses() -> None:
-    assert granted_rules(CA_NAMESPACE, "meshca-node-agent") == NODE_AGENT_RULES
+    assert granted_rules(CA_NAMESPACE, "meshca-node-agent") == NODE_AGENT_RBAC
 
 
 def test_workloads_get_no_rbac() -> None:

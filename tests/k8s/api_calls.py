@@ -1,56 +1,58 @@
-"""Which Kubernetes API calls the CA makes — the contract the deploy RBAC must grant exactly.
+"""The Kubernetes permissions meshca's code needs — one contract for tests and `deploy/` RBAC.
 
-`ALLOWED_API_CALLS` is the declared set. Every test in `tests/k8s` checks, from the fake API
-server's request log, that the CA made no call outside it (`tests/k8s/conftest.py`), and adds
-what it saw to the session's observed set, which is stored in pytest's cache under
-`meshca/k8s-api-calls` (`pytest --cache-show 'meshca/*'` prints it after a run).
+`CA_RBAC` and `NODE_AGENT_RBAC` are the rules (in `tests.deploy.rbac.Rule` form) that the CA and
+the node agent need for the API calls they make. Three checks keep code and manifests equal:
 
-`namespaced=False` means a cluster-wide call (all namespaces, or a cluster-scoped resource):
-those need a ClusterRole; namespaced calls on Secrets and Leases happen only in the CA's own
-namespace (a Role there), while ConfigMap writes happen in every namespace (a ClusterRole).
+- every Kubernetes-mode test fails if the process under test made a call these rules do not
+  allow (`tests/k8s/conftest.py`, `tests/agent/test_node_identities.py`);
+- a full run of `tests/k8s` fails if some rule in `CA_RBAC` was never needed (granted but
+  unused);
+- `tests/deploy/test_manifests.py` asserts `deploy/` grants exactly these rules.
 
-    python -m tests.k8s.api_calls   # prints the calls as RBAC-style rules
+A rule's scope is `namespace` when the calls happen only in the account's own namespace (a Role
+there), `cluster` for cluster-wide list/watch, cluster-scoped resources, or writes into any
+namespace (a ClusterRole).
+
+    python -m tests.k8s.api_calls   # prints the rules
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
 
+from tests.deploy.rbac import Rule, required_rule
 from tests.support.kube_api import RequestRecord
 
+CA_NAMESPACE = "istio-system"
 
-class ApiCall(NamedTuple):
-    api_group: str  # "" for the core group
-    resource: str
-    verb: str
-    namespaced: bool
-
-
-ALLOWED_API_CALLS: frozenset[ApiCall] = frozenset(
+CA_RBAC: frozenset[Rule] = frozenset(
     [
         # TokenReview authenticator.
-        ApiCall("authentication.k8s.io", "tokenreviews", "create", False),
+        Rule("authentication.k8s.io", "tokenreviews", "create", "cluster"),
         # Shared root (Secret istio-ca-secret, CA namespace): read, create once, watch.
-        ApiCall("", "secrets", "get", True),
-        ApiCall("", "secrets", "create", True),
-        ApiCall("", "secrets", "list", True),
-        ApiCall("", "secrets", "watch", True),
+        *(Rule("", "secrets", verb, "namespace") for verb in ("get", "list", "watch", "create")),
         # Root-publisher Lease (CA namespace).
-        ApiCall("coordination.k8s.io", "leases", "get", True),
-        ApiCall("coordination.k8s.io", "leases", "create", True),
-        ApiCall("coordination.k8s.io", "leases", "update", True),
-        # Root ConfigMaps: watched cluster-wide, written in each namespace.
-        ApiCall("", "configmaps", "list", False),
-        ApiCall("", "configmaps", "watch", False),
-        ApiCall("", "configmaps", "create", True),
-        ApiCall("", "configmaps", "update", True),
-        # Namespaces (for ConfigMaps) and pods (node authorizer), cluster-wide.
-        ApiCall("", "namespaces", "list", False),
-        ApiCall("", "namespaces", "watch", False),
-        ApiCall("", "pods", "list", False),
-        ApiCall("", "pods", "watch", False),
+        *(
+            Rule("coordination.k8s.io", "leases", verb, "namespace")
+            for verb in ("get", "create", "update")
+        ),
+        # Root ConfigMaps: watched cluster-wide, written in every namespace.
+        *(
+            Rule("", "configmaps", verb, "cluster")
+            for verb in ("list", "watch", "create", "update")
+        ),
+        # Namespaces (each gets the root ConfigMap) and pods (node authorizer's cache).
+        *(
+            Rule("", resource, verb, "cluster")
+            for resource in ("namespaces", "pods")
+            for verb in ("list", "watch")
+        ),
     ]
+)
+
+# The node agent lists and watches the pods on its node (a field selector RBAC cannot express).
+NODE_AGENT_RBAC: frozenset[Rule] = frozenset(
+    Rule("", "pods", verb, "cluster") for verb in ("list", "watch")
 )
 
 
@@ -60,23 +62,25 @@ def api_group_of(path: str) -> str:
     return segments[1] if segments and segments[0] == "apis" else ""
 
 
-def observed_api_calls(records: Iterable[RequestRecord]) -> set[ApiCall]:
+def required_rules(records: Iterable[RequestRecord], home_namespace: str) -> set[Rule]:
+    """The narrowest rules that allow the recorded requests of an account in `home_namespace`."""
     return {
-        ApiCall(api_group_of(r.path), r.resource, r.verb, r.namespace is not None) for r in records
+        required_rule(api_group_of(r.path), r.resource, r.verb, r.namespace, home_namespace)
+        for r in records
     }
 
 
-def rbac_rules(calls: Iterable[ApiCall]) -> list[str]:
-    """Calls grouped as `(cluster|namespace) group/resource: verbs`, one line per rule."""
-    rules: dict[tuple[bool, str, str], set[str]] = {}
-    for call in calls:
-        rules.setdefault((call.namespaced, call.api_group, call.resource), set()).add(call.verb)
+def describe(rules: Iterable[Rule]) -> list[str]:
+    """Rules grouped as `scope group/resource: verbs`, one line per resource."""
+    grouped: dict[tuple[str, str, str], set[str]] = {}
+    for rule in rules:
+        grouped.setdefault((rule.scope, rule.api_group, rule.resource), set()).add(rule.verb)
     return [
-        f"{'namespace' if namespaced else 'cluster'} {group or 'core'}/{resource}: "
-        f"{', '.join(sorted(verbs))}"
-        for (namespaced, group, resource), verbs in sorted(rules.items())
+        f"{scope} {group or 'core'}/{resource}: {', '.join(sorted(verbs))}"
+        for (scope, group, resource), verbs in sorted(grouped.items())
     ]
 
 
 if __name__ == "__main__":
-    print("\n".join(rbac_rules(ALLOWED_API_CALLS)))
+    print("CA:\n  " + "\n  ".join(describe(CA_RBAC)))
+    print("node agent:\n  " + "\n  ".join(describe(NODE_AGENT_RBAC)))

@@ -14,35 +14,48 @@ import grpc
 import pytest
 
 from certs import SpiffeId, build_csr, generate_private_key, load_certs, verify_chain
-from tests.k8s.api_calls import ALLOWED_API_CALLS, ApiCall, observed_api_calls
+from tests.deploy.rbac import Rule, is_allowed
+from tests.k8s.api_calls import CA_NAMESPACE, CA_RBAC, describe, required_rules
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
 
-CA_NAMESPACE = "istio-system"
-_OBSERVED: set[ApiCall] = set()
-_CACHE_KEY = "meshca/k8s-api-calls"
+_NEEDED: set[Rule] = set()
+
+
+def _ran_all_kubernetes_tests(session: pytest.Session) -> bool:
+    """True for a full, green run of tests/k8s (no -k/-m filter, no single test picked)."""
+    option = session.config.option
+    if session.testsfailed or option.keyword or option.markexpr:
+        return False
+    targets = [str(arg) for arg in session.config.args]
+    return not any("::" in t for t in targets) and any(
+        t.rstrip("/") in (".", "tests", "tests/k8s") or t.endswith(("/tests", "/tests/k8s"))
+        for t in targets
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _api_calls_report(request: pytest.FixtureRequest) -> Iterator[None]:
+def _every_granted_rule_is_used(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a full run: nothing in `CA_RBAC` (so nothing `deploy/` grants) went unused."""
     yield
-    if _OBSERVED:
-        request.config.cache.set(_CACHE_KEY, sorted(list(call) for call in _OBSERVED))
+    if _ran_all_kubernetes_tests(request.session):
+        unused = CA_RBAC - _NEEDED
+        assert not unused, f"granted but never needed: {describe(unused)}"
 
 
 @pytest.fixture
 def kube_api() -> Iterator[KubeApiServer]:
     """A fake API server with the CA's namespace; fails the test if the CA made an API call
-    outside `ALLOWED_API_CALLS` (which the deploy RBAC mirrors)."""
+    that `CA_RBAC` (and so the deploy RBAC) does not allow."""
     server = KubeApiServer().start()
     server.create_namespace(CA_NAMESPACE)
     try:
         yield server
-        observed = observed_api_calls(server.requests())
-        _OBSERVED.update(observed)
-        unexpected = observed - ALLOWED_API_CALLS
-        assert not unexpected, f"API calls outside tests/k8s/api_calls.py: {unexpected}"
+        needed = required_rules(server.requests(), CA_NAMESPACE)
+        _NEEDED.update(needed)
+        denied = {rule for rule in needed if not is_allowed(set(CA_RBAC), rule)}
+        assert not denied, f"API calls the RBAC does not allow: {describe(denied)}"
     finally:
         server.stop()
 
