@@ -76,6 +76,7 @@ class Agent:
             self.cache.add_listener(self.file_output.on_secret)
         self.files = FileSecretProvider(self.clock, metrics=self.metrics)
         self.files.cache.add_listener(self.metrics.on_secret)
+        self.files.cache.add_removal_listener(self.metrics.on_secret_removed)
         self.sds = SdsServer(
             SecretResolver(self.cache, self.files),
             str(config.sds_socket),

@@ -17,6 +17,7 @@ import pytest
 from envoy.service.secret.v3 import sds_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
+from agent.config import AgentConfig
 from agent.file_mounted import (
     FileMountedSource,
     FileResource,
@@ -25,6 +26,8 @@ from agent.file_mounted import (
     load_root_secret,
     load_tls_secret,
 )
+from agent.main import Agent
+from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache, TlsSecret
 from meshca.clock import FakeClock
@@ -323,3 +326,42 @@ def test_file_cert_and_file_root_names_over_sds(ca: TestAuthority, workdir: Path
             await provider.stop()
 
     asyncio.run(main())
+
+
+def test_a_file_secret_no_one_watches_any_more_is_forgotten(
+    ca: TestAuthority, workdir: Path
+) -> None:
+    """Its expiry must not keep being reported (and alerted on) after the last stream left."""
+    name = f"file-root:{workdir}/root-cert.pem"
+
+    async def main() -> None:
+        write_plain(workdir, istio_files(ca.issue("app"), ca))
+        clock = FakeClock(NOW)
+        agent = Agent(
+            AgentConfig(file_mounted_certs=True, sds_socket=workdir / "s.sock", status_port=0),
+            clock=clock,
+        )
+        provider, metrics = agent.files, agent.metrics
+        try:
+            first, second = provider.updates(name), provider.updates(name)
+            assert (await anext(first)).name == name
+            assert (await anext(second)).name == name
+            assert name in _expiry_labels(metrics)
+            await first.aclose()  # type: ignore[attr-defined]
+            assert provider.cache.get(name) is not None, "still watched by the second"
+            await second.aclose()  # type: ignore[attr-defined]
+            assert provider.cache.get(name) is None
+            assert name not in _expiry_labels(metrics)
+        finally:
+            await provider.stop()
+
+    asyncio.run(main())
+
+
+def _expiry_labels(metrics: AgentMetrics) -> set[str]:
+    return {
+        sample.labels["resource_name"]
+        for family in metrics.registry.collect()
+        if family.name == "cert_expiry_seconds"
+        for sample in family.samples
+    }
