@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -168,14 +167,12 @@ def test_file_resource_names_are_parsed() -> None:
 # --- changes reaching SDS clients ---------------------------------------------------------------
 
 
-async def wait_for_chain(stream: Stream, expected: str, budget: float = 1.0) -> float:
-    """Waits for a push carrying `expected` as `default`'s chain; returns the seconds taken."""
-    started = time.monotonic()
+async def wait_for_chain(stream: Stream, expected: str, budget: float = 5.0) -> None:
+    """Waits for a push carrying `expected` as `default`'s chain."""
     response = await stream.recv(budget)
     chain = secrets_of(response)["default"].tls_certificate.certificate_chain.inline_bytes
     assert chain == expected.encode()
     stream.ack(["default"])
-    return time.monotonic() - started
 
 
 @pytest.mark.parametrize("layout", ["kubelet", "plain"])
@@ -213,12 +210,13 @@ def test_file_changes_reach_a_connected_sds_client(
                 stream = Stream(sds_pb2_grpc.SecretDiscoveryServiceStub(channel))
                 stream.send(["default"])
                 await wait_for_chain(stream, first.cert_pem)
-                # Two rotations: the second is where watching a file's inode goes wrong.
+                # Two rotations: the second is where watching a file's inode goes wrong. The
+                # budget is far below the 60 s resync, so only the directory watch can meet it,
+                # and far above the ~0.1 s it takes, for a loaded CI machine.
                 for _ in range(2):
                     rotated = ca.issue("app")
                     write(istio_files(rotated, ca))
-                    took = await wait_for_chain(stream, rotated.cert_pem, budget=1.0)
-                    assert took < 1.0
+                    await wait_for_chain(stream, rotated.cert_pem, budget=10.0)
                 stream.close()
         finally:
             await server.stop(0)
@@ -308,7 +306,7 @@ def test_file_cert_and_file_root_names_over_sds(ca: TestAuthority, workdir: Path
                 write_plain(
                     workdir, {"cert-chain.pem": rotated.cert_pem, "key.pem": rotated.key_pem}
                 )
-                pushed = secrets_of(await cert_stream.recv(1.0))[cert_name]
+                pushed = secrets_of(await cert_stream.recv(10.0))[cert_name]
                 assert (
                     pushed.tls_certificate.certificate_chain.inline_bytes
                     == rotated.cert_pem.encode()

