@@ -259,13 +259,14 @@ class FileWatcher:
             await self._reload(watched)
         watched.users += 1
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str) -> bool:
+        """Drops one user of `name`; True when that was the last one and watching stopped."""
         watched = self._watched.get(name)
         if watched is None:
-            return
+            return False
         watched.users -= 1
         if watched.users > 0:
-            return
+            return False
         del self._watched[name]
         if watched.timer is not None:
             watched.timer.cancel()
@@ -275,6 +276,7 @@ class FileWatcher:
                 observed = self._directories.pop(directory, None)
                 if observed is not None and self._observer is not None:
                     self._observer.unschedule(observed)
+        return True
 
     def _watch_directory(self, directory: str) -> None:
         if directory in self._directories or self._observer is None or self._loop is None:
@@ -396,7 +398,9 @@ class FileMountedSource:
 class FileSecretProvider:
     """Serves `file-cert:`/`file-root:` names on demand (`agent.sds.SecretResolver(files=...)`).
 
-    Files are loaded and watched while at least one `updates(name)` iterator is open.
+    Files are loaded and watched while at least one `updates(name)` iterator is open; when the
+    last one closes, the secret leaves `cache` too (its removal listeners, e.g. the expiry
+    metric, hear of it), so nothing is reported for files no one serves any more.
     """
 
     def __init__(
@@ -423,7 +427,8 @@ class FileSecretProvider:
             async for secret in self.cache.updates(resource.name):
                 yield secret
         finally:
-            self.watcher.remove(resource.name)
+            if self.watcher.remove(resource.name):
+                await self.cache.remove(resource.name)
 
     async def stop(self) -> None:
         await self.watcher.stop()

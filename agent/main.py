@@ -33,7 +33,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from agent.ca_client import CaClient
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
@@ -56,6 +57,11 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_SECONDS = 4.0
 
 
+class AgentFailed(Exception):
+    """A background worker (certificate rotation) died: the agent can no longer keep its
+    certificates fresh, so it stops and exits non-zero for its supervisor to restart it."""
+
+
 class Agent:
     """The wired-up agent. `await start()`, then `await stop()`; or `await run(stop_event)`."""
 
@@ -76,6 +82,7 @@ class Agent:
             self.cache.add_listener(self.file_output.on_secret)
         self.files = FileSecretProvider(self.clock, metrics=self.metrics)
         self.files.cache.add_listener(self.metrics.on_secret)
+        self.files.cache.add_removal_listener(self.metrics.on_secret_removed)
         self.sds = SdsServer(
             SecretResolver(self.cache, self.files),
             str(config.sds_socket),
@@ -135,6 +142,8 @@ class Agent:
             config.status_host, config.status_port, readiness, self.metrics, self.clock
         )
         self._worker: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None
+        self._failed = asyncio.Event()
 
     @property
     def secret_manager(self) -> SecretManager:
@@ -164,7 +173,7 @@ class Agent:
             await self.mounted.start()
         if self.manager is not None:
             self._log_identity()
-            self._worker = asyncio.create_task(self.manager.run(), name="secret-manager")
+            self._start_worker(self.manager.run(), "secret-manager")
         if self.node_manager is not None and self.identity_source is not None:
             log.info(
                 "node agent: identities from %s; CA at %s; up to %d fetches at once",
@@ -172,8 +181,25 @@ class Agent:
                 self.config.ca_addr,
                 self.node_manager.max_concurrent,
             )
-            self._worker = asyncio.create_task(self.node_manager.run(), name="node-secrets")
+            self._start_worker(self.node_manager.run(), "node-secrets")
             self.identity_source.start(self.node_manager.set_identities)
+
+    def _start_worker(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        self._worker = asyncio.create_task(work, name=name)
+        self._worker.add_done_callback(self._on_worker_done)
+
+    def _on_worker_done(self, task: asyncio.Task[None]) -> None:
+        """The workers run until cancelled; one that ends otherwise is a bug: say so loudly and
+        let `run()` stop the agent rather than serve a certificate that is no longer renewed."""
+        if task.cancelled():
+            return
+        self.failure = task.exception() or RuntimeError(f"{task.get_name()} returned")
+        log.critical(
+            "the %s worker died; certificates are no longer renewed, stopping the agent",
+            task.get_name(),
+            exc_info=self.failure,
+        )
+        self._failed.set()
 
     async def stop(self) -> None:
         """Stops everything started, each step bounded so shutdown cannot hang."""
@@ -185,7 +211,8 @@ class Agent:
                 log.warning("error stopping the identity source: %s", exc)
         if self._worker is not None:
             self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            # A worker that died has been reported by `_on_worker_done` already.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self._worker, budget)
             self._worker = None
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -210,11 +237,19 @@ class Agent:
             self.config.sds_socket.unlink()
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Runs until `stop` is set; raises `AgentFailed` (after stopping) if a worker died."""
         await self.start()
         try:
-            await stop.wait()
+            waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self._failed.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
         finally:
             await self.stop()
+        if self.failure is not None:
+            raise AgentFailed(f"a background worker died: {self.failure!r}") from self.failure
 
     def _log_identity(self) -> None:
         try:
@@ -239,6 +274,9 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
+    except AgentFailed as exc:
+        log.error("%s", exc)
+        return 1
     return 0
 
 

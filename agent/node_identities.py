@@ -184,7 +184,8 @@ class PodIdentitySource:
     """Watches the pods on `node_name` with the `kubernetes` client (see the module docstring).
 
     `api_client_factory` builds a `kubernetes.client.ApiClient` (from a kubeconfig or the
-    in-cluster service account); it is called on the watch thread, once. Watches last
+    in-cluster service account); it is called on the watch thread, and again with backoff until
+    it succeeds. Watches last
     `watch_timeout_seconds` and then resume from the last resourceVersion seen (advanced by
     bookmarks, when `bookmarks`, so a quiet node does not fall behind compaction).
     """
@@ -248,14 +249,12 @@ class PodIdentitySource:
     def _run(self) -> None:
         from kubernetes import client
 
-        try:
-            api = client.CoreV1Api(self._factory())
-        except Exception as exc:
-            log.error("cannot build a Kubernetes API client for the pod watch: %s", exc)
-            return
+        api: Any = None
         failures = 0
         while not self._stopping.is_set():
             try:
+                if api is None:  # retried: in-cluster credentials may not be mounted yet
+                    api = client.CoreV1Api(self._factory())
                 version = self._list(api)
                 failures = 0
                 self._watch_from(api, version)

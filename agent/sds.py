@@ -179,7 +179,13 @@ class _Eof:
     pass
 
 
-_Event = _Request | _Update | _Eof
+@dataclass
+class _SourceFailed:
+    name: str
+    error: Exception
+
+
+_Event = _Request | _Update | _Eof | _SourceFailed
 
 
 @dataclass
@@ -226,6 +232,12 @@ class _Stream:
                         return
                     if isinstance(event, _Request):
                         self._on_request(event.message)
+                    elif isinstance(event, _SourceFailed):
+                        raise _Abort(
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"the agent cannot serve {event.name!r} "
+                            f"({type(event.error).__name__}: {event.error}); retry later",
+                        )
                     else:
                         self._on_update(event.secret)
                 await self._flush()
@@ -271,7 +283,7 @@ class _Stream:
                 updates = self._server.resolver.updates(name)
             except UnknownResourceError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-            self.state.watched[name] = asyncio.create_task(self._follow(updates))
+            self.state.watched[name] = asyncio.create_task(self._follow(name, updates))
 
     def _unwatch(self, names: Iterable[str]) -> None:
         for name in names:
@@ -282,9 +294,15 @@ class _Stream:
             self.state.sent.pop(name, None)
             self.state.acked.pop(name, None)
 
-    async def _follow(self, updates: AsyncIterator[Secret]) -> None:
-        async for secret in updates:
-            self._queue.put_nowait(_Update(secret))
+    async def _follow(self, name: str, updates: AsyncIterator[Secret]) -> None:
+        """Feeds `name`'s versions to the handler. A source that fails ends the stream with
+        UNAVAILABLE (Envoy reconnects and subscribes afresh) instead of leaving it silent."""
+        try:
+            async for secret in updates:
+                self._queue.put_nowait(_Update(secret))
+        except Exception as exc:
+            log.exception("SDS %s %d: source of %r failed", self.kind, self.state.stream_id, name)
+            self._queue.put_nowait(_SourceFailed(name, exc))
 
     def _on_update(self, secret: Secret) -> None:
         if secret.name in self.state.watched:  # an update racing an unsubscribe is dropped

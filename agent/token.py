@@ -61,7 +61,7 @@ class FileTokenProvider:
                 return ""
             raise TokenFileMissing(
                 f"token file {self.path} does not exist; mount the projected service-account "
-                "token there or pass --token-path"
+                "token there or pass --token-file"
             ) from None
         except OSError as exc:
             raise TokenError(f"token file {self.path} cannot be read: {exc.strerror}") from None

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import grpc
 import jwt
+import pytest
 
 from agent.config import AgentConfig
-from agent.main import Agent
+from agent.main import Agent, AgentFailed
 from agent.status import readiness_report
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import SystemClock
@@ -98,3 +99,29 @@ def _body(url: str) -> str:
             return str(response.read().decode())
     except urllib.error.HTTPError as exc:
         return str(exc.read().decode())
+
+
+def test_a_dead_rotation_worker_stops_the_agent_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    """Not a silently dead task while the agent keeps serving a certificate it never renews."""
+
+    async def main(tmp: Path) -> None:
+        config = AgentConfig(
+            ca_addr="127.0.0.1:1",
+            ca_root_ca=tmp / "root-cert.pem",
+            token_path=tmp / "token",
+            sds_socket=tmp / "sds" / "socket",
+            status_port=0,
+        )
+        agent = Agent(config)
+
+        async def broken_run() -> None:
+            raise RuntimeError("rotation bug")
+
+        agent.secret_manager.run = broken_run  # type: ignore[method-assign]
+        with pytest.raises(AgentFailed, match="rotation bug"):
+            await asyncio.wait_for(agent.run(asyncio.Event()), 10)
+        assert not config.sds_socket.exists()
+        assert "secret-manager worker died" in caplog.text
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        asyncio.run(main(Path(tmp)))

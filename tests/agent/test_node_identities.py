@@ -11,11 +11,13 @@ import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from kubernetes import client
 
+from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError
 from agent.main import Agent
 from agent.node_identities import (
@@ -247,3 +249,34 @@ def test_node_flags_and_environment() -> None:
         AgentConfig.from_args(parser.parse_args(["--node-mode", "--identities", "cart"]), {})
     with pytest.raises(ConfigError, match="at least 1"):
         AgentConfig.from_args(parser.parse_args(["--max-concurrent-fetches", "0"]), {})
+
+
+def test_pod_source_retries_building_its_api_client(kube: KubeApiServer, tmp_path: Path) -> None:
+    """A kubeconfig (or in-cluster token) not there yet is retried, not the end of the watch."""
+
+    async def main() -> None:
+        kubeconfig = tmp_path / "kubeconfig"
+        config = AgentConfig(node_mode=True, node_name=NODE, kubeconfig=kubeconfig)
+        build = kube_api_client_factory(config)
+        attempts: list[bool] = []
+
+        def factory() -> Any:
+            attempts.append(kubeconfig.exists())
+            return build()
+
+        source = PodIdentitySource(
+            NODE, "cluster.local", factory, backoff=Backoff(initial=0.05, maximum=0.1)
+        )
+        kube.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
+        snapshots: list[IdentitySet] = []
+        source.start(snapshots.append)
+        try:
+            await until(lambda: len(attempts) >= 2 or not source._thread.is_alive())  # type: ignore[union-attr]
+            assert attempts[0] is False and not snapshots
+            kube.write_kubeconfig(kubeconfig)
+            await until(lambda: len(snapshots) >= 1, timeout=20)
+            assert snapshots[-1] == {sid("shop", "cart")}
+        finally:
+            await source.stop()
+
+    asyncio.run(main())

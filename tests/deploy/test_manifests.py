@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import shutil
 import socket
@@ -15,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from agent.config import add_agent_arguments
 from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC
 
 from .manifests import (
@@ -318,7 +320,7 @@ def test_agent_gets_an_istio_ca_token_and_the_root(
     assert token == {"path": "istio-token", "audience": "istio-ca", "expirationSeconds": 3600}
     token_file = f"{_mount_path(container, volume)}/{token['path']}"
     assert token_file == "/var/run/secrets/tokens/istio-token"
-    assert f"--token-path={token_file}" in container["args"]
+    assert f"--token-file={token_file}" in container["args"]
     root = next(
         v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "istio-ca-root-cert"
     )
@@ -331,6 +333,34 @@ def test_agent_gets_an_istio_ca_token_and_the_root(
     assert fields["POD_NAMESPACE"] == "metadata.namespace"
     assert fields["SERVICE_ACCOUNT"] == "spec.serviceAccountName"
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": 15020}
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "under", "agent"),
+    [
+        ("Deployment", "echo", "examples/sidecar", "meshca-agent"),
+        ("DaemonSet", "meshca-node-agent", "node-agent", "node-agent"),
+    ],
+)
+def test_agent_args_parse_and_use_the_documented_flag_names(
+    kind: str, name: str, under: str, agent: str
+) -> None:
+    """Every flag is one the agent knows, spelled with its documented (first) name, not an
+    alias kept for compatibility (`--ca-root`, not `--ca-root-ca`)."""
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    documented = {
+        alias: action.option_strings[0]
+        for action in parser._actions
+        for alias in action.option_strings
+    }
+    args = _container(_pod_spec(find(kind, name, under)), agent)["args"]
+    assert args[0] == "agent"
+    for arg in args[1:]:
+        flag = arg.split("=", 1)[0]
+        assert flag in documented, f"{arg}: not an agent flag"
+        assert flag == documented[flag], f"{arg}: use {documented[flag]}, the documented name"
+    parser.parse_args(args[1:])
 
 
 def test_sidecar_shares_the_sds_socket_with_envoy() -> None:
