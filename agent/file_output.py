@@ -43,7 +43,6 @@ KEY_FILE = "key.pem"
 ROOT_CERT_FILE = "root-cert.pem"
 DATA_LINK = "..data"
 _FILE_MODES = {CERT_CHAIN_FILE: 0o644, KEY_FILE: 0o600, ROOT_CERT_FILE: 0o644}
-_KEEP_PREVIOUS = 1
 
 
 class FileOutput:
@@ -88,11 +87,16 @@ class FileOutput:
         ensure_dir(self.directory, 0o700)
         stamp = self._clock.now().strftime("%Y_%m_%d_%H_%M_%S.%f")
         generation = Path(tempfile.mkdtemp(prefix=f"..{stamp}.", dir=self.directory))
-        os.chmod(generation, 0o755)
         contents = {CERT_CHAIN_FILE: cert_chain_pem, KEY_FILE: key_pem, ROOT_CERT_FILE: root_pem}
-        for name, text in contents.items():
-            _write_file(generation / name, text.encode("ascii"), _FILE_MODES[name])
-        fsync_dir(generation)
+        try:
+            os.chmod(generation, 0o755)
+            for name, text in contents.items():
+                _write_file(generation / name, text.encode("ascii"), _FILE_MODES[name])
+            fsync_dir(generation)
+        except BaseException:
+            shutil.rmtree(generation, ignore_errors=True)  # never leave half a generation
+            raise
+        previous = _link_target(self.directory / DATA_LINK)
         _replace_symlink(self.directory / DATA_LINK, generation.name)
         for name in contents:
             link = self.directory / name
@@ -100,18 +104,16 @@ class FileOutput:
             if not (link.is_symlink() and os.readlink(link) == target):
                 _replace_symlink(link, target)
         fsync_dir(self.directory)
-        self._remove_old_generations(keep=generation.name)
+        self._remove_old_generations(keep={generation.name, previous})
         self.writes += 1
         log.info("wrote certificate files to %s", self.directory)
         return generation
 
-    def _remove_old_generations(self, keep: str) -> None:
-        generations = sorted(
-            (p for p in self.directory.iterdir() if _is_generation(p) and p.name != keep),
-            key=lambda p: p.stat().st_mtime_ns,
-        )
-        for old in generations[: max(0, len(generations) - _KEEP_PREVIOUS)]:
-            shutil.rmtree(old, ignore_errors=True)
+    def _remove_old_generations(self, keep: set[str | None]) -> None:
+        """Removes every generation but the current one and the one it replaced."""
+        for old in self.directory.iterdir():
+            if _is_generation(old) and old.name not in keep:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 class NodeFileOutput:
@@ -198,3 +200,11 @@ def _replace_symlink(link: Path, target: str) -> None:
         tmp.unlink()
     os.symlink(target, tmp)
     os.replace(tmp, link)
+
+
+def _link_target(link: Path) -> str | None:
+    """Where a symlink points, or None when there is none yet."""
+    try:
+        return os.readlink(link)
+    except OSError:
+        return None

@@ -48,14 +48,18 @@ from agent.backoff import Backoff
 from agent.ca_client import SignedCertificate
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
-from agent.secret_manager import FailureRecord, jittered_ratio, retry_delay, rotation_delay
+from agent.secret_manager import (
+    FailureRecord,
+    jittered_ratio,
+    new_key_and_csr,
+    retry_delay,
+    rotation_delay,
+)
 from agent.secrets import ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
 from certs import (
     KeySpec,
     PrivateKey,
     SpiffeId,
-    build_csr,
-    generate_private_key,
     private_key_to_pem,
 )
 from meshca.clock import Clock
@@ -279,7 +283,7 @@ class NodeSecretManager:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self._update_gauges()
         try:
-            key, csr = await asyncio.to_thread(_key_and_csr, self._key_spec, identity)
+            key, csr = await asyncio.to_thread(new_key_and_csr, self._key_spec, identity)
             signed = await self._ca.sign(csr, identity, key, self._ttl, impersonate=identity)
         except asyncio.CancelledError:
             raise
@@ -371,8 +375,3 @@ class NodeSecretManager:
                 await timer
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)
-
-
-def _key_and_csr(spec: KeySpec, identity: SpiffeId) -> tuple[PrivateKey, str]:
-    key = generate_private_key(spec)
-    return key, build_csr(key, identity)

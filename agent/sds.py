@@ -197,7 +197,6 @@ class _StreamState:
     watched: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     latest: dict[str, Secret] = field(default_factory=dict)
     sent: dict[str, str] = field(default_factory=dict)  # name -> version sent
-    acked: dict[str, str] = field(default_factory=dict)  # name -> version Envoy accepted
     last_nonce: str = ""
     last_sent_names: list[str] = field(default_factory=list)
     nonces: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -292,7 +291,6 @@ class _Stream:
                 task.cancel()
             self.state.latest.pop(name, None)
             self.state.sent.pop(name, None)
-            self.state.acked.pop(name, None)
 
     async def _follow(self, name: str, updates: AsyncIterator[Secret]) -> None:
         """Feeds `name`'s versions to the handler. A source that fails ends the stream with
@@ -330,10 +328,9 @@ class _Stream:
                 metrics.sds_nacks.labels(resource_name=name).inc()
         self._server.nacks += 1
 
-    def _on_ack(self) -> None:
-        for name in self.state.last_sent_names:
-            if name in self.state.sent:
-                self.state.acked[name] = self.state.sent[name]
+    def _on_ack(self, names: Iterable[str]) -> None:
+        """Envoy applied what we sent: nothing to do but say so (the next push is a change)."""
+        log.debug("SDS %s %d: ACK for %s", self.kind, self.state.stream_id, ", ".join(names))
 
     def _count_push(self, names: list[str]) -> None:
         metrics = self._server.metrics
@@ -362,7 +359,7 @@ class _SotwStream(_Stream):
             if request.HasField("error_detail"):
                 self._on_nack(self.state.last_sent_names, request.error_detail.message)
             else:
-                self._on_ack()
+                self._on_ack(self.state.last_sent_names)
         else:
             # A (re)subscription: answer every requested name, even one sent before.
             for name in request.resource_names:
@@ -413,9 +410,7 @@ class _DeltaStream(_Stream):
             elif request.HasField("error_detail"):
                 self._on_nack(names, request.error_detail.message)
             else:
-                for name in names:
-                    if name in self.state.sent:
-                        self.state.acked[name] = self.state.sent[name]
+                self._on_ack(names)
         for name, version in request.initial_resource_versions.items():
             self.state.sent.setdefault(name, version)  # the client already holds these
         self._unwatch(request.resource_names_unsubscribe)

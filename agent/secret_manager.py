@@ -197,7 +197,7 @@ class SecretManager:
     async def _fetch(self) -> tuple[SignedCertificate, str]:
         """A fresh key (never reused across rotations) and the CA's certificate for it."""
         identity = self._identity()
-        key, csr = await asyncio.to_thread(_key_and_csr, self._key_spec, identity)
+        key, csr = await asyncio.to_thread(new_key_and_csr, self._key_spec, identity)
         signed = await self._ca.sign(csr, identity, key, self._ttl)
         return signed, private_key_to_pem(key).decode("ascii")
 
@@ -259,7 +259,9 @@ class SecretManager:
                 await timer
 
 
-def _key_and_csr(spec: KeySpec, identity: SpiffeId) -> tuple[PrivateKey, str]:
+def new_key_and_csr(spec: KeySpec, identity: SpiffeId) -> tuple[PrivateKey, str]:
+    """A fresh private key (never reused across rotations) and a CSR for `identity`; CPU-bound,
+    so callers run it in a worker thread."""
     key = generate_private_key(spec)
     return key, build_csr(key, identity)
 

@@ -8,6 +8,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from agent.file_output import FileOutput
 from agent.secrets import RootSecret, TlsSecret
 from certs import (
@@ -49,6 +51,32 @@ def test_layout_modes_and_old_generations(tmp_path: Path) -> None:
     assert (out / "root-cert.pem").read_text() == pki.root_pem
     generations = [p for p in out.iterdir() if p.name.startswith("..") and p.name != "..data"]
     assert len(generations) == 2  # the current one and the one before it
+
+
+def _generations(out: Path) -> set[str]:
+    return {p.name for p in out.iterdir() if p.name.startswith("..") and p.name != "..data"}
+
+
+def test_kept_generations_are_the_current_and_the_one_it_replaced(tmp_path: Path) -> None:
+    pki = Pki(NOW)
+    out = tmp_path / "out"
+    writer = FileOutput(out)
+    names = [writer.write(chain, key, pki.root_pem).name for chain, key in issue_pairs(pki, 3)]
+    assert _generations(out) == {names[1], names[2]}
+    assert os.readlink(out / "..data") == names[2]
+
+
+def test_a_failed_write_leaves_no_partial_generation(tmp_path: Path) -> None:
+    pki = Pki(NOW)
+    out = tmp_path / "out"
+    writer = FileOutput(out)
+    (chain, key), (next_chain, _) = issue_pairs(pki, 2)
+    first = writer.write(chain, key, pki.root_pem).name
+    with pytest.raises(UnicodeEncodeError):
+        writer.write(next_chain, "not ascii: \u00e9", pki.root_pem)
+    assert _generations(out) == {first}
+    assert os.readlink(out / "..data") == first
+    assert (out / "cert-chain.pem").read_text() == chain
 
 
 def test_existing_directory_is_accepted_and_listener_waits_for_both(tmp_path: Path) -> None:
