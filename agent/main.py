@@ -202,21 +202,22 @@ class Agent:
         self._failed.set()
 
     async def stop(self) -> None:
-        """Stops everything started, each step bounded so shutdown cannot hang."""
-        budget = STOP_TIMEOUT_SECONDS / 5
+        """Stops everything started within one shared deadline (`STOP_TIMEOUT_SECONDS`), each
+        step also capped so a single slow step cannot starve the rest; the socket goes last."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_TIMEOUT_SECONDS
+        step_cap = STOP_TIMEOUT_SECONDS / 4
+
+        def time_left() -> float:
+            return max(0.05, min(step_cap, deadline - loop.time()))
+
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if self.identity_source is not None:
-            try:
-                await asyncio.wait_for(self.identity_source.stop(), budget)
-            except Exception as exc:
-                log.warning("error stopping the identity source: %s", exc)
+            steps.append(("identity source", self.identity_source.stop))
         if self._worker is not None:
-            self._worker.cancel()
-            # A worker that died has been reported by `_on_worker_done` already.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._worker, budget)
-            self._worker = None
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("SDS server", lambda: self.sds.stop(budget / 2)),
+            steps.append(("renewal worker", self._stop_worker))
+        steps += [
+            ("SDS server", lambda: self.sds.stop(time_left() / 2)),
             ("file watchers", self.files.stop),
         ]
         if self.mounted is not None:
@@ -229,12 +230,21 @@ class Agent:
             steps.append(("CA client", self.ca_client.close))
         for what, step in steps:
             try:
-                await asyncio.wait_for(step(), budget)
+                await asyncio.wait_for(step(), time_left())
             except Exception as exc:
-                log.warning("error stopping the %s: %s", what, exc)
+                log.warning("error stopping the %s: %s", what, exc or type(exc).__name__)
         await asyncio.to_thread(self.status.stop)
         with contextlib.suppress(FileNotFoundError):
             self.config.sds_socket.unlink()
+
+    async def _stop_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        worker.cancel()
+        # A worker that died has been reported by `_on_worker_done` already.
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await worker
 
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until `stop` is set; raises `AgentFailed` (after stopping) if a worker died."""
