@@ -3,8 +3,9 @@
 The token must be a projected service-account token (REFERENCE §2): asymmetric signature from a
 trusted issuer's JWKS, `aud` containing an accepted audience, valid `exp`/`nbf`, and
 `sub = system:serviceaccount:<ns>:<sa>` agreeing with the `kubernetes.io` claim. Verified tokens
-are cached (by digest, never the token itself) until they expire, so a burst of renewals with
-the same token costs one signature check.
+are cached (`ca_server.token_cache`: by digest, never the token itself) until they expire, at
+most five minutes, so a burst of renewals with the same token costs one signature check and a
+JWKS key withdrawn after a leak stops being honoured from the cache within minutes.
 
 Concurrency: runs on the event loop; fetching a JWKS URL blocks, so it runs in a worker thread.
 """
@@ -12,13 +13,11 @@ Concurrency: runs on the event loop; fetching a JWKS URL blocks, so it runs in a
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +26,7 @@ import jwt
 from ca_server.authn import AuthnRequest, Caller
 from ca_server.config import JwtIssuerConfig
 from ca_server.errors import AuthenticationError
+from ca_server.token_cache import VerifiedTokenCache, token_digest
 from certs import CertsError, SpiffeId
 
 log = logging.getLogger(__name__)
@@ -124,8 +124,7 @@ class JwtAuthenticator:
         self._issuers = {issuer.issuer: issuer for issuer in issuers}
         self._trust_domain = trust_domain
         self._now = now
-        self._cache: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: VerifiedTokenCache[Caller] = VerifiedTokenCache(max_entries=cache_size)
 
     @classmethod
     def from_config(
@@ -138,23 +137,15 @@ class JwtAuthenticator:
         token = request.bearer_token
         if token is None:
             return None
-        digest = hashlib.sha256(token.encode()).hexdigest()
-        now_ts = self._now().timestamp()
-        cached = self._cache.get(digest)
-        if cached is not None and cached[1] > now_ts:
-            self._cache.move_to_end(digest)
-            return cached[0]
+        digest = token_digest(self.name, token)
+        cached = self._cache.get(digest, self._now())
+        if cached is not None:
+            return cached
         caller, expires_at = await self._verify(token)
-        self._remember(digest, caller, expires_at)
+        self._cache.put(digest, caller, self._now(), expires_at)
         return caller
 
-    def _remember(self, digest: str, caller: Caller, expires_at: float) -> None:
-        self._cache[digest] = (caller, expires_at)
-        self._cache.move_to_end(digest)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-
-    async def _verify(self, token: str) -> tuple[Caller, float]:
+    async def _verify(self, token: str) -> tuple[Caller, datetime]:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -211,7 +202,7 @@ class JwtAuthenticator:
             ) from exc
         except jwt.PyJWTError as exc:
             raise AuthenticationError("jwt-invalid", f"token rejected: {exc}") from exc
-        return self._caller_from_claims(claims), float(claims["exp"])
+        return self._caller_from_claims(claims), datetime.fromtimestamp(claims["exp"], UTC)
 
     def _caller_from_claims(self, claims: dict[str, Any]) -> Caller:
         subject = str(claims.get("sub", ""))

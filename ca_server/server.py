@@ -110,30 +110,50 @@ async def watch_authority(
 ) -> None:
     """Re-reads the signing material when it changes (files, or the shared Secret); a broken
     update is refused and the current authority kept, so an operator's half-copied `cacerts`
-    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher)."""
-    seen = source.fingerprint()
+    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher).
+
+    Runs until cancelled: nothing the source or the reload steps raise may end it, or the CA
+    would silently stop following its authority. Unusable material is logged once per change;
+    any other failure (unreadable file, full disk, a bug) is logged and retried at the next poll.
+    """
+    seen = await asyncio.to_thread(source.fingerprint)
     while True:
         await clock.sleep(config.plugged_ca_poll_interval.total_seconds())
-        current = source.fingerprint()
-        if current == seen:
-            continue
-        seen = current
         try:
-            authority = await asyncio.to_thread(source.load, clock.now())
-        except (CaSetupError, CertsError) as exc:
-            log.error(
-                "keeping the current CA: the changed %s is unusable: %s", source.description, exc
+            seen = await _reload_if_changed(source, seen, signer, config, metrics, clock, on_reload)
+        except Exception:
+            log.exception(
+                "keeping the current CA: checking %s for changes failed; retrying",
+                source.description,
             )
-            continue
-        signer.replace(authority)
-        publish_root_bundle(config.data_dir, authority)
-        _record_expiry(metrics, authority)
-        on_reload(authority)
-        log.info(
-            "reloaded %s; now signing with serial %x",
-            source.description,
-            authority.cert.serial_number,
-        )
+
+
+async def _reload_if_changed(
+    source: AuthoritySource,
+    seen: str,
+    signer: LocalSigner,
+    config: CaConfig,
+    metrics: CaMetrics,
+    clock: Clock,
+    on_reload: Callable[[SigningAuthority], None],
+) -> str:
+    """One poll: reloads if the fingerprint moved from `seen`; returns the fingerprint handled."""
+    current = await asyncio.to_thread(source.fingerprint)
+    if current == seen:
+        return seen
+    try:
+        authority = await asyncio.to_thread(source.load, clock.now())
+    except (CaSetupError, CertsError) as exc:
+        log.error("keeping the current CA: the changed %s is unusable: %s", source.description, exc)
+        return current
+    signer.replace(authority)
+    publish_root_bundle(config.data_dir, authority)
+    _record_expiry(metrics, authority)
+    on_reload(authority)
+    log.info(
+        "reloaded %s; now signing with serial %x", source.description, authority.cert.serial_number
+    )
+    return current
 
 
 def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:

@@ -9,6 +9,10 @@ from ca_server.config import TtlPolicy
 from ca_server.errors import CaUnavailableError
 from certs import CLOCK_SKEW_BACKDATE
 
+# `validity_duration` is an int64; `timedelta` overflows past ~2.7 million years. Clamping here
+# keeps a silly request an ordinary "above the maximum" instead of an internal error.
+_LONGEST_REQUEST_SECONDS = int(timedelta(days=999_999).total_seconds())
+
 
 @dataclass(frozen=True)
 class Validity:
@@ -29,8 +33,14 @@ def grant_validity(
     """NotBefore = now - 2 min; NotAfter = now + TTL, clamped to the policy and the CA's expiry.
 
     `requested_seconds <= 0` asks for the default. A CA that has already expired cannot issue.
+    Any int64 is accepted: values beyond what `timedelta` can hold are clamped like any other
+    request above the maximum.
     """
-    requested = timedelta(seconds=requested_seconds) if requested_seconds > 0 else None
+    requested = (
+        timedelta(seconds=min(requested_seconds, _LONGEST_REQUEST_SECONDS))
+        if requested_seconds > 0
+        else None
+    )
     ttl = requested or policy.default
     clamped_by: str | None = None
     if ttl > policy.maximum:

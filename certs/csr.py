@@ -37,8 +37,9 @@ def build_csr(key: PrivateKey, identity: SpiffeId) -> str:
 def load_csr(pem: str | bytes, *, max_bytes: int = MAX_CSR_BYTES) -> x509.CertificateSigningRequest:
     """Parses a PEM CSR and verifies its self-signature.
 
-    Raises `CsrError` naming the problem: too large, not PEM, not a CSR, or a signature that does
-    not verify (the requester does not hold the key it asks a certificate for).
+    Raises `CsrError` naming the problem: too large, not PEM, not a CSR, a signature that does
+    not verify (the requester does not hold the key it asks a certificate for), or extensions
+    that do not parse (malformed, or one extension twice, e.g. a second subjectAltName).
     """
     raw = pem.encode("utf-8", "replace") if isinstance(pem, str) else pem
     if len(raw) > max_bytes:
@@ -55,6 +56,10 @@ def load_csr(pem: str | bytes, *, max_bytes: int = MAX_CSR_BYTES) -> x509.Certif
         raise CsrError(f"CSR signature cannot be checked ({exc})") from exc
     if not valid:
         raise CsrError("CSR signature does not verify: it was not signed by the key it carries")
+    try:
+        _ = csr.extensions  # parsed lazily: fail here, as a bad CSR, not in a policy check
+    except (ValueError, x509.DuplicateExtension) as exc:
+        raise CsrError(f"CSR extensions do not parse ({exc})") from exc
     return csr
 
 

@@ -3,7 +3,7 @@
 One module per job:
 - `clients`: builds `kubernetes.client.ApiClient`s (in-cluster, kubeconfig, remote clusters).
 - `ratelimit`: the token bucket in front of TokenReview calls.
-- `token_cache` / `tokenreview`: the TokenReview authenticator and its cache of reviews.
+- `tokenreview`: the TokenReview authenticator (its cache is `ca_server.token_cache`).
 - `informer`: list+watch of one resource into an in-memory cache (the building block below).
 - `secret_root`: the shared root in Secret `istio-ca-secret` (an `AuthoritySource`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.

@@ -3,7 +3,8 @@
 The pattern client-go calls an informer, reduced to what meshca needs: list (remember the
 list's resourceVersion), then watch from it, applying each event to the cache; when the watch
 ends (server timeout) resume from the last seen resourceVersion; on 410 Gone (history
-compacted) or any error, list again — after a backoff for errors — and replace the cache.
+compacted) or any error, list again — after a backoff for errors — and replace the cache. The
+thread ends only on `stop()`: an unexpected exception is logged and handled like any error.
 Objects are passed through `transform` so a cache can keep only the fields it uses; `indexers`
 maintain secondary indexes (e.g. pods by node) next to the primary (namespace, name) key.
 
@@ -131,6 +132,14 @@ class Informer(Generic[V]):
                     return
                 log.warning("%s list/watch failed: %s; retrying in %.1fs",
                             self.resource, exc, backoff)  # fmt: skip
+                self._on_restart("error")
+            except Exception:
+                # Anything else (an object `transform` cannot read, a client bug) must not end
+                # the thread: the cache would stay "synced" while silently going stale.
+                if self._stopping.is_set():
+                    return
+                log.exception("%s list/watch failed unexpectedly; retrying in %.1fs",
+                              self.resource, backoff)  # fmt: skip
                 self._on_restart("error")
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)

@@ -83,6 +83,10 @@ class LeaseElector:
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Unknown outcome: keep leading until the renew deadline runs out.
                 log.warning("could not renew Lease %s/%s: %s", self.namespace, self.name, exc)
+            except Exception:
+                # Same, for the unexpected: the election thread must not end (a replica that
+                # silently stops competing can never take over from a failed leader).
+                log.exception("election round for Lease %s/%s failed", self.namespace, self.name)
             else:
                 self._leading_until = started + self._renew_deadline if acquired else 0.0
             self._notify()

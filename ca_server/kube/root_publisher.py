@@ -141,9 +141,18 @@ class RootConfigMapPublisher:
             self._wake.clear()
             if self._stopping.is_set():
                 return
-            if not self.reconcile():
+            if not self._reconcile_guarded():
                 self._stopping.wait(_RETRY_AFTER_ERROR)
                 self._wake.set()
+
+    def _reconcile_guarded(self) -> bool:
+        """`reconcile`, with anything unexpected logged and retried: the thread must outlive
+        it, or a leader would hold the Lease while publishing nothing."""
+        try:
+            return self.reconcile()
+        except Exception:
+            log.exception("root ConfigMap reconcile failed unexpectedly; retrying")
+            return False
 
     def reconcile(self) -> bool:
         """One pass; False if a write failed and the pass should be retried soon."""

@@ -13,7 +13,7 @@ signing cert towards the root (empty when the signing cert is the root); `key.pe
 the CA and written empty, as Istio does.
 
 Concurrency: `load` blocks on the API and is called from a worker thread (`asyncio.to_thread`).
-`fingerprint` must be cheap, as the server polls it on the event loop: it hashes the copy kept
+`fingerprint` must be cheap, as the server polls it every few seconds: it hashes the copy kept
 by a watch of the one Secret (an `Informer` in its own thread), never calling the API itself.
 """
 

@@ -29,8 +29,8 @@ from ca_server.authn import AuthnRequest, Caller
 from ca_server.errors import AuthenticationError, DependencyUnavailableError
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
-from ca_server.kube.token_cache import ReviewCache, token_digest, token_expiry
 from ca_server.metrics import CaMetrics
+from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
 from certs import CertsError, SpiffeId
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class TokenReviewAuthenticator:
         limiter: AsyncTokenBucket,
         metrics: CaMetrics,
         now: Callable[[], datetime],
-        cache: ReviewCache[Caller] | None = None,
+        cache: VerifiedTokenCache[Caller] | None = None,
     ) -> None:
         self._clients = clients
         self._audiences = list(audiences)
@@ -109,7 +109,7 @@ class TokenReviewAuthenticator:
         self._limiter = limiter
         self._metrics = metrics
         self._now = now
-        self._cache: ReviewCache[Caller] = cache or ReviewCache()
+        self._cache: VerifiedTokenCache[Caller] = cache or VerifiedTokenCache()
         self._in_flight: dict[str, asyncio.Future[Caller]] = {}
 
     async def authenticate(self, request: AuthnRequest) -> Caller | None:

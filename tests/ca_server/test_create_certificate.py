@@ -72,11 +72,13 @@ def test_default_ttl_is_24h_and_above_maximum_is_clamped(ca: CaProcess, root_pem
     token = ca.mint_token("default", "sleep")
     _, default_chain = _issue(ca, root_pem, token, ttl=0)
     _, clamped_chain = _issue(ca, root_pem, token, ttl=200 * 86400)
+    _, int64_max_chain = _issue(ca, root_pem, token, ttl=2**63 - 1)
     now = datetime.now(UTC)
     default_left = load_cert(default_chain[0]).not_valid_after_utc - now
-    clamped_left = load_cert(clamped_chain[0]).not_valid_after_utc - now
     assert timedelta(hours=23, minutes=59) < default_left <= timedelta(hours=24)
-    assert timedelta(days=89, hours=23) < clamped_left <= timedelta(days=90)
+    for chain in (clamped_chain, int64_max_chain):
+        clamped_left = load_cert(chain[0]).not_valid_after_utc - now
+        assert timedelta(days=89, hours=23) < clamped_left <= timedelta(days=90)
 
 
 def test_token_from_a_jwks_file_issuer_is_accepted(

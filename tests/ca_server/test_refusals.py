@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certs import SpiffeId, build_csr, generate_private_key
 from tests.ca_server.conftest import RsaIssuer, k8s_claims
+from tests.certs.helpers import csr_with_two_sans
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
@@ -162,6 +163,13 @@ CASES = [
         ),
         INVALID,
         "2 URI SANs",
+    ),
+    Case(
+        "CSR with a second subjectAltName extension",
+        good_token,
+        lambda: csr_with_two_sans(SLEEP),
+        INVALID,
+        "Duplicate",
     ),
     Case(
         "CSR asking CA:true",

@@ -23,7 +23,7 @@ from certs import (
 )
 from certs.csr import unexpected_extensions
 from certs.keys import public_key_bytes
-from tests.certs.helpers import IDENTITY
+from tests.certs.helpers import IDENTITY, csr_with_two_sans
 
 _HEADER = "-----BEGIN CERTIFICATE REQUEST-----"
 _FOOTER = "-----END CERTIFICATE REQUEST-----"
@@ -136,6 +136,17 @@ def test_load_rejects_csr_with_tampered_request_info(key: PrivateKey) -> None:
     assert forged != der
     with pytest.raises(CsrError, match="signature does not verify"):
         load_csr(_wrap(forged))
+
+
+def test_load_rejects_csr_with_a_duplicated_extension() -> None:
+    with pytest.raises(CsrError, match=r"extensions do not parse.*Duplicate"):
+        load_csr(csr_with_two_sans(IDENTITY))
+
+
+def test_load_rejects_csr_with_a_malformed_extension(key: PrivateKey) -> None:
+    broken_san = x509.UnrecognizedExtension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, b"\x30\x03\x01")
+    with pytest.raises(CsrError, match="extensions do not parse"):
+        load_csr(_custom_csr(key, [(broken_san, True)]))
 
 
 def test_describe_splits_sans_by_kind(key: PrivateKey) -> None:

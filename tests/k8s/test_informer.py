@@ -3,6 +3,8 @@ and keeps its secondary index in step with events."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -56,5 +58,33 @@ def test_pod_index_by_node_follows_events(kube_api: KubeApiServer):
         kube_api.delete("pods", "a", namespace="default")
         wait_for(lambda: len(informer.by_index("node", "n1")) == 1, 2, "pod a gone")
         assert informer.by_index("node", "n2") == []
+    finally:
+        informer.stop()
+
+
+def test_an_unexpected_exception_does_not_end_the_watch(kube_api: KubeApiServer):
+    """A transform that chokes on one object once must not leave a cache that looks synced but
+    never changes again (the node authorizer would decide on stale pods)."""
+    core = kubernetes.client.CoreV1Api(kube_api.api_client())
+    restarts: list[str] = []
+    choked: list[str] = []
+
+    def transform(ns: Any) -> str:
+        if ns.metadata.name == "odd" and not choked:
+            choked.append(ns.metadata.name)
+            raise KeyError("a field this transform did not expect to be missing")
+        return str(ns.metadata.name)
+
+    informer: Informer[str] = Informer(
+        "namespaces", core.list_namespace, transform, on_restart=restarts.append
+    )
+    informer.start()
+    try:
+        assert informer.wait_synced(5)
+        kube_api.create_namespace("odd")
+        wait_for(lambda: informer.get(("", "odd")) == "odd", 5, "the re-list after the error")
+        assert choked == ["odd"] and restarts == ["error"]
+        kube_api.create_namespace("later")
+        wait_for(lambda: informer.get(("", "later")) == "later", 2, "events after the error")
     finally:
         informer.stop()

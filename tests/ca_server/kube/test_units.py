@@ -12,14 +12,14 @@ import pytest
 from ca_server.errors import AuthenticationError
 from ca_server.kube.node_authorizer import parse_node_accounts
 from ca_server.kube.ratelimit import AsyncTokenBucket
-from ca_server.kube.token_cache import ReviewCache, token_digest, token_expiry
 from ca_server.kube.tokenreview import POD_NAME_KEY, POD_UID_KEY, caller_from_review
+from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def test_review_cache_honours_token_exp_cap_and_size():
-    cache: ReviewCache[str] = ReviewCache(max_entries=2, max_ttl=timedelta(minutes=5))
+    cache: VerifiedTokenCache[str] = VerifiedTokenCache(max_entries=2, max_ttl=timedelta(minutes=5))
     cache.put("a", "A", NOW, NOW + timedelta(seconds=30))
     cache.put("b", "B", NOW, None)
     assert cache.get("a", NOW + timedelta(seconds=29)) == "A"

@@ -1,11 +1,11 @@
-"""Successful TokenReviews, remembered per token digest until the token expires.
+"""Verified bearer tokens, remembered per token digest until the token expires.
 
 A workload's agent sends the same projected token on every call until the kubelet rotates it,
-so caching turns "one API call per certificate request" into "one per token". Only the SHA-256
-of (cluster id, token) is kept, never the token. The expiry comes from the token's own `exp`
-claim, read without verifying the signature (the API server has just vouched for the token;
-the claim only bounds how long we trust that answer), capped so a revoked token stops working
-within `max_ttl` even if it carries no `exp` or a far one.
+so caching turns "one verification per certificate request" (a TokenReview API call, a JWT
+signature check) into "one per token". Only the SHA-256 of (scope, token) is kept, never the
+token; the scope is the cluster id for TokenReview, so one cluster's answer is never reused
+for another. The expiry is the token's own `exp` claim, capped so a revoked token (or a JWKS
+key withdrawn after a leak) stops working within `max_ttl` even if the token lives far longer.
 
 Concurrency: used from the event loop only; no locking.
 """
@@ -22,12 +22,13 @@ import jwt
 V = TypeVar("V")
 
 
-def token_digest(cluster_id: str, token: str) -> str:
-    return hashlib.sha256(f"{cluster_id}\0{token}".encode()).hexdigest()
+def token_digest(scope: str, token: str) -> str:
+    return hashlib.sha256(f"{scope}\0{token}".encode()).hexdigest()
 
 
 def token_expiry(token: str) -> datetime | None:
-    """The `exp` claim of a JWT, unverified; `None` for an opaque token or one without `exp`."""
+    """The `exp` claim of a JWT, unverified (the caller has just vouched for the token; the
+    claim only bounds how long that answer is trusted); `None` for an opaque token or no `exp`."""
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError:
@@ -38,7 +39,7 @@ def token_expiry(token: str) -> datetime | None:
     return datetime.fromtimestamp(exp, UTC)
 
 
-class ReviewCache(Generic[V]):
+class VerifiedTokenCache(Generic[V]):
     """A bounded LRU map from token digest to a value, each entry with its own expiry."""
 
     def __init__(self, max_entries: int = 10_000, max_ttl: timedelta = timedelta(minutes=5)):

@@ -1,0 +1,98 @@
+"""`watch_authority` on a fake source and a fake clock: reloads on change, refuses unusable
+material, and survives whatever else the source throws at it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from ca_server.config import CaConfig
+from ca_server.metrics import CaMetrics
+from ca_server.root_store import CaSetupError
+from ca_server.server import watch_authority
+from ca_server.signer import LocalSigner
+from certs import SigningAuthority, build_root_certificate, generate_private_key
+from meshca.clock import FakeClock
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+POLL = timedelta(seconds=5)
+
+
+def _authority() -> SigningAuthority:
+    key = generate_private_key()
+    cert = build_root_certificate(key, "cluster.local", now=NOW, lifetime=timedelta(days=365))
+    return SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
+
+
+class ScriptedSource:
+    """Each poll takes the next step: a fingerprint (or an exception to raise) and what `load`
+    returns (or raises) should that fingerprint be new."""
+
+    description = "scripted source"
+
+    def __init__(self, steps: list[tuple[str | Exception, SigningAuthority | Exception | None]]):
+        self._steps = steps
+        self.polls = 0
+        self._fingerprint: str | Exception = "initial"
+        self._load: SigningAuthority | Exception | None = None
+
+    def fingerprint(self) -> str:
+        if self.polls:  # the first call is the watcher's starting point
+            self._fingerprint, self._load = self._steps[self.polls - 1]
+        self.polls += 1
+        if isinstance(self._fingerprint, Exception):
+            raise self._fingerprint
+        return self._fingerprint
+
+    def load(self, now: datetime) -> SigningAuthority:
+        if isinstance(self._load, Exception):
+            raise self._load
+        assert self._load is not None
+        return self._load
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
+    original, broken_meanwhile, replacement = _authority(), _authority(), _authority()
+    source = ScriptedSource(
+        [
+            (PermissionError("cacerts/ca-key.pem: permission denied"), None),
+            ("half-copied", CaSetupError("ca-key.pem does not match ca-cert.pem")),
+            ("half-copied", broken_meanwhile),  # same content: not retried
+            ("copied", RuntimeError("an unexpected bug while loading")),
+            ("copied", replacement),  # an unexpected failure is retried at the next poll
+            ("copied", None),
+        ]
+    )
+    signer = LocalSigner(original)
+    config = CaConfig(data_dir=tmp_path, plugged_ca_poll_interval=POLL)
+    clock = FakeClock(NOW)
+    reloaded: list[SigningAuthority] = []
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(
+            watch_authority(source, signer, config, CaMetrics(), clock, reloaded.append)
+        )
+        await _until(lambda: source.polls == 1)
+        for poll in range(2, 6):
+            clock.advance(POLL)
+            await _until(lambda: source.polls == poll)  # noqa: B023
+            await asyncio.sleep(0.05)  # let a load in a worker thread finish
+            assert not watcher.done(), watcher.exception()
+            assert signer.authority is original
+        clock.advance(POLL)
+        await _until(lambda: signer.authority is replacement)
+        assert reloaded == [replacement]
+        assert (tmp_path / "root-cert.pem").read_text() == replacement.root_bundle_pem
+        watcher.cancel()
+
+    asyncio.run(scenario())
