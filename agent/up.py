@@ -84,14 +84,18 @@ class LocalCa:
         self.proc = subprocess.Popen(
             _meshca(
                 "ca",
-                "--data-dir", str(self.data_dir),
-                "--listen", self.addr,
-                "--monitoring-listen", f"127.0.0.1:{self.monitoring_port}",
-                "--min-workload-cert-ttl", self.min_ttl,
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                self.addr,
+                "--monitoring-listen",
+                f"127.0.0.1:{self.monitoring_port}",
+                "--min-workload-cert-ttl",
+                self.min_ttl,
             ),
             stdout=log_file,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         log_file.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -111,16 +115,20 @@ class LocalCa:
         out = subprocess.run(
             _meshca(
                 "token",
-                "--data-dir", str(self.data_dir),
-                "--namespace", NAMESPACE,
-                "--service-account", SERVICE_ACCOUNT,
-                "--ttl", f"{TOKEN_TTL_SECONDS}s",
+                "--data-dir",
+                str(self.data_dir),
+                "--namespace",
+                NAMESPACE,
+                "--service-account",
+                SERVICE_ACCOUNT,
+                "--ttl",
+                f"{TOKEN_TTL_SECONDS}s",
             ),
             check=True,
             capture_output=True,
             text=True,
             timeout=30,
-        )  # fmt: skip
+        )
         return out.stdout.strip()
 
     def stop(self) -> None:

@@ -57,32 +57,38 @@ class CaMetrics:
         )
         self.chain_expiry = Gauge(
             "citadel_server_cert_chain_expiry_timestamp",
-            "Unix time the CA's signing chain expires (earliest expiry on the path)", registry=r,
-        )  # fmt: skip
+            "Unix time the CA's signing chain expires (earliest expiry on the path)",
+            registry=r,
+        )
         # Kubernetes mode.
         self.tokenreview_requests = Counter(
-            "meshca_ca_tokenreview_requests", "TokenReview calls to the API server, by result",
-            ["result"], registry=r,
-        )  # fmt: skip
+            "meshca_ca_tokenreview_requests",
+            "TokenReview calls to the API server, by result",
+            ["result"],
+            registry=r,
+        )
         self.tokenreview_cache_hits = Counter(
             "meshca_ca_tokenreview_cache_hits",
-            "Bearer tokens accepted from the review cache without an API call", registry=r,
-        )  # fmt: skip
+            "Bearer tokens accepted from the review cache without an API call",
+            registry=r,
+        )
         self.root_configmap_writes = Counter(
             "meshca_ca_root_configmap_writes",
             "Writes of the istio-ca-root-cert ConfigMap, by operation and result",
-            ["operation", "result"], registry=r,
-        )  # fmt: skip
+            ["operation", "result"],
+            registry=r,
+        )
         self.root_publisher_leader = Gauge(
             "meshca_ca_root_publisher_leader",
             "1 while this replica holds the root-publisher Lease (and may write ConfigMaps)",
             registry=r,
-        )  # fmt: skip
+        )
         self.kube_watch_restarts = Counter(
             "meshca_ca_kube_watch_restarts",
             "Re-lists of a watched Kubernetes resource, by resource and cause",
-            ["resource", "cause"], registry=r,
-        )  # fmt: skip
+            ["resource", "cause"],
+            registry=r,
+        )
         r.register(
             IstioCounterAliases(
                 {

@@ -124,22 +124,29 @@ class Informer(Generic[V]):
                     log.info("%s watch expired (410 Gone); listing again", self.resource)
                     self._on_restart("expired")
                     continue
-                log.warning("%s list/watch failed: HTTP %s %s; retrying in %.1fs",
-                            self.resource, exc.status, exc.reason, backoff)  # fmt: skip
+                log.warning(
+                    "%s list/watch failed: HTTP %s %s; retrying in %.1fs",
+                    self.resource,
+                    exc.status,
+                    exc.reason,
+                    backoff,
+                )
                 self._on_restart("error")
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 if self._stopping.is_set():
                     return
-                log.warning("%s list/watch failed: %s; retrying in %.1fs",
-                            self.resource, exc, backoff)  # fmt: skip
+                log.warning(
+                    "%s list/watch failed: %s; retrying in %.1fs", self.resource, exc, backoff
+                )
                 self._on_restart("error")
             except Exception:
                 # Anything else (an object `transform` cannot read, a client bug) must not end
                 # the thread: the cache would stay "synced" while silently going stale.
                 if self._stopping.is_set():
                     return
-                log.exception("%s list/watch failed unexpectedly; retrying in %.1fs",
-                              self.resource, backoff)  # fmt: skip
+                log.exception(
+                    "%s list/watch failed unexpectedly; retrying in %.1fs", self.resource, backoff
+                )
                 self._on_restart("error")
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)

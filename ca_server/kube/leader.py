@@ -96,8 +96,12 @@ class LeaseElector:
         leading = self.is_leader()
         if leading != self._was_leading:
             self._was_leading = leading
-            log.info("%s the root-publisher Lease %s/%s", "acquired" if leading else "lost",
-                     self.namespace, self.name)  # fmt: skip
+            log.info(
+                "%s the root-publisher Lease %s/%s",
+                "acquired" if leading else "lost",
+                self.namespace,
+                self.name,
+            )
             self._on_change(leading)
 
     def try_acquire_or_renew(self) -> bool:

@@ -204,12 +204,23 @@ class RootConfigMapPublisher:
                 # Namespace gone, or someone changed it since our watch saw it: the watch
                 # will show the new state and trigger another pass.
                 self._metrics.root_configmap_writes.labels(operation, "conflict").inc()
-                log.info("%s of %s/%s raced another change (HTTP %s); will re-check",
-                         operation, namespace, CONFIGMAP_NAME, exc.status)  # fmt: skip
+                log.info(
+                    "%s of %s/%s raced another change (HTTP %s); will re-check",
+                    operation,
+                    namespace,
+                    CONFIGMAP_NAME,
+                    exc.status,
+                )
                 return True
             self._metrics.root_configmap_writes.labels(operation, "error").inc()
-            log.warning("could not %s %s/%s: HTTP %s %s", operation, namespace,
-                        CONFIGMAP_NAME, exc.status, exc.reason)  # fmt: skip
+            log.warning(
+                "could not %s %s/%s: HTTP %s %s",
+                operation,
+                namespace,
+                CONFIGMAP_NAME,
+                exc.status,
+                exc.reason,
+            )
             return False
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             self._metrics.root_configmap_writes.labels(operation, "error").inc()

@@ -52,8 +52,12 @@ log = logging.getLogger(__name__)
 SECRET_NAME = "istio-ca-secret"
 SECRET_TYPE = "istio.io/ca-root"
 CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN, KEY = (
-    "ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem", "key.pem",
-)  # fmt: skip
+    "ca-cert.pem",
+    "ca-key.pem",
+    "root-cert.pem",
+    "cert-chain.pem",
+    "key.pem",
+)
 _REQUEST_TIMEOUT = (3.0, 10.0)
 _NOT_FOUND, _CONFLICT = 404, 409
 

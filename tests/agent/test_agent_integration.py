@@ -64,18 +64,27 @@ def test_cli_agent_starts_before_ca_and_rides_out_an_outage(short_dir: Path) -> 
     agent = MeshcaProcess(
         [
             "agent",
-            "--ca-addr", ca.addr,
-            "--ca-root-ca", str(ca.root_cert_path),
-            "--namespace", "default",
-            "--service-account", "app",
-            "--token-path", str(token),
-            "--sds-socket", str(short_dir / "sds" / "socket"),
-            "--output-certs", str(short_dir / "certs"),
-            "--status-listen", f"127.0.0.1:{status_port}",
-            "--secret-ttl", "12s",
+            "--ca-addr",
+            ca.addr,
+            "--ca-root-ca",
+            str(ca.root_cert_path),
+            "--namespace",
+            "default",
+            "--service-account",
+            "app",
+            "--token-path",
+            str(token),
+            "--sds-socket",
+            str(short_dir / "sds" / "socket"),
+            "--output-certs",
+            str(short_dir / "certs"),
+            "--status-listen",
+            f"127.0.0.1:{status_port}",
+            "--secret-ttl",
+            "12s",
         ],
         short_dir / "agent.log",
-    )  # fmt: skip
+    )
     ready = f"http://127.0.0.1:{status_port}/healthz/ready"
     metrics = f"http://127.0.0.1:{status_port}/metrics"
     restarted: CaProcess | None = None

@@ -54,10 +54,20 @@ def test_env_overrides_default_and_flag_overrides_env() -> None:
     assert from_env.cluster_id == "c1"
 
     flags = parse(
-        ["--ca-addr", "flag-ca:1", "--secret-ttl", "30s", "--namespace", "flagns",
-         "--grace-period-ratio", "0.3", "--status-listen", "127.0.0.1:0"],
+        [
+            "--ca-addr",
+            "flag-ca:1",
+            "--secret-ttl",
+            "30s",
+            "--namespace",
+            "flagns",
+            "--grace-period-ratio",
+            "0.3",
+            "--status-listen",
+            "127.0.0.1:0",
+        ],
         env,
-    )  # fmt: skip
+    )
     assert flags.ca_addr == "flag-ca:1"
     assert flags.secret_ttl == timedelta(seconds=30)
     assert str(flags.identity) == "spiffe://example.org/ns/flagns/sa/envsa"

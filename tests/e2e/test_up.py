@@ -101,10 +101,16 @@ def up(request: pytest.FixtureRequest) -> Iterator[Up]:
     log = open(workdir / "up.log", "wb")  # noqa: SIM115 - closed below, once the child is gone
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "meshca", "up",
-            "--dir", str(directory),
-            "--secret-ttl", "4s",
-            "--status-listen", "127.0.0.1:0",  # not 15020: CI may run several at once
+            sys.executable,
+            "-m",
+            "meshca",
+            "up",
+            "--dir",
+            str(directory),
+            "--secret-ttl",
+            "4s",
+            "--status-listen",
+            "127.0.0.1:0",  # not 15020: CI may run several at once
         ],
         stdout=subprocess.PIPE,
         stderr=log,
@@ -112,7 +118,7 @@ def up(request: pytest.FixtureRequest) -> Iterator[Up]:
         env=child_env(),
         cwd=workdir,
         start_new_session=True,  # its own process group, so Ctrl-C can be sent to it and its CA
-    )  # fmt: skip
+    )
     running = Up(proc, workdir)
     try:
         banner_done = threading.Event()
@@ -298,13 +304,21 @@ def test_sigint_while_the_ca_is_still_starting_stops_and_reaps_it() -> None:
     `meshca up` and leave the CA child running, orphaned."""
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="up-"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meshca", "up", "--dir", str(workdir / "meshca"),
-         "--status-listen", "127.0.0.1:0"],
+        [
+            sys.executable,
+            "-m",
+            "meshca",
+            "up",
+            "--dir",
+            str(workdir / "meshca"),
+            "--status-listen",
+            "127.0.0.1:0",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=child_env(),
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         # ca.log is created just before the CA child is launched; the CA takes ~1 s to be ready.
         wait_for(lambda: (workdir / "meshca" / "ca.log").exists(), 30, "the CA to be launched")

@@ -73,10 +73,12 @@ def kube_ca(tmp_path: Path, kube_api: KubeApiServer) -> Iterator[CaFactory]:
     def make(name: str = "ca-0", *args: str, start: bool = True) -> CaProcess:
         ca = CaProcess(
             tmp_path / name,
-            "--kubeconfig", str(kubeconfig),
-            "--instance-id", name,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--instance-id",
+            name,
             *args,
-        )  # fmt: skip
+        )
         started.append(ca)
         if start:
             ca.start()

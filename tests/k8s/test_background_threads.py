@@ -40,12 +40,17 @@ def test_publisher_reconciles_after_an_unexpected_exception(
     try:
         wait_for(
             lambda: (
-                (kube_api.get("configmaps", CONFIGMAP_NAME, namespace="shop", missing_ok=True)
-                 or {}).get("data", {}).get(ROOT_KEY) == ROOT
+                (
+                    kube_api.get("configmaps", CONFIGMAP_NAME, namespace="shop", missing_ok=True)
+                    or {}
+                )
+                .get("data", {})
+                .get(ROOT_KEY)
+                == ROOT
             ),
             5,
             "the ConfigMap after the failed pass",
-        )  # fmt: skip
+        )
         assert failures == ["raised"]
     finally:
         publisher.stop()

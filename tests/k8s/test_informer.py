@@ -46,9 +46,11 @@ def test_pod_index_by_node_follows_events(kube_api: KubeApiServer):
     core = kubernetes.client.CoreV1Api(kube_api.api_client())
     kube_api.create_pod("default", "a", node_name="n1")
     informer: Informer[PodInfo] = Informer(
-        "pods", core.list_pod_for_all_namespaces, pod_info,
+        "pods",
+        core.list_pod_for_all_namespaces,
+        pod_info,
         indexers={"node": lambda pod: pod.node_name},
-    )  # fmt: skip
+    )
     informer.start()
     try:
         assert informer.wait_synced(5)

@@ -32,11 +32,16 @@ def test_node_agent_gets_the_identities_of_pods_on_its_node(
     kube_api.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
     kube_api.create_pod("shop", "payments-1", service_account="payments", node_name="node-b")
     kube_api.add_service_account_token(
-        "node-agent-token", CA_NAMESPACE, "node-agent", audiences=["istio-ca"],
-        pod_name="node-agent-a", pod_uid="na-a",
-    )  # fmt: skip
-    ca = kube_ca("ca-0", "--no-root-configmaps",
-                 "--trusted-node-accounts", f"{CA_NAMESPACE}/node-agent")  # fmt: skip
+        "node-agent-token",
+        CA_NAMESPACE,
+        "node-agent",
+        audiences=["istio-ca"],
+        pod_name="node-agent-a",
+        pod_uid="na-a",
+    )
+    ca = kube_ca(
+        "ca-0", "--no-root-configmaps", "--trusted-node-accounts", f"{CA_NAMESPACE}/node-agent"
+    )
 
     workdir = tmp_path / "node"
     workdir.mkdir()
@@ -45,23 +50,38 @@ def test_node_agent_gets_the_identities_of_pods_on_its_node(
     output = workdir / "certs"
     agent = MeshcaProcess(
         [
-            "agent", "--node-mode", "--node-name", NODE,
-            "--kubeconfig", str(kube_api.write_kubeconfig(workdir / "kubeconfig")),
-            "--ca-addr", ca.addr, "--ca-root", str(ca.root_cert_path),
-            "--token-file", str(workdir / "token"),
-            "--sds-socket", str(workdir / "sds.sock"),
-            "--output-dir", str(output),
-            "--status-listen", f"127.0.0.1:{status_port}",
-            "--secret-ttl", "1h",
+            "agent",
+            "--node-mode",
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(kube_api.write_kubeconfig(workdir / "kubeconfig")),
+            "--ca-addr",
+            ca.addr,
+            "--ca-root",
+            str(ca.root_cert_path),
+            "--token-file",
+            str(workdir / "token"),
+            "--sds-socket",
+            str(workdir / "sds.sock"),
+            "--output-dir",
+            str(output),
+            "--status-listen",
+            f"127.0.0.1:{status_port}",
+            "--secret-ttl",
+            "1h",
         ],
         workdir / "agent.log",
-    )  # fmt: skip
+    )
     agent.start()
     try:
         cart = output / "shop" / "cart" / "cert-chain.pem"
         wait_for(lambda: _identity_of(cart) == spiffe("shop", "cart"), 20, "cart's certificate")
-        wait_for(lambda: http_status(f"http://127.0.0.1:{status_port}/healthz/ready") == 200,
-                 10, "node agent ready")  # fmt: skip
+        wait_for(
+            lambda: http_status(f"http://127.0.0.1:{status_port}/healthz/ready") == 200,
+            10,
+            "node agent ready",
+        )
         assert_verifies([cart.read_text(), ""], ca.root_cert_path.read_bytes())
         assert not (output / "shop" / "payments").exists(), "a pod on another node"
 

@@ -14,24 +14,29 @@ from tests.support.processes import wait_for
 
 def test_node_agent_impersonation(kube_api: KubeApiServer, kube_ca: CaFactory):
     kube_api.create_namespace("shop")
-    kube_api.create_pod(CA_NAMESPACE, "ztunnel-a", service_account="ztunnel", uid="zt-a",
-                        node_name="node-a")  # fmt: skip
+    kube_api.create_pod(
+        CA_NAMESPACE, "ztunnel-a", service_account="ztunnel", uid="zt-a", node_name="node-a"
+    )
     kube_api.create_pod("shop", "cart-1", service_account="cart", node_name="node-a")
     kube_api.create_pod("shop", "payments-1", service_account="payments", node_name="node-b")
-    kube_api.create_pod("shop", "done-1", service_account="batch", node_name="node-a",
-                        phase="Succeeded")  # fmt: skip
+    kube_api.create_pod(
+        "shop", "done-1", service_account="batch", node_name="node-a", phase="Succeeded"
+    )
     tokens = {
         "ztunnel": ("ztunnel", "ztunnel-a", "zt-a"),
         "ztunnel-stale": ("ztunnel", "ztunnel-a", "uid-of-a-deleted-pod"),
         "ztunnel-gone": ("ztunnel", "ztunnel-z", "zt-z"),
     }
     for token, (account, pod, uid) in tokens.items():
-        kube_api.add_service_account_token(token, CA_NAMESPACE, account, audiences=["istio-ca"],
-                                           pod_name=pod, pod_uid=uid)  # fmt: skip
-    kube_api.add_service_account_token("cart", "shop", "cart", audiences=["istio-ca"],
-                                       pod_name="cart-1")  # fmt: skip
-    ca = kube_ca("ca-0", "--no-root-configmaps",
-                 "--trusted-node-accounts", f"{CA_NAMESPACE}/ztunnel")  # fmt: skip
+        kube_api.add_service_account_token(
+            token, CA_NAMESPACE, account, audiences=["istio-ca"], pod_name=pod, pod_uid=uid
+        )
+    kube_api.add_service_account_token(
+        "cart", "shop", "cart", audiences=["istio-ca"], pod_name="cart-1"
+    )
+    ca = kube_ca(
+        "ca-0", "--no-root-configmaps", "--trusted-node-accounts", f"{CA_NAMESPACE}/ztunnel"
+    )
     pods_listed = kube_api.count("list", "pods")
 
     def impersonate(token: str, target: str) -> list[str]:

@@ -82,5 +82,6 @@ def test_root_configmaps_follow_the_cluster(kube_api: KubeApiServer, kube_ca: Ca
     wait_for(lambda: _published(kube_api, "shop", root), 5, "restored by the new leader")
     assert _writers(kube_api)[f"meshca-ca/{follower.data_dir.name}"] >= 1
     for namespace in ("kube-public", "kube-node-lease"):
-        assert kube_api.get("configmaps", CONFIGMAP_NAME, namespace=namespace,
-                            missing_ok=True) is None  # fmt: skip
+        assert (
+            kube_api.get("configmaps", CONFIGMAP_NAME, namespace=namespace, missing_ok=True) is None
+        )

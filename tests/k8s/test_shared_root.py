@@ -24,15 +24,18 @@ def _secret_root(kube_api: KubeApiServer) -> bytes:
     secret = kube_api.get("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
     assert secret["type"] == SECRET_TYPE
     assert set(secret["data"]) == {
-        "ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem", "key.pem"
-    }  # fmt: skip
+        "ca-cert.pem",
+        "ca-key.pem",
+        "root-cert.pem",
+        "cert-chain.pem",
+        "key.pem",
+    }
     return base64.b64decode(secret["data"]["root-cert.pem"])
 
 
 def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_ca: CaFactory):
     kube_api.add_service_account_token("cart-token", "default", "cart", audiences=["istio-ca"])
-    replicas = [kube_ca(f"ca-{i}", "--ca-reload-interval", "200ms", start=False)
-                for i in range(2)]  # fmt: skip
+    replicas = [kube_ca(f"ca-{i}", "--ca-reload-interval", "200ms", start=False) for i in range(2)]
     for ca in replicas:
         ca.launch()
     for ca in replicas:
@@ -54,8 +57,9 @@ def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_
     )
     authority = SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
     secret = kube_api.get("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
-    secret["data"] = {k: v if isinstance(v, str) else v.decode()
-                      for k, v in secret_data_for(authority).items()}  # fmt: skip
+    secret["data"] = {
+        k: v if isinstance(v, str) else v.decode() for k, v in secret_data_for(authority).items()
+    }
     kube_api.update("secrets", secret)
     new_root = authority.root_bundle_pem.encode()
 

@@ -46,14 +46,19 @@ def test_tokenreview_authenticates_and_caches(kube_api: KubeApiServer, kube_ca: 
     assert "token lookup failed" in details
 
     # Authenticated, but not a service account: a user token.
-    kube_api.add_token("user-token", "alice", groups=["system:authenticated"],
-                       audiences=["istio-ca"])  # fmt: skip
+    kube_api.add_token(
+        "user-token", "alice", groups=["system:authenticated"], audiences=["istio-ca"]
+    )
     code, details = rpc_code(lambda: issue(ca, "user-token", identity))
     assert code == grpc.StatusCode.UNAUTHENTICATED
     assert "system:serviceaccounts" in details
     # In the service-account group but with a malformed username.
-    kube_api.add_token("odd-token", "system:serviceaccount:shop", audiences=["istio-ca"],
-                       groups=["system:serviceaccounts"])  # fmt: skip
+    kube_api.add_token(
+        "odd-token",
+        "system:serviceaccount:shop",
+        audiences=["istio-ca"],
+        groups=["system:serviceaccounts"],
+    )
     code, _ = rpc_code(lambda: issue(ca, "odd-token", identity))
     assert code == grpc.StatusCode.UNAUTHENTICATED
 
@@ -78,8 +83,9 @@ def test_remote_cluster_tokens_are_reviewed_by_that_cluster(
     with KubeApiServer() as remote:
         remote.add_service_account_token("remote-token", "shop", "cart", audiences=["istio-ca"])
         remote_kubeconfig = remote.write_kubeconfig(tmp_path / "remote-kubeconfig")
-        ca = kube_ca("ca-0", "--no-root-configmaps",
-                     "--remote-kubeconfig", f"west={remote_kubeconfig}")  # fmt: skip
+        ca = kube_ca(
+            "ca-0", "--no-root-configmaps", "--remote-kubeconfig", f"west={remote_kubeconfig}"
+        )
         identity = spiffe("shop", "cart")
 
         issue(ca, "remote-token", identity, headers=(("clusterid", "west"),))

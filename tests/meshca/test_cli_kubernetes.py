@@ -24,11 +24,15 @@ def test_local_mode_without_kubeconfig(monkeypatch: pytest.MonkeyPatch):
 def test_kubeconfig_turns_kubernetes_mode_on(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel")
     config = _config(
-        "--kubeconfig", "/k/config",
-        "--remote-kubeconfig", "west=/k/west",
-        "--audience", "mesh",
-        "--instance-id", "ca-a",
-    )  # fmt: skip
+        "--kubeconfig",
+        "/k/config",
+        "--remote-kubeconfig",
+        "west=/k/west",
+        "--audience",
+        "mesh",
+        "--instance-id",
+        "ca-a",
+    )
     kube = config.kube
     assert kube is not None
     assert kube.kubeconfig == Path("/k/config")

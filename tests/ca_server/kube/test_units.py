@@ -54,8 +54,13 @@ def test_token_bucket_allows_burst_then_paces():
         AsyncTokenBucket(rate=0, burst=1)
 
 
-def _status(authenticated=True, username="system:serviceaccount:shop:cart",
-            groups=("system:serviceaccounts",), extra=None, error=None):  # fmt: skip
+def _status(
+    authenticated=True,
+    username="system:serviceaccount:shop:cart",
+    groups=("system:serviceaccounts",),
+    extra=None,
+    error=None,
+):
     user = SimpleNamespace(username=username, groups=list(groups), extra=extra)
     return SimpleNamespace(authenticated=authenticated, user=user, error=error)
 
