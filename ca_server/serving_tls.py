@@ -76,9 +76,7 @@ class ServingTls:
             now=now,
             lifetime=self._config.serving_cert_lifetime,
         )
-        chain = cert_to_pem(cert) + certs_to_pem(
-            c for c in (authority.cert, *authority.intermediates) if c not in authority.roots
-        )
+        chain = cert_to_pem(cert) + certs_to_pem(authority.ca_chain)
         configuration = grpc.ssl_server_certificate_configuration(
             [(private_key_to_pem(key), chain.encode())],
             root_certificates=authority.root_bundle_pem.encode()

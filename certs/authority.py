@@ -71,13 +71,13 @@ class SigningAuthority:
 
         For a self-signed root the issuing cert *is* the root and appears only in the bundle.
         """
-        elements = [cert_to_pem(leaf)]
-        if not self.is_self_signed_root:
-            for cert in (self.cert, *self.intermediates):
-                if cert not in self.roots:
-                    elements.append(cert_to_pem(cert))
-        elements.append(self.root_bundle_pem)
-        return elements
+        return [cert_to_pem(leaf), *map(cert_to_pem, self.ca_chain), self.root_bundle_pem]
+
+    @property
+    def ca_chain(self) -> tuple[x509.Certificate, ...]:
+        """The CA certificates from the issuer up to (not including) the roots: what a leaf or
+        serving certificate presents after itself."""
+        return tuple(c for c in (self.cert, *self.intermediates) if c not in self.roots)
 
     @property
     def root_bundle_pem(self) -> str:

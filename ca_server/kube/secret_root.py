@@ -65,7 +65,7 @@ SecretData = dict[str, str]  # key -> base64 value, as on the wire
 
 
 def secret_data_for(authority: SigningAuthority) -> dict[str, bytes | str]:
-    chain = [c for c in (authority.cert, *authority.intermediates) if c not in authority.roots]
+    chain = authority.ca_chain
     raw = {
         CA_CERT: cert_to_pem(authority.cert),
         CA_KEY: private_key_to_pem(authority.key).decode(),
