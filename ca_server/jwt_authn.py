@@ -214,20 +214,32 @@ class JwtAuthenticator:
         namespace, service_account = subject[len(_SA_PREFIX) :].split(":")
         k8s = claims.get("kubernetes.io")
         pod_name = pod_uid = None
-        if isinstance(k8s, dict):
-            claimed_ns = k8s.get("namespace")
-            claimed_sa = (k8s.get("serviceaccount") or {}).get("name")
+        if k8s is not None:
+            claimed_ns = _field(k8s, "namespace")
+            claimed_sa = _field(_field(k8s, "serviceaccount"), "name")
             if (claimed_ns, claimed_sa) != (namespace, service_account):
                 raise AuthenticationError(
                     "jwt-subject", "token's kubernetes.io claim disagrees with its subject"
                 )
-            pod = k8s.get("pod") or {}
-            pod_name, pod_uid = pod.get("name"), pod.get("uid")
+            pod = _field(k8s, "pod")
+            pod_name, pod_uid = _field(pod, "name"), _field(pod, "uid")
         try:
             identity = SpiffeId(self._trust_domain, namespace, service_account)
         except CertsError as exc:
             raise AuthenticationError("jwt-subject", f"token subject: {exc}") from exc
         return Caller(identity, self.name, subject=subject, pod_name=pod_name, pod_uid=pod_uid)
+
+
+def _field(claim: Any, name: str) -> Any:
+    """`claim[name]` for a JSON object claim, None when absent; a claim of the wrong shape (a
+    string where Kubernetes puts an object) is an authentication failure, not a server error."""
+    if claim is None:
+        return None
+    if not isinstance(claim, dict):
+        raise AuthenticationError(
+            "jwt-subject", "token's kubernetes.io claim is not shaped like a Kubernetes token's"
+        )
+    return claim.get(name)
 
 
 def jwks_document(keys: Sequence[dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +37,21 @@ def _duration(text: str) -> timedelta:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` that must be above zero."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+        return value
+
+    return parse
 
 
 def _key_spec(text: str) -> KeySpec:
@@ -182,8 +197,10 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         help="this replica's name in the leader Lease and API user agent (default $POD_NAME)",
     )
-    kube.add_argument("--kube-qps", type=float, default=50.0, help="TokenReview calls/second")
-    kube.add_argument("--kube-burst", type=int, default=100, help="TokenReview burst")
+    kube.add_argument(
+        "--kube-qps", type=_positive(float), default=50.0, help="TokenReview calls/second"
+    )
+    kube.add_argument("--kube-burst", type=_positive(int), default=100, help="TokenReview burst")
 
 
 def kube_config_from_args(args: argparse.Namespace) -> KubeConfig | None:

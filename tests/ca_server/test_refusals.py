@@ -139,6 +139,13 @@ CASES = [
         "rotated-away",
     ),
     Case(
+        "kubernetes.io claim of the wrong shape",
+        lambda ca, i: i.sign({**k8s_claims("default", "sleep"), "kubernetes.io": "default"}),
+        good_csr,
+        UNAUTH,
+        "not shaped like",
+    ),
+    Case(
         "token for another service account",
         lambda ca, i: i.token("default", "other"),
         good_csr,

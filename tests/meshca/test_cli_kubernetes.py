@@ -50,6 +50,9 @@ def test_kubeconfig_turns_kubernetes_mode_on(monkeypatch: pytest.MonkeyPatch):
     [
         ("--kubeconfig", "/k", "--remote-kubeconfig", "west"),
         ("--kubeconfig", "/k", "--trusted-node-accounts", "ztunnel"),
+        ("--kubeconfig", "/k", "--kube-qps", "0"),
+        ("--kubeconfig", "/k", "--kube-burst", "-1"),
+        ("--kubeconfig", "/k", "--kube-qps", "fast"),
     ],
 )
 def test_malformed_kubernetes_flags_are_refused(args: tuple[str, ...]):
