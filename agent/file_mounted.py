@@ -94,6 +94,14 @@ def _read(path: Path, what: str) -> bytes:
         raise FileSecretError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
 
 
+def _pem_text(data: bytes, path: Path) -> str:
+    """PEM is ASCII; anything else around the blocks is refused rather than crashing a reload."""
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise FileSecretError(f"{path} is not a PEM text file (it has non-ASCII bytes)") from None
+
+
 def load_tls_secret(name: str, cert_path: Path, key_path: Path, *, now: datetime) -> TlsSecret:
     """Reads and checks a certificate chain and its key; `FileSecretError` says what is wrong."""
     cert_bytes = _read(cert_path, "certificate chain")
@@ -113,7 +121,9 @@ def load_tls_secret(name: str, cert_path: Path, key_path: Path, *, now: datetime
             f"the certificate in {cert_path} expired at {leaf.not_valid_after_utc.isoformat()}"
         )
     return TlsSecret(
-        name=name, cert_chain_pem=cert_bytes.decode(), private_key_pem=key_bytes.decode()
+        name=name,
+        cert_chain_pem=_pem_text(cert_bytes, cert_path),
+        private_key_pem=_pem_text(key_bytes, key_path),
     )
 
 
@@ -126,7 +136,7 @@ def load_root_secret(name: str, ca_path: Path, *, now: datetime) -> RootSecret:
         raise FileSecretError(str(exc)) from exc
     if all(root.not_valid_after_utc <= now for root in roots):
         raise FileSecretError(f"every certificate in the trust bundle {ca_path} has expired")
-    return RootSecret(name=name, trusted_ca_pem=data.decode())
+    return RootSecret(name=name, trusted_ca_pem=_pem_text(data, ca_path))
 
 
 @dataclass(frozen=True)

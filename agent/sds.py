@@ -475,10 +475,9 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             timeout = min(timeout, max(0.0, remaining - 0.05))
+        lookups = [asyncio.ensure_future(self._server.current(name)) for name in names]
         try:
-            secrets = await asyncio.wait_for(
-                asyncio.gather(*(self._server.current(name) for name in names)), timeout
-            )
+            secrets = await asyncio.wait_for(asyncio.gather(*lookups), timeout)
         except UnknownResourceError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except TimeoutError:
@@ -487,6 +486,9 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
                 f"secrets {','.join(names)} are not all available yet (the agent has not "
                 "obtained them); retry shortly",
             )
+        finally:
+            for lookup in lookups:  # a failed lookup must not leave its siblings waiting
+                lookup.cancel()
         return discovery_pb2.DiscoveryResponse(
             version_info=combined_version(secrets),
             resources=[secret_to_any(secret) for secret in secrets],

@@ -130,6 +130,7 @@ def test_load_tls_secret_accepts_a_matching_pair(ca: TestAuthority, workdir: Pat
         ("garbage", "no PEM CERTIFICATE"),
         ("bad-key", "not an unencrypted PEM private key"),
         ("missing", "cannot read"),
+        ("non-ascii", "non-ASCII"),
     ],
 )
 def test_load_tls_secret_refuses(
@@ -148,6 +149,8 @@ def test_load_tls_secret_refuses(
         files["key.pem"] = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
     elif case == "missing":
         del files["key.pem"]
+    elif case == "non-ascii":
+        files["cert-chain.pem"] = "# émis par la PKI\n" + issued.cert_pem
     write_plain(workdir, files)
     with pytest.raises(FileSecretError, match=expected) as info:
         load_tls_secret("default", workdir / "cert-chain.pem", workdir / "key.pem", now=NOW)

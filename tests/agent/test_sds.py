@@ -342,6 +342,16 @@ def test_fetch_secrets_returns_current_values(ca: TestAuthority, sock_dir: Path)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.FetchSecrets(no_node, timeout=2)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # One malformed name refuses the call and leaves no lookup of the others waiting.
+        bad = discovery_pb2.DiscoveryRequest(
+            node=NODE, resource_names=["not-yet", "file-cert:/etc/x.pem~/etc/y.pem"]
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.FetchSecrets(bad, timeout=2)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        await asyncio.sleep(0.05)
+        waiting = [t for t in asyncio.all_tasks() if "current" in repr(t.get_coro())]
+        assert waiting == []
 
     run_with_server(sock_dir, None, scenario, fetch_timeout=0.3)
 
