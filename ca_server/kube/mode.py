@@ -88,7 +88,10 @@ class KubernetesMode:
         if self._pods is None:
             return DenyImpersonation()
         return NodeAuthorizer(
-            self.kube.trusted_node_accounts, self._pods, self._config.trust_domain
+            self.kube.trusted_node_accounts,
+            self._pods,
+            self._config.trust_domain,
+            self.kube.cluster_id,
         )
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """May a node agent (ztunnel) be issued another workload's identity? Istio's node authorizer.
 
 Allowed only if every check passes, in this order (each failure has its own audit `reason`):
-1. the caller's service account is in `CA_TRUSTED_NODE_ACCOUNTS`;
+1. the caller's service account is in `CA_TRUSTED_NODE_ACCOUNTS`, and its token was vouched for
+   by this cluster's API server (the pod cache knows only this cluster's pods);
 2. its token is bound to a pod, that pod exists, has the token's pod uid (not a deleted pod's
    namesake) and runs as the caller's service account, and is scheduled on a node;
 3. the requested identity is in this CA's trust domain, and a running pod with that namespace
@@ -43,10 +44,12 @@ class NodeAuthorizer:
         trusted_accounts: Collection[tuple[str, str]],
         pods: PodCache,
         trust_domain: str,
+        cluster_id: str,
     ) -> None:
         self._trusted = frozenset(trusted_accounts)
         self._pods = pods
         self._trust_domain = trust_domain
+        self._cluster_id = cluster_id
 
     async def authorize(self, caller: Caller, target: SpiffeId) -> None:
         who = caller.identity
@@ -56,6 +59,13 @@ class NodeAuthorizer:
                 "impersonation-untrusted-caller",
                 f"{prefix}: {who.namespace}/{who.service_account} is not a trusted node account "
                 "(CA_TRUSTED_NODE_ACCOUNTS)",
+            )
+        caller_cluster = caller.extra.get("cluster_id", self._cluster_id)
+        if caller_cluster != self._cluster_id:
+            raise AuthenticationError(
+                "impersonation-remote-cluster",
+                f"{prefix}: it was authenticated by cluster {caller_cluster}, but this CA only "
+                f"knows the pods of cluster {self._cluster_id}",
             )
         if not caller.pod_name or not caller.pod_uid:
             raise AuthenticationError(

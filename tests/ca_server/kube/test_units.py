@@ -1,19 +1,24 @@
 """Pure parts of Kubernetes mode: review cache expiry/bounds, token bucket, TokenReview status
-interpretation, CA_TRUSTED_NODE_ACCOUNTS parsing."""
+interpretation, CA_TRUSTED_NODE_ACCOUNTS parsing, the node authorizer's cluster check."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
+from typing import cast
 
 import jwt
 import pytest
 
+from ca_server.authn import Caller
 from ca_server.errors import AuthenticationError
-from ca_server.kube.node_authorizer import parse_node_accounts
+from ca_server.kube.node_authorizer import NodeAuthorizer, parse_node_accounts
+from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import POD_NAME_KEY, POD_UID_KEY, caller_from_review
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
+from certs import SpiffeId
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -93,3 +98,23 @@ def test_parse_node_accounts():
     for bad in ("ztunnel", "/sa", "ns/", "a/b/c"):
         with pytest.raises(ValueError):
             parse_node_accounts(bad)
+
+
+def test_node_authorizer_refuses_node_agents_of_remote_clusters():
+    # The pod cache holds only this cluster's pods, so a remote caller is refused before it.
+    authorizer = NodeAuthorizer(
+        [("istio-system", "ztunnel")], cast(PodCache, None), "cluster.local", "Kubernetes"
+    )
+    caller = Caller(
+        SpiffeId("cluster.local", "istio-system", "ztunnel"),
+        "tokenreview",
+        subject="system:serviceaccount:istio-system:ztunnel",
+        pod_name="ztunnel-a",
+        pod_uid="uid-a",
+        extra={"cluster_id": "west"},
+    )
+    target = SpiffeId("cluster.local", "shop", "cart")
+    with pytest.raises(AuthenticationError) as refused:
+        asyncio.run(authorizer.authorize(caller, target))
+    assert refused.value.reason == "impersonation-remote-cluster"
+    assert "cluster west" in refused.value.message
