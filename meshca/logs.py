@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 AUDIT_LOGGER = "meshca.audit"
@@ -19,10 +20,15 @@ class _AuditFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, "audit", {}) or {}
         return json.dumps(
-            {"ts": self.formatTime(record), "msg": record.getMessage(), **fields},
+            {"ts": _utc_iso(record.created), "msg": record.getMessage(), **fields},
             sort_keys=True,
             default=str,
         )
+
+
+def _utc_iso(created: float) -> str:
+    """ISO 8601 in UTC with milliseconds: sortable and unambiguous across nodes."""
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
 
 
 def configure_logging(level: str = "INFO", audit_stream: Any = None) -> None:
