@@ -26,13 +26,13 @@ from certs import (
     CertsError,
     KeySpec,
     SigningAuthority,
-    build_root_certificate,
-    generate_private_key,
     load_cert,
     load_certs,
     load_private_key,
     make_authority,
+    new_self_signed_authority,
     private_key_to_pem,
+    self_signed_authority,
 )
 from certs.pem import cert_to_pem
 from meshca.files import atomic_write, ensure_dir
@@ -119,7 +119,7 @@ class SelfSignedRootStore:
                 cert = load_cert(cert_path.read_bytes(), what=str(cert_path))
             except CertsError as exc:
                 raise CaSetupError(f"cannot load the self-signed root: {exc}") from exc
-        authority = SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
+        authority = self_signed_authority(cert, key)
         try:
             authority.validate(now=now)
         except CertsError as exc:
@@ -130,10 +130,11 @@ class SelfSignedRootStore:
         """Key first, certificate second: a crash in between leaves no certificate, so the next
         start simply generates both again (nothing can have been issued from it)."""
         key_path, cert_path = self._paths()
-        key = generate_private_key(self.key_spec)
-        cert = build_root_certificate(key, self.trust_domain, now=now, lifetime=self.lifetime)
-        atomic_write(key_path, private_key_to_pem(key), mode=0o600)
-        atomic_write(cert_path, cert_to_pem(cert))
+        root = new_self_signed_authority(
+            self.key_spec, self.trust_domain, now=now, lifetime=self.lifetime
+        )
+        atomic_write(key_path, private_key_to_pem(root.key), mode=0o600)
+        atomic_write(cert_path, cert_to_pem(root.cert))
         log.info("generated a new %s self-signed root for %s", self.key_spec, self.trust_domain)
 
 

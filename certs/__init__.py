@@ -4,7 +4,12 @@ Pure by design: no file or network I/O, no clocks, no globals, no threads. The C
 agent both build on it; it imports neither.
 """
 
-from certs.authority import SigningAuthority, make_authority
+from certs.authority import (
+    SigningAuthority,
+    make_authority,
+    new_self_signed_authority,
+    self_signed_authority,
+)
 from certs.chain import is_ca, verify_chain
 from certs.csr import MAX_CSR_BYTES, CsrContents, build_csr, describe_csr, load_csr
 from certs.errors import (
@@ -72,8 +77,10 @@ __all__ = [
     "load_csr",
     "load_private_key",
     "make_authority",
+    "new_self_signed_authority",
     "private_key_to_pem",
     "public_key_of",
     "random_serial",
+    "self_signed_authority",
     "verify_chain",
 ]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cryptography import x509
 
 from certs.chain import is_ca, issued_by, verify_chain
 from certs.errors import ChainError, KeyMaterialError
-from certs.keys import PrivateKey, key_matches_certificate
+from certs.keys import KeySpec, PrivateKey, generate_private_key, key_matches_certificate
 from certs.pem import cert_to_pem, certs_to_pem
+from certs.profile import build_root_certificate
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,17 @@ def make_authority(
     return SigningAuthority(
         cert=cert, key=key, intermediates=tuple(intermediates), roots=tuple(roots)
     )
+
+
+def self_signed_authority(cert: x509.Certificate, key: PrivateKey) -> SigningAuthority:
+    """A root that signs workloads directly: it is its own issuer and the whole trust bundle."""
+    return SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
+
+
+def new_self_signed_authority(
+    spec: KeySpec, trust_domain: str, *, now: datetime, lifetime: timedelta
+) -> SigningAuthority:
+    """A freshly generated self-signed root (what a CA without a plugged-in CA starts with)."""
+    key = generate_private_key(spec)
+    cert = build_root_certificate(key, trust_domain, now=now, lifetime=lifetime)
+    return self_signed_authority(cert, key)

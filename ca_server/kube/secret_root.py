@@ -36,14 +36,13 @@ from certs import (
     CertsError,
     KeySpec,
     SigningAuthority,
-    build_root_certificate,
     cert_to_pem,
     certs_to_pem,
-    generate_private_key,
     load_cert,
     load_certs,
     load_private_key,
     make_authority,
+    new_self_signed_authority,
     private_key_to_pem,
 )
 
@@ -194,10 +193,10 @@ class KubeSecretRootStore:
         return created
 
     def _new_root(self, now: datetime) -> SigningAuthority:
-        key = generate_private_key(self._key_spec)
-        cert = build_root_certificate(key, self._trust_domain, now=now, lifetime=self._lifetime)
-        log.info("generated a new %s root for %s", self._key_spec, self._trust_domain)
-        return SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
+        log.info("generating a new %s root for %s", self._key_spec, self._trust_domain)
+        return new_self_signed_authority(
+            self._key_spec, self._trust_domain, now=now, lifetime=self._lifetime
+        )
 
     def _api_failure(self, verb: str, exc: ApiException) -> str:
         hint = ""
