@@ -118,6 +118,40 @@ class SignedCertificate:
         return format(self.leaf.serial_number, "x")
 
 
+class CertificateCheckError(Exception):
+    """A certificate chain is not one the agent may serve for its identity and key."""
+
+
+def check_certificate(
+    chain: Sequence[x509.Certificate],
+    roots: Sequence[x509.Certificate],
+    identity: SpiffeId,
+    key: PrivateKey,
+    *,
+    now: datetime,
+) -> None:
+    """The rule for every certificate the agent serves, whether just received from the CA or
+    restored from a previous run (`agent.cert_state`): the leaf names exactly `identity`, certifies
+    `key`, and the chain verifies to one of `roots` at `now`. Raises `CertificateCheckError`
+    saying which check failed (never key material)."""
+    leaf = chain[0]
+    uris = describe_certificate(leaf).uri_sans
+    if uris != (identity.uri,):
+        raise CertificateCheckError(
+            f"the certificate is for {list(uris)}, but this agent is {identity.uri}"
+        )
+    try:
+        matches = key_matches_certificate(key, leaf)
+    except CertsError as exc:  # e.g. a leaf key of a kind meshca does not use
+        raise CertificateCheckError(str(exc)) from None
+    if not matches:
+        raise CertificateCheckError("the certificate is for a different private key")
+    try:
+        verify_chain(chain, roots, now=now)
+    except CertsError as exc:
+        raise CertificateCheckError(f"the certificate chain does not verify: {exc}") from None
+
+
 class CaClient:
     """Asks the CA to sign CSRs. Create once, `await close()` at shutdown."""
 
@@ -249,22 +283,14 @@ class CaClient:
             roots = load_certs(elements[-1], what="root bundle (last cert_chain element)")
         except CertsError as exc:
             raise CaResponseError(f"CA response does not parse: {exc}") from None
-        leaf = chain[0]
-        uris = describe_certificate(leaf).uri_sans
-        if uris != (identity.uri,):
-            raise CaResponseError(
-                f"CA issued a certificate for {list(uris)}, but {identity.uri} was asked for"
-            )
-        if not key_matches_certificate(key, leaf):
-            raise CaResponseError("CA issued a certificate for a different key than our CSR's")
         try:
-            verify_chain(chain, roots, now=received_at)
-        except CertsError as exc:
-            raise CaResponseError(f"CA's certificate chain does not verify: {exc}") from None
+            check_certificate(chain, roots, identity, key, now=received_at)
+        except CertificateCheckError as exc:
+            raise CaResponseError(f"CA's answer refused: {exc}") from None
         return SignedCertificate(
             chain_pem=certs_to_pem(chain),
             root_bundle_pem=certs_to_pem(roots),
-            leaf=leaf,
+            leaf=chain[0],
             received_at=received_at,
         )
 

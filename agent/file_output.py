@@ -13,6 +13,10 @@ one `rename(2)` (temp symlink + `os.replace`). A reader that resolves `..data` o
 from that directory sees one consistent set. The previous generation is kept (so a reader that
 resolved `..data` just before a swap can finish) and older ones are removed.
 
+The first set a `FileOutput` is given is not written if the current generation already holds
+exactly that text: the certificate a restarted agent restored from these files
+(`agent.cert_state`) stays where it is instead of being copied into a new generation.
+
 Node mode: `NodeFileOutput` keeps one `FileOutput` per identity under `OUTPUT/<ns>/<sa>/`,
 created when the identity's first certificate is published (its SDS name is its SPIFFE ID) and
 removed, directory and all, when the identity's secret is removed from the cache.
@@ -73,14 +77,38 @@ class FileOutput:
         versions = (self._tls.version, self._root.version)
         if versions == self._written:
             return
+        tls, root = self._tls, self._root
+        if self._written is None and self._on_disk() == (
+            tls.cert_chain_pem,
+            tls.private_key_pem,
+            root.trusted_ca_pem,
+        ):
+            # A previous run's set, restored by the SecretManager: already there, keep it.
+            log.info("certificate files in %s are already current; not rewritten", self.directory)
+            self._written = versions
+            return
         try:
-            tls, root = self._tls, self._root
             self.write(tls.cert_chain_pem, tls.private_key_pem, root.trusted_ca_pem)
         except OSError as exc:
             # The in-memory secret (SDS) stays correct; the files catch up on the next change.
             log.error("could not write certificates to %s: %s", self.directory, exc)
             return
         self._written = versions
+
+    def _on_disk(self) -> tuple[str, str, str] | None:
+        """The current generation's (chain, key, root) text, or None if it cannot be read."""
+        data = self.directory / DATA_LINK
+        if not data.is_symlink():
+            return None
+        generation = Path(os.path.realpath(data))
+        try:
+            chain, key, root = (
+                (generation / name).read_text(encoding="ascii")
+                for name in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)
+            )
+        except (OSError, UnicodeDecodeError):
+            return None
+        return chain, key, root
 
     def write(self, cert_chain_pem: str, key_pem: str, root_pem: str) -> Path:
         """Publishes one complete generation; returns its directory."""

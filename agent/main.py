@@ -136,6 +136,7 @@ class Agent:
                     self.clock,
                     identity=self.identity,
                     metrics=self.metrics,
+                    restore_from=config.output_certs,
                 )
                 readiness = self.manager
         self.status = build_status_server(

@@ -94,6 +94,11 @@ class AgentMetrics:
             "Certificates obtained from the CA and published (first one included).",
             registry=reg,
         )
+        self.restores = Counter(
+            "meshca_agent_certificate_restores",
+            "Certificates restored at start-up from the output directory of a previous run.",
+            registry=reg,
+        )
         self.rotation_failures = Counter(
             "meshca_agent_rotation_failures",
             "Attempts to obtain a certificate that failed (each is retried with backoff).",

@@ -18,6 +18,12 @@ measured from when the certificate was received rather than from its NotBefore, 
 backdates by two minutes for clock skew. On failure the cached certificate keeps being served
 and the attempt is retried with exponential backoff and jitter, capped at 30 s and never
 scheduled past the current certificate's expiry.
+
+Restart: with `restore_from` (the agent's `--output-dir`), `run()` first tries to adopt the
+certificate a previous run left there (`agent.cert_state`): if it passes the checks it is
+published at once, without a CA call, and its rotation is scheduled as if it had been received
+when the CA issued it (NotBefore + the two-minute backdate). So an agent restarted while the CA
+is down is ready immediately and renews, with the usual backoff, once the CA is back.
 """
 
 from __future__ import annotations
@@ -29,13 +35,20 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Protocol
 
 from agent.backoff import Backoff
 from agent.ca_client import SignedCertificate
+from agent.cert_state import (
+    CertificateNotRestored,
+    NoPreviousCertificate,
+    load_previous_certificate,
+)
 from agent.config import AgentConfig, ConfigError
 from agent.metrics import AgentMetrics
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from agent.token import TokenError
 from certs import (
     KeySpec,
     PrivateKey,
@@ -115,6 +128,7 @@ class SecretManager:
         metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
         backoff: Backoff = RENEWAL_BACKOFF,
+        restore_from: Path | None = None,
     ) -> None:
         self._ttl = config.secret_ttl
         self._ratio = config.grace_period_ratio
@@ -127,12 +141,14 @@ class SecretManager:
         self._metrics = metrics
         self._rng = rng or random.Random()
         self._backoff = backoff
+        self._restore_from = restore_from
         self._wake = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
         self.generation = 0
         self.current: SignedCertificate | None = None
         self.last_failure: FailureRecord | None = None
         self.next_rotation_at: datetime | None = None
+        self.restored = False  # the current certificate came from a previous run's files
 
     # -- state for readiness and status ---------------------------------------------------
 
@@ -157,10 +173,11 @@ class SecretManager:
         self._wake.set()
 
     async def run(self) -> None:
-        """The worker: obtain a certificate now, then whenever rotation is due. Runs until
-        cancelled."""
-        self._wake.set()
+        """The worker: restore the previous run's certificate or obtain one now, then renew
+        whenever rotation is due. Runs until cancelled."""
         try:
+            if not await self._restore_previous():
+                self._wake.set()
             while True:
                 await self._wake.wait()
                 self._wake.clear()
@@ -169,6 +186,40 @@ class SecretManager:
             self._cancel_timer()
 
     # -- internals ------------------------------------------------------------------------
+
+    async def _restore_previous(self) -> bool:
+        """Adopts the certificate in `restore_from` if `agent.cert_state` accepts it; logs one
+        line saying what happened either way. True if a certificate was installed."""
+        directory = self._restore_from
+        if directory is None:
+            return False
+        try:
+            identity = self._identity()
+        except (TokenError, ConfigError) as exc:
+            log.info(
+                "not restoring certificate files from %s: identity not known yet (%s)",
+                directory,
+                exc,
+            )
+            return False
+        now = self._clock.now()
+        try:
+            previous = await asyncio.to_thread(load_previous_certificate, directory, identity, now)
+        except NoPreviousCertificate:
+            log.info("no certificate from a previous run in %s; asking the CA", directory)
+            return False
+        except CertificateNotRestored as exc:
+            log.warning(
+                "not restoring the certificate files in %s: %s; asking the CA for a new one",
+                directory,
+                exc,
+            )
+            return False
+        except Exception:  # a bug in the checks must not stop the agent from asking the CA
+            log.exception("could not check the certificate files in %s; asking the CA", directory)
+            return False
+        await self._install(previous.signed, previous.key_pem, restored_from=previous.source)
+        return True
 
     async def _obtain_until_success(self) -> None:
         attempt = 0
@@ -201,8 +252,13 @@ class SecretManager:
         signed = await self._ca.sign(csr, identity, key, self._ttl)
         return signed, private_key_to_pem(key).decode("ascii")
 
-    async def _install(self, signed: SignedCertificate, key_pem: str) -> None:
+    async def _install(
+        self, signed: SignedCertificate, key_pem: str, *, restored_from: Path | None = None
+    ) -> None:
+        """Publishes a certificate (from the CA, or `restored_from` a previous run's files) and
+        schedules its rotation."""
         self.current = signed
+        self.restored = restored_from is not None
         self.generation += 1
         self.last_failure = None
         ratio = jittered_ratio(self._ratio, self._jitter, self._rng)
@@ -213,11 +269,13 @@ class SecretManager:
         await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
         await self._cache.publish(TlsSecret(DEFAULT_RESOURCE, signed.chain_pem, key_pem))
         if self._metrics:
-            self._metrics.rotations.inc()
+            counter = self._metrics.restores if restored_from else self._metrics.rotations
+            counter.inc()
         log.info(
-            "certificate serial %s for %s installed; expires %s, rotating in %.1fs",
+            "certificate serial %s for %s %s; expires %s, rotating in %.1fs",
             signed.serial_hex,
             ", ".join(describe_certificate(signed.leaf).uri_sans),
+            f"restored from {restored_from} (previous run)" if restored_from else "installed",
             signed.not_after.isoformat(),
             delay,
         )
