@@ -1,6 +1,6 @@
-"""The agent against a real `meshca ca` process: startup before the CA, a CA outage, short-TTL
-rotation with file readers, and a rejected token. One test runs the agent as a
-`python -m meshca agent` child; the others run it in-process on asyncio."""
+"""The agent against a real `meshca ca` process: startup before the CA, a CA outage, a restart
+while the CA is down, short-TTL rotation with file readers, and a rejected token. Two tests run
+the agent as a `python -m meshca agent` child; the others run it in-process on asyncio."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ import pytest
 from agent.config import AgentConfig
 from agent.main import Agent
 from certs import key_matches_certificate, load_cert, load_private_key
+from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
 from tests.support.processes import MeshcaProcess, free_port, wait_for
+from tests.support.sds_client import fetch_secrets, leaf_serial
 
 
 @pytest.fixture
@@ -234,3 +236,50 @@ def test_rejected_token_is_reported_and_retried(short_dir: Path) -> None:
         asyncio.run(main())
     finally:
         ca.stop()
+
+
+def test_agent_restarted_while_the_ca_is_down_serves_its_previous_certificate(
+    short_dir: Path,
+) -> None:
+    """Agent up with output files; agent stopped; CA stopped; agent started again: ready at
+    once with the same serial over SDS and in the files, then a new one when the CA is back."""
+    ca = CaProcess(short_dir / "ca")
+    ca.start()
+    # 30 s: the renewal (at ~15 s) falls after the CA-down checks below, which take a few s.
+    agent = AgentProcess(short_dir, ca, "app", secret_ttl="30s")
+    restarted: CaProcess | None = None
+    try:
+        agent.start()
+        first = leaf_serial(fetch_secrets(agent.sds_socket, ["default"])["default"])
+        assert agent.file_serial() == first
+        agent.stop()
+        ca.stop()
+
+        agent.start()  # waits for /healthz/ready 200 and the SDS socket, with no CA running
+        assert not ca.running
+        secrets = fetch_secrets(agent.sds_socket, ["default", "ROOTCA"])
+        assert leaf_serial(secrets["default"]) == first
+        assert secrets["ROOTCA"].validation_context.trusted_ca.inline_bytes
+        assert agent.file_serial() == first
+        assert metric(agent.metrics(), "meshca_agent_certificate_restores_total") == 1
+        assert metric(agent.metrics(), "meshca_agent_rotations_total") == 0
+        assert "restored from" in agent.log()
+
+        restarted = same_address_ca(ca)  # same data dir: same root
+        restarted.start()
+        wait_for(
+            lambda: metric(agent.metrics(), "meshca_agent_rotations_total") >= 1,
+            30,
+            "a renewal once the CA is back",
+        )
+        renewed = leaf_serial(fetch_secrets(agent.sds_socket, ["default"])["default"])
+        assert renewed != first
+        wait_for(lambda: agent.file_serial() == renewed, 5, "the renewed files")
+        assert get(f"{agent.status_url}/healthz/ready")[0] == 200
+    finally:
+        code = agent.stop(timeout=5)
+        ca.stop()
+        if restarted is not None:
+            restarted.stop()
+    assert code == 0, agent.log()
+    assert "PRIVATE KEY" not in agent.log()

@@ -35,14 +35,13 @@ from envoy.service.secret.v3 import sds_pb2_grpc
 from certs import (
     describe_certificate,
     key_matches_certificate,
-    load_cert,
     load_certs,
     load_private_key,
     verify_chain,
 )
 from tests.support.processes import child_env, http_status, wait_for
+from tests.support.sds_client import SECRET_TYPE_URL, fetch_secrets, leaf_serial, unpack
 
-SECRET_TYPE_URL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 IDENTITY = "spiffe://cluster.local/ns/default/sa/default"
 
 
@@ -176,30 +175,6 @@ class SdsStream:
         self._call.cancel()
 
 
-def unpack(resource: object) -> secret_pb2.Secret:
-    secret = secret_pb2.Secret()
-    assert resource.Unpack(secret)  # type: ignore[attr-defined]
-    return secret
-
-
-def fetch_secrets(socket: Path, names: list[str]) -> dict[str, secret_pb2.Secret]:
-    with grpc.insecure_channel(f"unix:{socket}") as channel:
-        stub = sds_pb2_grpc.SecretDiscoveryServiceStub(channel)
-        response = stub.FetchSecrets(
-            discovery_pb2.DiscoveryRequest(
-                node=base_pb2.Node(id="test-up"), resource_names=names, type_url=SECRET_TYPE_URL
-            ),
-            timeout=10,
-        )
-    assert response.type_url == SECRET_TYPE_URL
-    secrets = [unpack(resource) for resource in response.resources]
-    return {secret.name: secret for secret in secrets}
-
-
-def leaf_serial(secret: secret_pb2.Secret) -> int:
-    return int(load_cert(secret.tls_certificate.certificate_chain.inline_bytes).serial_number)
-
-
 def check_certificate(chain_pem: bytes, key_pem: bytes, roots: list[x509.Certificate]) -> int:
     """The chain is for IDENTITY, verifies against `roots`, matches the key; returns the serial."""
     chain = load_certs(chain_pem)
@@ -223,7 +198,7 @@ def test_meshca_up_serves_sds_and_files_rotates_and_stops_on_ctrl_c(up: Up) -> N
     ca_root = load_certs((directory / "ca" / "root-cert.pem").read_bytes())
 
     # Over SDS, as Envoy takes it: `default` (certificate + key) and `ROOTCA`.
-    secrets = fetch_secrets(up.sds_socket, ["default", "ROOTCA"])
+    secrets = fetch_secrets(up.sds_socket, ["default", "ROOTCA"], node_id="test-up")
     assert set(secrets) == {"default", "ROOTCA"}
     sds_root = load_certs(secrets["ROOTCA"].validation_context.trusted_ca.inline_bytes)
     assert [c.serial_number for c in sds_root] == [c.serial_number for c in ca_root]
