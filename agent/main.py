@@ -15,6 +15,9 @@ FileOutput:
         NodeSecretManager --publish spiffe://.../ns/NS/sa/SA + ROOTCA--> SecretCache --> SDS
         NodeFileOutput (OUTPUT/<ns>/<sa>/) and AgentMetrics <- listeners (publish and remove)
 
+With OUTPUT_CERTS, the SecretManager first restores the certificate a previous run left there
+(`agent.cert_state`), so a restart while the CA is down keeps serving.
+
 Every choice between implementations (CA, node mode or file-mounted certificates) is made here,
 once (the identity source inside node mode: `agent.node_identities.identity_source_for`).
 
