@@ -27,6 +27,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -367,6 +368,21 @@ class EnvoyProcess:
         return serials
 
 
+def _launch(
+    name: str,
+    workdir: Path,
+    render: Callable[[int, int], str],
+    listen_port: int | None,
+    timeout: float,
+) -> EnvoyProcess:
+    """Picks the admin (and, unless given, listener) port, renders `render(admin, listen)` as
+    the bootstrap, and starts the Envoy."""
+    admin_port, listen_port = free_port(), listen_port or free_port()
+    bootstrap = render(admin_port, listen_port)
+    envoy = EnvoyProcess(name, bootstrap, workdir, admin_port=admin_port, listen_port=listen_port)
+    return envoy.start(timeout)
+
+
 def start_server_envoy(
     workdir: Path,
     *,
@@ -376,16 +392,16 @@ def start_server_envoy(
     listen_port: int | None = None,
     timeout: float = 20,
 ) -> EnvoyProcess:
-    admin_port, listen_port = free_port(), listen_port or free_port()
-    bootstrap = server_bootstrap(
-        node_id=name,
-        sds_socket=sds_socket,
-        admin_port=admin_port,
-        listen_port=listen_port,
-        peer_identity=peer_identity,
-    )
-    envoy = EnvoyProcess(name, bootstrap, workdir, admin_port=admin_port, listen_port=listen_port)
-    return envoy.start(timeout)
+    def render(admin_port: int, port: int) -> str:
+        return server_bootstrap(
+            node_id=name,
+            sds_socket=sds_socket,
+            admin_port=admin_port,
+            listen_port=port,
+            peer_identity=peer_identity,
+        )
+
+    return _launch(name, workdir, render, listen_port, timeout)
 
 
 def start_client_envoy(
@@ -398,17 +414,17 @@ def start_client_envoy(
     listen_port: int | None = None,
     timeout: float = 20,
 ) -> EnvoyProcess:
-    admin_port, listen_port = free_port(), listen_port or free_port()
-    bootstrap = client_bootstrap(
-        node_id=name,
-        sds_socket=sds_socket,
-        admin_port=admin_port,
-        listen_port=listen_port,
-        upstream_port=upstream_port,
-        peer_identity=peer_identity,
-    )
-    envoy = EnvoyProcess(name, bootstrap, workdir, admin_port=admin_port, listen_port=listen_port)
-    return envoy.start(timeout)
+    def render(admin_port: int, port: int) -> str:
+        return client_bootstrap(
+            node_id=name,
+            sds_socket=sds_socket,
+            admin_port=admin_port,
+            listen_port=port,
+            upstream_port=upstream_port,
+            peer_identity=peer_identity,
+        )
+
+    return _launch(name, workdir, render, listen_port, timeout)
 
 
 @dataclass
