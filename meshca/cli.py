@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import socket
 import sys
@@ -379,8 +380,18 @@ def _run_up(args: argparse.Namespace) -> int:
     return run_up_command(args)
 
 
+def installed_version() -> str:
+    """The version of the installed distribution: what a bug report needs. A source tree run
+    without installing has no distribution metadata, and says so rather than guessing."""
+    try:
+        return importlib.metadata.version("meshca")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshca", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_ca_parser(subparsers)
     _add_token_parser(subparsers)

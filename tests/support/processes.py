@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,9 +66,7 @@ def http_text(url: str) -> str:
         return str(response.read().decode())
 
 
-def stop_child(
-    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10
-) -> int:
+def stop_child(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10) -> int:
     """Signals `proc` and reaps it; SIGKILL if it ignores `sig` for `timeout` seconds."""
     if proc.poll() is None:
         proc.send_signal(sig)
