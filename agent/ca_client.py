@@ -17,15 +17,15 @@ agent's service account) and asks for a pod identity on its node.
 
 Each call: fresh token read (see `agent.token`), `authorization`, `clusterid` and `CA_HEADER_*`
 headers, a deadline; transient failures (REFERENCE §1) are retried a few times with backoff, and
-a response is only accepted if it is a chain for exactly the identity and key asked for that
-verifies to the root bundle it carries.
+a response is only accepted if `agent.acceptance` accepts it for exactly the identity and key
+asked for, verified to the root bundle it carries. Errors: the `CaClientError` family of
+`agent.errors`. Latency is measured on the injected clock's `monotonic()`.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -35,35 +35,36 @@ import grpc
 from cryptography import x509
 from google.protobuf import struct_pb2
 
+from agent.acceptance import accept_certificate
 from agent.backoff import Backoff
+from agent.errors import (
+    RETRYABLE_CODES,
+    CaClientError,
+    CaConnectionError,
+    CaRequestError,
+    CaResponseError,
+    CertificateRefused,
+)
 from agent.metrics import AgentMetrics
 from agent.token import TokenProvider
-from certs import (
-    CertsError,
-    PrivateKey,
-    SpiffeId,
-    certs_to_pem,
-    describe_certificate,
-    key_matches_certificate,
-    load_certs,
-    verify_chain,
-)
+from certs import CertsError, PrivateKey, SpiffeId, certs_to_pem, load_certs
 from meshca.clock import Clock
 from meshca_proto import ca_pb2, ca_pb2_grpc
+
+__all__ = [
+    "RETRYABLE_CODES",
+    "CaClient",
+    "CaClientError",
+    "CaConnectionError",
+    "CaRequestError",
+    "CaResponseError",
+    "SignedCertificate",
+]
 
 log = logging.getLogger(__name__)
 
 CA_SERVING_NAMES = frozenset({"localhost", "127.0.0.1", "istiod.istio-system.svc"})
 CA_TLS_NAME = "istiod.istio-system.svc"
-RETRYABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.ABORTED,
-    }
-)
 IMPERSONATED_IDENTITY_KEY = "ImpersonatedIdentity"
 CALL_RETRY_BACKOFF = Backoff(initial=0.1, maximum=1.0)
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
@@ -72,31 +73,6 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),  # retries are ours, counted and logged
 ]
-
-
-class CaClientError(Exception):
-    """Any failure to obtain a certificate from the CA. `retryable`: can trying again help?"""
-
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-
-
-class CaConnectionError(CaClientError):
-    """The channel cannot be set up (e.g. the root file to verify the CA is missing)."""
-
-
-class CaRequestError(CaClientError):
-    """The CA answered with a gRPC error status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"CA returned {code.name}: {details}", retryable=code in RETRYABLE_CODES)
-        self.code = code
-        self.details = details
-
-
-class CaResponseError(CaClientError):
-    """The CA answered, but with something that is not a usable certificate for us."""
 
 
 @dataclass(frozen=True)
@@ -116,40 +92,6 @@ class SignedCertificate:
     @property
     def serial_hex(self) -> str:
         return format(self.leaf.serial_number, "x")
-
-
-class CertificateCheckError(Exception):
-    """A certificate chain is not one the agent may serve for its identity and key."""
-
-
-def check_certificate(
-    chain: Sequence[x509.Certificate],
-    roots: Sequence[x509.Certificate],
-    identity: SpiffeId,
-    key: PrivateKey,
-    *,
-    now: datetime,
-) -> None:
-    """The rule for every certificate the agent serves, whether just received from the CA or
-    restored from a previous run (`agent.cert_state`): the leaf names exactly `identity`, certifies
-    `key`, and the chain verifies to one of `roots` at `now`. Raises `CertificateCheckError`
-    saying which check failed (never key material)."""
-    leaf = chain[0]
-    uris = describe_certificate(leaf).uri_sans
-    if uris != (identity.uri,):
-        raise CertificateCheckError(
-            f"the certificate is for {list(uris)}, but this agent is {identity.uri}"
-        )
-    try:
-        matches = key_matches_certificate(key, leaf)
-    except CertsError as exc:  # e.g. a leaf key of a kind meshca does not use
-        raise CertificateCheckError(str(exc)) from None
-    if not matches:
-        raise CertificateCheckError("the certificate is for a different private key")
-    try:
-        verify_chain(chain, roots, now=now)
-    except CertsError as exc:
-        raise CertificateCheckError(f"the certificate chain does not verify: {exc}") from None
 
 
 class CaClient:
@@ -242,7 +184,7 @@ class CaClient:
         )
         if impersonate is not None:
             request.metadata.CopyFrom(impersonation_metadata(impersonate))
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             response = await stub.CreateCertificate(
                 request, metadata=metadata, timeout=self._timeout
@@ -255,7 +197,7 @@ class CaClient:
 
     def _record(self, started: float, outcome: str) -> None:
         if self._metrics:
-            self._metrics.record_ca_request(time.monotonic() - started, outcome)
+            self._metrics.record_ca_request(self._clock.monotonic() - started, outcome)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         headers: list[tuple[str, str]] = []
@@ -284,8 +226,8 @@ class CaClient:
         except CertsError as exc:
             raise CaResponseError(f"CA response does not parse: {exc}") from None
         try:
-            check_certificate(chain, roots, identity, key, now=received_at)
-        except CertificateCheckError as exc:
+            accept_certificate(chain, key, now=received_at, identity=identity, roots=roots)
+        except CertificateRefused as exc:
             raise CaResponseError(f"CA's answer refused: {exc}") from None
         return SignedCertificate(
             chain_pem=certs_to_pem(chain),

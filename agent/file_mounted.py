@@ -18,9 +18,10 @@ arrive on watchdog's observer thread and hop to the asyncio loop with `call_soon
 a short debounce lets a burst (certificate then key) settle before the files are re-read. A slow
 periodic resync backs the watcher up.
 
-Refusal: a set of files whose certificate does not parse, does not match its key, or has
-expired is refused: the previous secret stays published, the reason is logged (never key
-material) and `file_reload_failures{resource_name}` is counted.
+Refusal: a set of files whose certificate does not parse or that `agent.acceptance` refuses
+(outside its validity window, or not matching its key; any identity) is refused: the previous
+secret stays published, the reason is logged (never key material) and
+`file_reload_failures{resource_name}` is counted.
 
 Concurrency: everything except the observer thread runs on the agent's asyncio loop. File reads
 are small and done inline on the loop.
@@ -42,6 +43,8 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
+from agent.acceptance import accept_certificate
+from agent.errors import CertificateRefused, FileSecretError
 from agent.metrics import LabeledCounter
 from agent.secrets import (
     DEFAULT_RESOURCE,
@@ -54,8 +57,8 @@ from agent.secrets import (
     TlsSecret,
     not_after,
 )
-from certs import CertsError, key_matches_certificate, load_certs, load_private_key
-from meshca.clock import Clock, SystemClock
+from certs import CertsError, load_certs, load_private_key
+from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +70,6 @@ DEFAULT_RESYNC_INTERVAL = 60.0
 
 # watchdog also reports reads (opened / closed without writing); those are our own re-reads.
 _CHANGE_EVENTS = frozenset({"created", "deleted", "modified", "moved", "closed"})
-
-
-class FileSecretError(Exception):
-    """Why a set of files was refused; the message names files and reasons, never content."""
 
 
 class UnknownFileResourceError(ValueError):
@@ -111,15 +110,10 @@ def load_tls_secret(name: str, cert_path: Path, key_path: Path, *, now: datetime
         key = load_private_key(key_bytes)
     except CertsError as exc:
         raise FileSecretError(f"{exc} (key file {key_path})") from exc
-    leaf = chain[0]
-    if not key_matches_certificate(key, leaf):
-        raise FileSecretError(
-            f"the private key in {key_path} does not match the certificate in {cert_path}"
-        )
-    if leaf.not_valid_after_utc <= now:
-        raise FileSecretError(
-            f"the certificate in {cert_path} expired at {leaf.not_valid_after_utc.isoformat()}"
-        )
+    try:
+        accept_certificate(chain, key, now=now)  # any identity: the operator chose the files
+    except CertificateRefused as exc:
+        raise FileSecretError(f"{cert_path} with key {key_path}: {exc}") from None
     return TlsSecret(
         name=name,
         cert_chain_pem=_pem_text(cert_bytes, cert_path),
@@ -209,12 +203,12 @@ class FileWatcher:
     def __init__(
         self,
         *,
-        clock: Clock | None = None,
+        clock: Clock,
         metrics: FileMetrics | None = None,
         debounce: float = DEFAULT_DEBOUNCE,
         resync_interval: float = DEFAULT_RESYNC_INTERVAL,
     ) -> None:
-        self.clock: Clock = clock or SystemClock()
+        self.clock = clock
         self.metrics = metrics
         self.debounce = debounce
         self.resync_interval = resync_interval
@@ -349,7 +343,8 @@ class FileWatcher:
 
 
 class FileMountedSource:
-    """`FILE_MOUNTED_CERTS` mode: publishes `default` and `ROOTCA` from files into `cache`.
+    """`FILE_MOUNTED_CERTS` mode: publishes `default` and `ROOTCA` from files into `cache`
+    (an `agent.certificate_source.CertificateSource`).
 
     `await start()` loads the files once (a failure is logged and counted, and the files keep
     being watched so a later fix is picked up) and watches them; `await stop()` stops watching.
@@ -361,8 +356,8 @@ class FileMountedSource:
         cert_path: str | os.PathLike[str] = DEFAULT_CERT_PATH,
         key_path: str | os.PathLike[str] = DEFAULT_KEY_PATH,
         root_path: str | os.PathLike[str] = DEFAULT_ROOT_PATH,
-        clock: Clock | None = None,
         *,
+        clock: Clock,
         metrics: FileMetrics | None = None,
         debounce: float = DEFAULT_DEBOUNCE,
         resync_interval: float = DEFAULT_RESYNC_INTERVAL,
@@ -370,7 +365,7 @@ class FileMountedSource:
         root_name: str = ROOT_RESOURCE,
     ) -> None:
         self.cache = cache
-        self._clock = clock or SystemClock()
+        self._clock = clock
         self._resources = (
             FileResource(cert_name, (Path(cert_path), Path(key_path))),
             FileResource(root_name, (Path(root_path),)),
@@ -383,8 +378,16 @@ class FileMountedSource:
         for resource in self._resources:
             await self.watcher.add(resource, self.cache)
 
+    async def run(self) -> None:
+        """Nothing to do between file events (the watcher reacts to them): waits until
+        cancelled, as the Agent's certificate worker."""
+        await asyncio.Event().wait()
+
     async def stop(self) -> None:
         await self.watcher.stop()
+
+    async def close(self) -> None:
+        await self.stop()
 
     @property
     def ready(self) -> bool:
@@ -415,7 +418,7 @@ class FileSecretProvider:
 
     def __init__(
         self,
-        clock: Clock | None = None,
+        clock: Clock,
         *,
         metrics: FileMetrics | None = None,
         debounce: float = DEFAULT_DEBOUNCE,

@@ -1,7 +1,7 @@
 """Where the node agent learns which identities to serve: pods on its node, or a static list.
 
 An `IdentitySource` reports the *whole* current set of identities (a snapshot) every time it
-changes; the consumer (`agent.node_secrets.NodeSecretManager.set_identities`) reconciles. Full
+changes; the consumer (`agent.scheduler.CertificateScheduler.set_identities`) reconciles. Full
 snapshots make a re-list after a lost watch trivially correct: there is no add/remove delta to
 get wrong.
 

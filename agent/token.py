@@ -16,23 +16,19 @@ from typing import Any, Protocol
 
 import jwt
 
+from agent.errors import TokenClaimsError, TokenError, TokenFileEmpty, TokenFileMissing
 from certs import SpiffeId, SpiffeIdError
 
-
-class TokenError(Exception):
-    """The token cannot be used; the message says why and what to check (never the token)."""
-
-
-class TokenFileMissing(TokenError):
-    pass
-
-
-class TokenFileEmpty(TokenError):
-    pass
-
-
-class TokenClaimsError(TokenError):
-    pass
+__all__ = [
+    "FileTokenProvider",
+    "IdentityResolver",
+    "TokenClaimsError",
+    "TokenError",
+    "TokenFileEmpty",
+    "TokenFileMissing",
+    "TokenProvider",
+    "identity_from_token",
+]
 
 
 class TokenProvider(Protocol):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agent.config import AgentConfig
 from agent.main import Agent
+from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.files import atomic_write, ensure_dir
 from meshca.logs import configure_logging
@@ -187,7 +188,7 @@ async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
             status_host=host or "127.0.0.1",
             status_port=int(port),
         )
-        agent = Agent(config)
+        agent = Agent(config, clock=SystemClock())
         refresher = asyncio.create_task(_refresh_token(ca, token_path))
         await agent.start()
         print(

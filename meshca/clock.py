@@ -21,6 +21,10 @@ class Clock(Protocol):
         """Waits `seconds` of this clock's time."""
         ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps back, for measuring durations (latency)."""
+        ...
+
 
 class SystemClock:
     def now(self) -> datetime:
@@ -39,6 +43,7 @@ class FakeClock:
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2030, 1, 1, tzinfo=UTC)
         self._sleepers: list[tuple[datetime, asyncio.Future[None]]] = []
+        self._start = self._now
 
     def now(self) -> datetime:
         return self._now
@@ -53,6 +58,10 @@ class FakeClock:
             await future
         finally:
             self._sleepers = [(d, f) for d, f in self._sleepers if f is not future]
+
+    def monotonic(self) -> float:
+        """Seconds of fake time since the clock was made: moves only with `advance()`."""
+        return (self._now - self._start).total_seconds()
 
     def advance(self, delta: timedelta | float) -> None:
         self._now += delta if isinstance(delta, timedelta) else timedelta(seconds=delta)

@@ -87,13 +87,21 @@ class FakeSigner:
         self.failures: list[Exception] = []
         self.fail_always: Exception | None = None
         self.calls = 0
+        self.impersonated: list[SpiffeId | None] = []
 
     async def sign(
-        self, csr_pem: str, identity: SpiffeId, key: PrivateKey, ttl: timedelta
+        self,
+        csr_pem: str,
+        identity: SpiffeId,
+        key: PrivateKey,
+        ttl: timedelta,
+        *,
+        impersonate: SpiffeId | None = None,
     ) -> SignedCertificate:
         from certs import load_cert
 
         self.calls += 1
+        self.impersonated.append(impersonate)
         if self.fail_always is not None:
             raise self.fail_always
         if self.failures:

@@ -21,6 +21,7 @@ from agent.status import readiness_report
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import SystemClock
 from tests.agent.pki import FakeCaServicer, Pki, start_fake_ca
+from tests.agent.wiring import pod_generation, scheduler_of
 from tests.support.processes import http_status, http_text
 
 
@@ -50,18 +51,18 @@ def test_agent_end_to_end_with_fake_ca() -> None:
             output_certs=tmp / "certs",
             status_port=0,
         )
-        agent = Agent(config)
+        agent = Agent(config, clock=SystemClock())
         await agent.start()
         try:
             ready = f"{agent.status.url}/healthz/ready"
-            await until(lambda: agent.secret_manager.last_error is not None)
+            await until(lambda: agent.certificates.last_error is not None)
             assert await status(ready) == 503
             body = await asyncio.to_thread(_body, ready)
             assert "does not exist" in body and str(token_path) in body
 
             # Identity comes from the token's claims when not configured.
             token_path.write_text(jwt.encode({"sub": "system:serviceaccount:shop:cart"}, "k" * 32))
-            await until(lambda: agent.secret_manager.current is not None)
+            await until(lambda: pod_generation(agent) > 0)
             assert await status(ready) == 200
             files = tmp / "certs"
             cert = load_cert((files / "cert-chain.pem").read_bytes())
@@ -75,12 +76,12 @@ def test_agent_end_to_end_with_fake_ca() -> None:
 
             # A rejected renewal is reported but the agent stays ready on its cached cert.
             ca.abort_with = [(grpc.StatusCode.UNAUTHENTICATED, "token expired")]
-            agent.secret_manager.request_rotation()
-            await until(lambda: agent.secret_manager.last_error is not None)
+            scheduler_of(agent).request_rotation()
+            await until(lambda: agent.certificates.last_error is not None)
             assert await status(ready) == 200
-            report = readiness_report(agent.secret_manager, clock.now())[1]
+            report = readiness_report(agent.certificates, clock.now())[1]
             assert "CA returned UNAUTHENTICATED: token expired" in report
-            await until(lambda: agent.secret_manager.generation == 2)
+            await until(lambda: pod_generation(agent) == 2)
         finally:
             await agent.stop()
             await server.stop(None)
@@ -112,16 +113,16 @@ def test_a_dead_rotation_worker_stops_the_agent_loudly(caplog: pytest.LogCapture
             sds_socket=tmp / "sds" / "socket",
             status_port=0,
         )
-        agent = Agent(config)
+        agent = Agent(config, clock=SystemClock())
 
         async def broken_run() -> None:
             raise RuntimeError("rotation bug")
 
-        agent.secret_manager.run = broken_run  # type: ignore[method-assign]
+        agent.certificates.run = broken_run  # type: ignore[method-assign]
         with pytest.raises(AgentFailed, match="rotation bug"):
             await asyncio.wait_for(agent.run(asyncio.Event()), 10)
         assert not config.sds_socket.exists()
-        assert "secret-manager worker died" in caplog.text
+        assert "certificates worker died" in caplog.text
 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         asyncio.run(main(Path(tmp)))

@@ -20,6 +20,8 @@ import pytest
 from agent.config import AgentConfig
 from agent.main import Agent
 from certs import key_matches_certificate, load_cert, load_private_key
+from meshca.clock import SystemClock
+from tests.agent.wiring import pod_generation
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
 from tests.support.processes import MeshcaProcess, free_port, wait_for
@@ -185,10 +187,10 @@ def test_short_ttl_rotates_and_readers_never_see_a_mismatch(short_dir: Path) -> 
                 checked[0] += 1
 
         async def main() -> None:
-            agent = Agent(config)
+            agent = Agent(config, clock=SystemClock())
             await agent.start()
             try:
-                await _until(lambda: agent.secret_manager.generation >= 3, 20, "3 certs")
+                await _until(lambda: pod_generation(agent) >= 3, 20, "3 certs")
             finally:
                 await agent.stop()
 
@@ -213,12 +215,12 @@ def test_rejected_token_is_reported_and_retried(short_dir: Path) -> None:
         config = agent_config(ca, short_dir, timedelta(minutes=5))
 
         async def main() -> None:
-            agent = Agent(config)
+            agent = Agent(config, clock=SystemClock())
             await agent.start()
             ready = f"{agent.status.url}/healthz/ready"
             try:
                 await _until(
-                    lambda: agent.secret_manager.last_error is not None, 15, "a CA rejection"
+                    lambda: agent.certificates.last_error is not None, 15, "a CA rejection"
                 )
                 code, body = await asyncio.to_thread(get, ready)
                 assert code == 503
@@ -226,9 +228,7 @@ def test_rejected_token_is_reported_and_retried(short_dir: Path) -> None:
                 assert "not-a-token" not in body
                 token = await asyncio.to_thread(ca.mint_token, "default", "app")
                 (short_dir / "token").write_text(token)
-                await _until(
-                    lambda: agent.secret_manager.current is not None, 20, "retry succeeding"
-                )
+                await _until(lambda: pod_generation(agent) > 0, 20, "retry succeeding")
                 assert (await asyncio.to_thread(get, ready))[0] == 200
             finally:
                 await agent.stop()

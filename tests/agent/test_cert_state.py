@@ -1,5 +1,5 @@
 """Restoring a previous run's certificate files: which sets are adopted, why others are refused,
-and how the SecretManager publishes and rotates an adopted one (FakeClock, no CA)."""
+and how the scheduler publishes and rotates an adopted one (FakeClock, no CA)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ from agent.cert_state import (
     load_previous_certificate,
 )
 from agent.config import AgentConfig
+from agent.errors import TokenFileMissing
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
-from agent.secret_manager import SecretManager
+from agent.output_dir import CertificateFiles, write_generation
+from agent.scheduler import CertificateScheduler, IdentityState, SingleIdentitySource
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import (
     SpiffeId,
@@ -34,7 +36,7 @@ from certs import (
 )
 from meshca.clock import FakeClock
 from tests.agent.pki import IDENTITY, FakeSigner, Pki
-from tests.agent.test_secret_manager import until
+from tests.agent.test_scheduler_pod import until
 
 ISSUED = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)
@@ -53,7 +55,7 @@ def write_previous_run(
     key = generate_private_key()
     chain = pki.issue(build_csr(key, IDENTITY), TTL, issued, uri)[0]
     key_pem = private_key_to_pem(generate_private_key() if swap_key else key).decode()
-    FileOutput(directory).write(chain, key_pem, root_pem or pki.root_pem)
+    write_generation(directory, CertificateFiles(chain, key_pem, root_pem or pki.root_pem), issued)
     return chain, key_pem
 
 
@@ -105,7 +107,7 @@ def test_refused_for_another_identity(tmp_path: Path, pki: Pki) -> None:
 
 def test_refused_when_the_key_does_not_match(tmp_path: Path, pki: Pki) -> None:
     write_previous_run(tmp_path, pki, swap_key=True)
-    assert refusal(tmp_path, ISSUED) == "the certificate is for a different private key"
+    assert refusal(tmp_path, ISSUED).startswith("the certificate is for a different private key")
 
 
 def test_refused_when_the_chain_does_not_verify_to_the_root_file(tmp_path: Path, pki: Pki) -> None:
@@ -144,7 +146,12 @@ def test_an_empty_directory_is_a_first_start(tmp_path: Path) -> None:
 
 # -- the SecretManager adopting it --------------------------------------------------------------
 
-Harness = tuple[SecretManager, FakeSigner, SecretCache, FakeClock, AgentMetrics]
+Harness = tuple[CertificateScheduler, FakeSigner, SecretCache, FakeClock, AgentMetrics]
+
+
+def only(scheduler: CertificateScheduler) -> IdentityState:
+    """The pod agent's one identity (a blank state until the source has reported it)."""
+    return scheduler.states.get(IDENTITY) or IdentityState(IDENTITY, "default")
 
 
 @contextlib.asynccontextmanager
@@ -161,22 +168,37 @@ async def manager_restoring(
     signer = FakeSigner(pki, clock)
     cache = SecretCache()
     metrics = AgentMetrics(clock)
-    manager = SecretManager(
+    output = FileOutput.single(directory, clock)
+    cache.add_listener(output.on_secret)
+    manager = CertificateScheduler.from_config(
         config,
         signer,
         cache,
         clock,
+        start_hook=output.restore,
         metrics=metrics,
         rng=random.Random(3),
-        restore_from=directory,
     )
+    source = SingleIdentitySource(
+        lambda: config.identity or IDENTITY, clock, manager.policy.backoff
+    )
+    if not identity_known:  # as with a token file that is never written
+        source = SingleIdentitySource(
+            _unknown_identity, clock, manager.policy.backoff, on_failure=manager.source_failed
+        )
     task = asyncio.create_task(manager.run())
+    source.start(manager.set_identities)
     try:
         yield manager, signer, cache, clock, metrics
     finally:
+        await source.stop()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await manager.aclose()
+
+
+def _unknown_identity() -> SpiffeId:
+    raise TokenFileMissing("token file /var/run/token does not exist")
 
 
 def test_manager_publishes_the_previous_certificate_without_asking_the_ca(
@@ -187,27 +209,27 @@ def test_manager_publishes_the_previous_certificate_without_asking_the_ca(
 
     async def main() -> None:
         async with manager_restoring(tmp_path, pki, now) as (manager, signer, cache, clock, m):
-            await until(lambda: manager.generation == 1)
+            await until(lambda: only(manager).generation == 1)
             tls, root = cache.get("default"), cache.get("ROOTCA")
             assert isinstance(tls, TlsSecret) and isinstance(root, RootSecret)
             assert (tls.cert_chain_pem, tls.private_key_pem) == (chain, key_pem)
             assert root.trusted_ca_pem == pki.root_pem
-            assert manager.restored and manager.has_valid_certificate()
+            assert only(manager).restored and manager.has_valid_certificate()
             assert signer.calls == 0
             assert m.restores._value.get() == 1 and m.rotations._value.get() == 0
             # Rotation by the normal rule, counted from issue (= NotBefore + 2 min): half of
             # the 100 s lifetime, i.e. 50 s after issue, 20 s from now.
-            assert manager.next_rotation_at == ISSUED + timedelta(seconds=50)
+            assert only(manager).next_rotation_at == ISSUED + timedelta(seconds=50)
             clock.advance(19.9)
             await asyncio.sleep(0.05)
             assert signer.calls == 0
             clock.advance(0.2)
-            await until(lambda: manager.generation == 2)
-            assert signer.calls == 1 and not manager.restored
+            await until(lambda: only(manager).generation == 2)
+            assert signer.calls == 1 and not only(manager).restored
             renewed = cache.get("default")
             assert renewed is not None and renewed.version != tls.version
 
-    with caplog.at_level(logging.INFO, logger="agent.secret_manager"):
+    with caplog.at_level(logging.INFO, logger="agent"):
         asyncio.run(main())
     restored_lines = [r.getMessage() for r in caplog.records if "restored from" in r.getMessage()]
     assert len(restored_lines) == 1
@@ -225,7 +247,7 @@ def test_manager_renews_an_overdue_adoption_at_once_serving_it_while_the_ca_is_d
             signer.fail_always = CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA is down")
             await until(lambda: signer.calls >= 1)
             served = cache.get("default")
-            assert served is not None and manager.generation == 1
+            assert served is not None and only(manager).generation == 1
             for _ in range(5):  # backoff retries; the adopted certificate stays served
                 clock.advance(5.0)
                 await asyncio.sleep(0.01)
@@ -234,7 +256,7 @@ def test_manager_renews_an_overdue_adoption_at_once_serving_it_while_the_ca_is_d
             assert manager.last_error == "CA returned UNAVAILABLE: CA is down"
             signer.fail_always = None
             clock.advance(5.0)
-            await until(lambda: manager.generation == 2)
+            await until(lambda: only(manager).generation == 2)
             assert manager.last_error is None
 
     asyncio.run(main())
@@ -247,11 +269,11 @@ def test_manager_asks_the_ca_when_the_files_are_refused(
 
     async def main() -> None:
         async with manager_restoring(tmp_path, pki, ISSUED) as (manager, signer, _, _, m):
-            await until(lambda: manager.generation == 1)
-            assert signer.calls == 1 and not manager.restored
+            await until(lambda: only(manager).generation == 1)
+            assert signer.calls == 1 and not only(manager).restored
             assert m.restores._value.get() == 0
 
-    with caplog.at_level(logging.INFO, logger="agent.secret_manager"):
+    with caplog.at_level(logging.INFO, logger="agent"):
         asyncio.run(main())
     refused = [r for r in caplog.records if "not restoring" in r.getMessage()]
     assert len(refused) == 1 and refused[0].levelno == logging.WARNING
@@ -266,10 +288,11 @@ def test_manager_does_not_adopt_before_it_knows_its_identity(
     async def main() -> None:
         async with manager_restoring(tmp_path, pki, ISSUED, identity_known=False) as h:
             manager, _, cache, _, _ = h
-            await until(lambda: manager.last_error is not None)
-            assert cache.get("default") is None and manager.generation == 0
+            await until(lambda: manager.source_failure is not None)
+            assert cache.get("default") is None and not manager.states
+            assert "does not exist" in (manager.last_error or "")
 
-    with caplog.at_level(logging.INFO, logger="agent.secret_manager"):
+    with caplog.at_level(logging.INFO, logger="agent"):
         asyncio.run(main())
     assert "identity not known yet" in caplog.text
 
@@ -277,11 +300,25 @@ def test_manager_does_not_adopt_before_it_knows_its_identity(
 def test_file_output_does_not_rewrite_the_restored_set(tmp_path: Path, pki: Pki) -> None:
     chain, key_pem = write_previous_run(tmp_path, pki)
     generation = (tmp_path / "..data").resolve()
-    output = FileOutput(tmp_path)
-    output.on_secret(RootSecret("ROOTCA", pki.root_pem))
-    output.on_secret(TlsSecret("default", chain, key_pem))
+    output = FileOutput.single(tmp_path, FakeClock(ISSUED))
+    restored = output.restore(IDENTITY, "default", ISSUED)
+    assert restored.source == generation
+    assert (restored.signed.chain_pem, restored.key_pem) == (chain, key_pem)
+    output.on_secret(RootSecret("ROOTCA", restored.signed.root_bundle_pem))
+    output.on_secret(TlsSecret("default", restored.signed.chain_pem, restored.key_pem))
     assert output.writes == 0 and (tmp_path / "..data").resolve() == generation
     # The next certificate is written as usual.
     next_chain, next_key = write_previous_run(tmp_path / "scratch", pki)
     output.on_secret(TlsSecret("default", next_chain, next_key))
     assert output.writes == 1 and (tmp_path / "cert-chain.pem").read_text() == next_chain
+
+
+def test_file_output_writes_a_set_it_did_not_restore(tmp_path: Path, pki: Pki) -> None:
+    """Without a restore, the same text is written as a new generation: the output never
+    reads its own files back to decide."""
+    chain, key_pem = write_previous_run(tmp_path, pki)
+    generation = (tmp_path / "..data").resolve()
+    output = FileOutput.single(tmp_path, FakeClock(ISSUED))
+    output.on_secret(RootSecret("ROOTCA", pki.root_pem))
+    output.on_secret(TlsSecret("default", chain, key_pem))
+    assert output.writes == 1 and (tmp_path / "..data").resolve() != generation

@@ -202,7 +202,7 @@ def test_file_changes_reach_a_connected_sds_client(
             certs_dir / "cert-chain.pem",
             certs_dir / "key.pem",
             certs_dir / "root-cert.pem",
-            FakeClock(NOW),
+            clock=FakeClock(NOW),
             debounce=0.05,
         )
         await source.start()
@@ -248,7 +248,7 @@ def test_bad_files_are_refused_and_the_old_secret_kept(
             workdir / "cert-chain.pem",
             workdir / "key.pem",
             workdir / "root-cert.pem",
-            FakeClock(NOW),
+            clock=FakeClock(NOW),
             metrics=metrics,
             debounce=0.05,
         )

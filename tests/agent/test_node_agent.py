@@ -30,6 +30,7 @@ from meshca.clock import SystemClock
 from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
 from tests.agent.pki import Pki, start_fake_ca
 from tests.agent.test_agent_inprocess import status, until
+from tests.agent.wiring import scheduler_of
 from tests.support.processes import http_text
 
 NODE = base_pb2.Node(id="ztunnel~10.0.0.1~node-1~meshca-system.svc.cluster.local")
@@ -68,10 +69,10 @@ def test_node_agent_serves_100_identities_with_at_most_8_csrs_in_flight() -> Non
             identities=pairs,
         )
         assert config.max_concurrent_fetches == 8
-        agent = Agent(config)
+        agent = Agent(config, clock=SystemClock())
         await agent.start()
         try:
-            manager = agent.node_secret_manager
+            manager = scheduler_of(agent)
             await until(lambda: manager.has_valid_certificate(), timeout=30)
             assert await status(f"{agent.status.url}/healthz/ready") == 200
             assert len(ca.issued) == 100 and set(ca.issued.values()) == {1}
@@ -126,10 +127,10 @@ def test_static_identities_file_without_an_api_server() -> None:
             node_mode=True,
             identities_file=tmp / "identities",
         )
-        agent = Agent(config)
+        agent = Agent(config, clock=SystemClock())
         await agent.start()
         try:
-            await until(lambda: agent.node_secret_manager.has_valid_certificate())
+            await until(lambda: scheduler_of(agent).has_valid_certificate())
             assert sorted(ca.issued) == [
                 "spiffe://cluster.local/ns/shop/sa/cart",
                 "spiffe://cluster.local/ns/shop/sa/pay",

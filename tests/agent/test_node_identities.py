@@ -34,6 +34,7 @@ from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
 from tests.agent.pki import Pki, start_fake_ca
 from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
+from tests.agent.wiring import scheduler_of
 from tests.deploy.rbac import is_allowed
 from tests.k8s.api_calls import NODE_AGENT_RBAC, describe, required_rules
 from tests.support.kube_api import KubeApiServer
@@ -162,9 +163,9 @@ def test_node_agent_adds_and_drops_identities_as_pods_come_and_go(kube: KubeApiS
             node_name=NODE,
             kubeconfig=kube.write_kubeconfig(tmp / "kubeconfig"),
         )
-        agent = Agent(config)
+        agent = Agent(config, clock=SystemClock())
         await agent.start()
-        manager = agent.node_secret_manager
+        manager = scheduler_of(agent)
         cart, front = sid("shop", "cart"), sid("web", "front")
         try:
             await until(lambda: agent.cache.get(cart.uri) is not None)

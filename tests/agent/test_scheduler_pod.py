@@ -1,4 +1,5 @@
-"""SecretManager: rotation timing, the stale-timer guard and retry backoff, on a FakeClock."""
+"""The scheduler in pod mode (one identity, published as `default`): rotation timing, the
+stale-timer guard and retry backoff, on a FakeClock; and the pure rotation policy."""
 
 from __future__ import annotations
 
@@ -14,12 +15,8 @@ import grpc
 from agent.ca_client import CaRequestError
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
-from agent.secret_manager import (
-    SecretManager,
-    jittered_ratio,
-    retry_delay,
-    rotation_delay,
-)
+from agent.rotation import jittered_ratio, retry_delay, rotation_delay
+from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import FakeClock
@@ -75,7 +72,12 @@ def test_retry_delay_is_capped_and_never_past_expiry() -> None:
     assert 0 < retry_delay(3, START + timedelta(seconds=5), expires, rng) <= 4.0
 
 
-Harness = tuple[SecretManager, FakeSigner, SecretCache, RecordingClock]
+Harness = tuple[CertificateScheduler, FakeSigner, SecretCache, RecordingClock]
+
+
+def only(scheduler: CertificateScheduler) -> IdentityState:
+    """The pod agent's one identity."""
+    return scheduler.states[IDENTITY]
 
 
 @contextlib.asynccontextmanager
@@ -86,10 +88,11 @@ async def running_manager() -> AsyncIterator[Harness]:
     )
     signer = FakeSigner(Pki(START - timedelta(days=1)), clock)
     cache = SecretCache()
-    manager = SecretManager(
+    manager = CertificateScheduler.from_config(
         config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(3)
     )
     task = asyncio.create_task(manager.run())
+    manager.set_identities(frozenset({IDENTITY}))
     try:
         yield manager, signer, cache, clock
     finally:
@@ -112,7 +115,7 @@ def test_first_certificate_is_published_and_rotated() -> None:
 
 async def _test_first_certificate_is_published_and_rotated(h: Harness) -> None:
     manager, signer, cache, clock = h
-    await until(lambda: manager.generation == 1)
+    await until(lambda: only(manager).generation == 1)
     tls = cache.get("default")
     root = cache.get("ROOTCA")
     assert isinstance(tls, TlsSecret) and isinstance(root, RootSecret)
@@ -121,18 +124,20 @@ async def _test_first_certificate_is_published_and_rotated(h: Harness) -> None:
     )
     assert manager.has_valid_certificate(clock.now())
     first_version = tls.version
-    assert manager.next_rotation_at is not None
-    due = (manager.next_rotation_at - clock.now()).total_seconds()
+    due_at = only(manager).next_rotation_at
+    assert due_at is not None
+    due = (due_at - clock.now()).total_seconds()
     assert 49.0 <= due <= 51.0
 
     clock.advance(due - 1)
     await asyncio.sleep(0.05)
     assert signer.calls == 1  # not yet
     clock.advance(1.01)
-    await until(lambda: manager.generation == 2)
+    await until(lambda: only(manager).generation == 2)
     rotated = cache.get("default")
     assert rotated is not None and rotated.version != first_version
     assert signer.calls == 2
+    assert signer.impersonated == [None, None]  # the pod agent asks for itself
 
 
 def test_stale_timer_does_not_fire_after_newer_certificate() -> None:
@@ -141,17 +146,18 @@ def test_stale_timer_does_not_fire_after_newer_certificate() -> None:
 
 async def _test_stale_timer_does_not_fire_after_newer_certificate(h: Harness) -> None:
     manager, signer, _cache, clock = h
-    await until(lambda: manager.generation == 1)
+    await until(lambda: only(manager).generation == 1)
     # A timer for generation 1 that escaped cancellation (raced with it) ...
-    stale = asyncio.create_task(manager._rotation_timer(1, clock.now() + timedelta(seconds=10)))
+    state = only(manager)
+    stale = asyncio.create_task(manager._timer(state, 1, clock.now() + timedelta(seconds=10), 1))
     await asyncio.sleep(0)
     manager.request_rotation()  # ... then a newer certificate arrives early.
-    await until(lambda: manager.generation == 2)
+    await until(lambda: only(manager).generation == 2)
     clock.advance(10.0)
     await stale
     await asyncio.sleep(0.05)
     assert signer.calls == 2, "the generation-1 timer must not trigger another renewal"
-    manager._on_rotation_due(1)
+    manager._on_due(state, 1, 1)
     await asyncio.sleep(0.05)
     assert signer.calls == 2
 
@@ -162,10 +168,11 @@ def test_ca_failure_keeps_cached_cert_and_backs_off_within_expiry() -> None:
 
 async def _test_ca_failure_keeps_cached_cert_and_backs_off_within_expiry(h: Harness) -> None:
     manager, signer, cache, clock = h
-    await until(lambda: manager.generation == 1)
+    await until(lambda: only(manager).generation == 1)
     served = cache.get("default")
-    assert manager.current is not None
-    expires = manager.current.not_after
+    current = only(manager).current
+    assert current is not None
+    expires = current.not_after
     signer.fail_always = CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA is down")
     clock.sleeps.clear()
     # Walk time to just before expiry in 1 s steps, letting the manager react each step.
@@ -183,6 +190,6 @@ async def _test_ca_failure_keeps_cached_cert_and_backs_off_within_expiry(h: Harn
 
     signer.fail_always = None
     clock.advance(31.0)
-    await until(lambda: manager.generation == 2)
+    await until(lambda: only(manager).generation == 2)
     assert manager.last_error is None
     assert cache.get("default") is not served

@@ -1,4 +1,5 @@
-"""NodeSecretManager on a FakeClock: the priority queue (first certificates before renewals),
+"""The scheduler in node mode (many identities, by impersonation) on a FakeClock: the priority
+queue (first certificates before renewals),
 bounded concurrency, per-identity backoff, serving the cached certificate while the CA fails,
 and forgetting identities that leave the node."""
 
@@ -16,7 +17,7 @@ import grpc
 from agent.ca_client import CaRequestError, SignedCertificate
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
-from agent.node_secrets import FIRST, RENEWAL, FetchQueue, NodeSecretManager
+from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from certs import PrivateKey, SpiffeId, load_cert
 from meshca.clock import FakeClock
@@ -75,12 +76,17 @@ async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 @contextlib.asynccontextmanager
 async def running(
     max_fetches: int = 8,
-) -> AsyncIterator[tuple[NodeSecretManager, GatedSigner, SecretCache, FakeClock]]:
+) -> AsyncIterator[tuple[CertificateScheduler, GatedSigner, SecretCache, FakeClock]]:
     clock = FakeClock(START)
     signer = GatedSigner(Pki(START), clock)
     cache = SecretCache()
-    config = AgentConfig(secret_ttl=TTL, max_concurrent_fetches=max_fetches)
-    manager = NodeSecretManager(
+    config = AgentConfig(
+        secret_ttl=TTL,
+        max_concurrent_fetches=max_fetches,
+        node_mode=True,
+        identities=(("ns", "static"),),
+    )
+    manager = CertificateScheduler.from_config(
         config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(7)
     )
     task = asyncio.create_task(manager.run())

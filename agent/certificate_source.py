@@ -1,0 +1,146 @@
+"""Where the agent's certificates come from: one `CertificateSource`, chosen once from config.
+
+    CertificateSource (protocol)           start · run · close · has_valid_certificate · last_error
+    ├── CaCertificateSource                an identity source feeding `agent.scheduler`, CA-backed
+    │     pod agent:  SingleIdentitySource -> default        (restores from OUTPUT/)
+    │     node agent: pods on the node | static list -> SPIFFE IDs, by impersonation
+    │                                                        (restores from OUTPUT/<ns>/<sa>/)
+    └── agent.file_mounted.FileMountedSource   FILE_MOUNTED_CERTS: files, no CA
+
+`certificate_source_for()` is the one place that choice is made; `agent.main.Agent` holds the
+result and never asks which kind it has. Both publish into the agent's `SecretCache`.
+
+Concurrency: `start()` and `close()` run on the event loop; `run()` is the long-running worker
+the Agent supervises (it must not return: a source that stops renewing stops the agent).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Protocol
+
+from agent.ca_client import CaClient
+from agent.config import AgentConfig
+from agent.file_mounted import FileMountedSource
+from agent.file_output import FileOutput
+from agent.metrics import AgentMetrics
+from agent.node_identities import IdentitySource, identity_source_for
+from agent.scheduler import CertificateScheduler, SingleIdentitySource
+from agent.secrets import SecretCache
+from agent.token import FileTokenProvider, IdentityResolver
+from meshca.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+class CertificateSource(Protocol):
+    """What the Agent needs from wherever its certificates come from."""
+
+    async def start(self) -> None:
+        """Begins publishing into the cache (returns quickly)."""
+        ...
+
+    async def run(self) -> None:
+        """The worker: keeps certificates fresh until cancelled."""
+        ...
+
+    async def close(self) -> None:
+        """Stops everything `start` began (the `run()` task is cancelled by its owner)."""
+        ...
+
+    def has_valid_certificate(self, now: datetime | None = None) -> bool: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+
+class CaCertificateSource:
+    """Certificates from the CA: an identity source feeding the scheduler."""
+
+    def __init__(
+        self,
+        scheduler: CertificateScheduler,
+        identities: IdentitySource,
+        ca_client: CaClient,
+    ) -> None:
+        self.scheduler = scheduler
+        self.identities = identities
+        self.ca_client = ca_client
+
+    async def start(self) -> None:
+        log.info(
+            "certificates for %s from the CA at %s; up to %d fetches at once",
+            self.identities.describe(),
+            self.ca_client.addr,
+            self.scheduler.max_concurrent,
+        )
+        self.identities.start(self.scheduler.set_identities)
+
+    async def run(self) -> None:
+        await self.scheduler.run()
+
+    async def close(self) -> None:
+        await self.identities.stop()
+        await self.scheduler.aclose()
+        await self.ca_client.close()
+
+    def has_valid_certificate(self, now: datetime | None = None) -> bool:
+        return self.scheduler.has_valid_certificate(now)
+
+    @property
+    def last_error(self) -> str | None:
+        return self.scheduler.last_error
+
+
+def certificate_source_for(
+    config: AgentConfig,
+    cache: SecretCache,
+    clock: Clock,
+    metrics: AgentMetrics,
+    file_output: FileOutput | None,
+) -> CertificateSource:
+    """The agent's one certificate source for `config` (see the module docstring)."""
+    if config.file_mounted_certs:
+        directory = config.file_mounted_dir
+        return FileMountedSource(
+            cache,
+            directory / "cert-chain.pem",
+            directory / "key.pem",
+            directory / "root-cert.pem",
+            clock=clock,
+            metrics=metrics,
+        )
+    # In node mode this is the node agent's own token: it authenticates as itself and
+    # impersonates the workloads on its node.
+    tokens = FileTokenProvider(config.token_path, required=config.prov_cert is None)
+    ca_client = CaClient(
+        config.ca_addr,
+        config.ca_root_ca,
+        tokens,
+        clock,
+        cluster_id=config.cluster_id,
+        extra_headers=config.ca_headers,
+        timeout=config.ca_request_timeout,
+        prov_cert=config.prov_cert,
+        metrics=metrics,
+    )
+    scheduler = CertificateScheduler.from_config(
+        config,
+        ca_client,
+        cache,
+        clock,
+        start_hook=file_output.restore if file_output is not None else None,
+        metrics=metrics,
+    )
+    identities: IdentitySource
+    if config.node_mode:
+        identities = identity_source_for(config)
+    else:
+        identities = SingleIdentitySource(
+            IdentityResolver(config.identity, tokens, config.trust_domain),
+            clock,
+            scheduler.policy.backoff,
+            on_failure=scheduler.source_failed,
+        )
+    return CaCertificateSource(scheduler, identities, ca_client)

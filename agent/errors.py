@@ -1,0 +1,101 @@
+"""Every error the agent raises on purpose, drawn once (as `ca_server.errors` does for the CA).
+
+    AgentError                     anything the agent refuses or cannot do; message says what to fix
+    ├── TokenError                 the service-account token cannot be used (never printed)
+    │   ├── TokenFileMissing       ... its file does not exist
+    │   ├── TokenFileEmpty         ... its file is empty (the kubelet has not written it yet)
+    │   └── TokenClaimsError       ... it names no usable service account
+    ├── CaClientError              no certificate from the CA; `.retryable`: can trying again help?
+    │   ├── CaConnectionError      ... the channel cannot be set up (root or PROV_CERT files)
+    │   ├── CaRequestError         ... the CA answered with a gRPC status (`.code`, `.details`)
+    │   └── CaResponseError        ... the CA answered with something the agent may not serve
+    ├── CertificateRefused         a chain fails `agent.acceptance` (identity, key, roots, window)
+    ├── CertificateNotRestored     a previous run's files are not served again (`agent.cert_state`)
+    │   └── NoPreviousCertificate  ... there are none (a first start)
+    └── FileSecretError            mounted or `file-cert:` files refused (`agent.file_mounted`)
+
+`agent.config.ConfigError` (a bad flag or environment variable) is separate: it is raised while
+the configuration is built, before any of the parts above exist, and the command turns it into
+exit status 2.
+
+Who catches what: the scheduler (`agent.scheduler`) catches every failure of one attempt,
+records its message for readiness and retries with backoff, so none of these ends the agent;
+the file watchers log `FileSecretError` and keep the previous secret. Messages name files,
+identities and checks, never key material or tokens.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.ABORTED,
+    }
+)
+"""CA statuses worth retrying at once: the CA is busy, restarting or unreachable."""
+
+
+class AgentError(Exception):
+    """Root of the agent's own errors."""
+
+
+class TokenError(AgentError):
+    """The token cannot be used; the message says why and what to check (never the token)."""
+
+
+class TokenFileMissing(TokenError):
+    pass
+
+
+class TokenFileEmpty(TokenError):
+    pass
+
+
+class TokenClaimsError(TokenError):
+    pass
+
+
+class CaClientError(AgentError):
+    """Any failure to obtain a certificate from the CA. `retryable`: can trying again help?"""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class CaConnectionError(CaClientError):
+    """The channel cannot be set up (e.g. the root file to verify the CA is missing)."""
+
+
+class CaRequestError(CaClientError):
+    """The CA answered with a gRPC error status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"CA returned {code.name}: {details}", retryable=code in RETRYABLE_CODES)
+        self.code = code
+        self.details = details
+
+
+class CaResponseError(CaClientError):
+    """The CA answered, but with something that is not a usable certificate for us."""
+
+
+class CertificateRefused(AgentError):
+    """A certificate chain is not one the agent may serve (for its identity and key)."""
+
+
+class CertificateNotRestored(AgentError):
+    """Why the files of a previous run are not served; names files and checks, never content."""
+
+
+class NoPreviousCertificate(CertificateNotRestored):
+    """The directory holds none of the three files: a first start, nothing to restore."""
+
+
+class FileSecretError(AgentError):
+    """Why a set of files was refused; the message names files and reasons, never content."""

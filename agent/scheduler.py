@@ -1,0 +1,583 @@
+"""The one certificate scheduler: keeps a certificate fresh for every identity in a set.
+
+The shape of SPIRE's agent manager and ztunnel's SecretManager: an identity source reports the
+set of identities to serve; a pure policy (`agent.rotation`) decides when each is due; this
+module's driver acts. The pod agent and the node agent are the same scheduler fed differently:
+
+- pod agent: `SingleIdentitySource` reports the one identity (configured, or read from the
+  token) and `resource_name` publishes it as `default`; the CA is asked for it directly;
+- node agent: an `agent.node_identities` source (pods on the node, or a static list) reports
+  many; each is published under its SPIFFE ID and asked for by impersonation
+  (`impersonate=True`, the node agent authenticates as itself).
+
+Per identity, in order: the start hook (restore a previous run's certificate, see
+`agent.file_output.FileOutput.restore`), else key + CSR → `signer.sign` → publish root, then
+leaf → schedule the renewal at the jittered grace ratio. A failure keeps serving the cached
+certificate and retries that identity alone with backoff, never past its expiry.
+
+Scheduling:
+
+- `set_identities(snapshot)` reconciles: new identities are queued for their first certificate;
+  identities no longer present stop rotating and their secret is removed from the cache
+  (in-flight results for them are dropped).
+- A `FetchQueue` orders pending work: an identity with no certificate yet always goes before any
+  renewal (first certificates are what blocks a new pod; renewals have slack), FIFO within each
+  class. An identity is queued at most once.
+- `max_concurrent` worker tasks take from the queue, so never more than that many key
+  generations + CA calls are in flight (the node agent keeps 8, like ztunnel).
+- Timers carry the generation (count of installed certificates) of the identity they were set
+  for and do nothing if a newer certificate arrived since: the stale-timer guard, even if
+  cancellation raced with the timer firing.
+
+Concurrency model: asyncio, one event loop. `set_identities` runs on the loop (sources hop onto
+it). Per identity there is at most one timer task and at most one worker holding it. Key
+generation and the start hook's file reads run in worker threads (`asyncio.to_thread`). Readers
+on the status thread only call `has_valid_certificate`/`last_error`, which read snapshots
+(`list` copies made under the GIL); the worst case is a momentarily stale answer.
+
+Readiness: ready once the source has reported and every identity it reports holds an unexpired
+certificate. A node with no workloads is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+from agent.backoff import Backoff
+from agent.ca_client import SignedCertificate
+from agent.cert_state import RestoredCertificate
+from agent.config import AgentConfig, ConfigError
+from agent.errors import CertificateNotRestored, NoPreviousCertificate, TokenError
+from agent.metrics import AgentMetrics
+from agent.rotation import (
+    NODE_BACKOFF,
+    SINGLE_IDENTITY_BACKOFF,
+    FailureRecord,
+    RotationPolicy,
+    new_key_and_csr,
+)
+from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from certs import KeySpec, PrivateKey, SpiffeId, describe_certificate, private_key_to_pem
+from meshca.clock import Clock
+
+log = logging.getLogger(__name__)
+
+IdentitySet = frozenset[SpiffeId]
+OnChange = Callable[[IdentitySet], None]
+"""What an identity source (`agent.node_identities.IdentitySource`) reports to: `set_identities`."""
+
+FIRST = 0  # priority classes: lower goes first
+RENEWAL = 1
+
+
+class CertificateSigner(Protocol):
+    """What the scheduler needs from a CA client (`agent.ca_client.CaClient`, or a test fake)."""
+
+    async def sign(
+        self,
+        csr_pem: str,
+        identity: SpiffeId,
+        key: PrivateKey,
+        ttl: timedelta,
+        *,
+        impersonate: SpiffeId | None = None,
+    ) -> SignedCertificate: ...
+
+
+StartHook = Callable[[SpiffeId, str, datetime], RestoredCertificate]
+"""`(identity, resource name, now)` -> a previous run's certificate, or raises
+`CertificateNotRestored`; blocking (run in a thread). `FileOutput.restore` is the one in use."""
+
+
+def publish_as_default(identity: SpiffeId) -> str:
+    """The pod agent's naming: its one certificate is the SDS resource `default`."""
+    return DEFAULT_RESOURCE
+
+
+def publish_as_spiffe_id(identity: SpiffeId) -> str:
+    """The node agent's naming: each certificate is the SDS resource named by its SPIFFE ID."""
+    return identity.uri
+
+
+class FetchQueue:
+    """Identities waiting for a fetch: priority class first (`FIRST` before `RENEWAL`), then
+    FIFO. Each identity is in the queue at most once; re-queuing with a better class promotes
+    it. `discard` forgets one (lazily: its heap entry is skipped when it surfaces)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, SpiffeId]] = []
+        self._queued: dict[SpiffeId, tuple[int, int]] = {}  # identity -> (class, seq) live
+        self._seq = itertools.count()
+        self._nonempty = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def __contains__(self, identity: object) -> bool:
+        return identity in self._queued
+
+    def put(self, identity: SpiffeId, priority: int) -> None:
+        held = self._queued.get(identity)
+        if held is not None and held[0] <= priority:
+            return
+        entry = (priority, next(self._seq))
+        self._queued[identity] = entry
+        heapq.heappush(self._heap, (*entry, identity))
+        self._nonempty.set()
+
+    def discard(self, identity: SpiffeId) -> None:
+        self._queued.pop(identity, None)
+
+    def pop_nowait(self) -> SpiffeId | None:
+        while self._heap:
+            priority, seq, identity = heapq.heappop(self._heap)
+            if self._queued.get(identity) == (priority, seq):
+                del self._queued[identity]
+                return identity
+        return None
+
+    async def get(self) -> SpiffeId:
+        while True:
+            identity = self.pop_nowait()
+            if identity is not None:
+                return identity
+            self._nonempty.clear()
+            await self._nonempty.wait()
+
+
+@dataclass
+class IdentityState:
+    """Everything the scheduler knows about one identity. Replaced (not reused) if the identity
+    leaves and comes back, so stale timers and fetches can tell by identity of the object."""
+
+    identity: SpiffeId
+    name: str  # the SDS resource it is published as
+    current: SignedCertificate | None = None
+    generation: int = 0  # certificates installed so far
+    restored: bool = False  # the current certificate came from a previous run's files
+    started: bool = False  # the start hook has run
+    failures: int = 0
+    last_failure: FailureRecord | None = None
+    next_rotation_at: datetime | None = None
+    timer: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def valid(self, now: datetime) -> bool:
+        current = self.current
+        return current is not None and current.leaf.not_valid_before_utc <= now < current.not_after
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None and not self.timer.done():
+            self.timer.cancel()
+        self.timer = None
+
+
+class CertificateScheduler:
+    """Keeps one certificate per reported identity; see the module docstring."""
+
+    def __init__(
+        self,
+        policy: RotationPolicy,
+        key_spec: KeySpec,
+        signer: CertificateSigner,
+        cache: SecretCache,
+        clock: Clock,
+        *,
+        resource_name: Callable[[SpiffeId], str] = publish_as_spiffe_id,
+        impersonate: bool = False,
+        max_concurrent: int = 1,
+        start_hook: StartHook | None = None,
+        restore_from: Path | None = None,
+        metrics: AgentMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.policy = policy
+        self.max_concurrent = max(1, max_concurrent)
+        self._key_spec = key_spec
+        self._signer = signer
+        self._cache = cache
+        self._clock = clock
+        self._resource_name = resource_name
+        self._impersonate = impersonate
+        self._start_hook = start_hook
+        self._restore_from = restore_from  # only for log lines
+        self._metrics = metrics
+        self._rng = rng or random.Random()
+        self.queue = FetchQueue()
+        self.states: dict[SpiffeId, IdentityState] = {}
+        self.synced = False
+        self.source_failure: str | None = None
+        self.installs = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._workers: list[asyncio.Task[None]] = []
+        self._removals: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: AgentConfig,
+        signer: CertificateSigner,
+        cache: SecretCache,
+        clock: Clock,
+        *,
+        start_hook: StartHook | None = None,
+        metrics: AgentMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> CertificateScheduler:
+        """The scheduler for a pod agent, or with `config.node_mode` a node agent: naming,
+        impersonation, concurrency cap and backoff follow the mode."""
+        node = config.node_mode
+        policy = RotationPolicy(
+            ttl=config.secret_ttl,
+            grace_period_ratio=config.grace_period_ratio,
+            grace_period_ratio_jitter=config.grace_period_ratio_jitter,
+            backoff=NODE_BACKOFF if node else SINGLE_IDENTITY_BACKOFF,
+        )
+        return cls(
+            policy,
+            config.key_spec,
+            signer,
+            cache,
+            clock,
+            resource_name=publish_as_spiffe_id if node else publish_as_default,
+            impersonate=node,
+            max_concurrent=config.max_concurrent_fetches if node else 1,
+            start_hook=start_hook,
+            restore_from=config.output_certs,
+            metrics=metrics,
+            rng=rng,
+        )
+
+    # -- the identity source's side ---------------------------------------------------------
+
+    def set_identities(self, identities: IdentitySet) -> None:
+        """Reconciles with the source's snapshot (called on the event loop)."""
+        self.synced = True
+        self.source_failure = None
+        for identity in sorted(identities, key=str):
+            if identity not in self.states:
+                log.info("identity %s to serve; fetching its certificate", identity)
+                self.states[identity] = IdentityState(identity, self._resource_name(identity))
+                self._enqueue(identity, FIRST)
+        for identity in [i for i in self.states if i not in identities]:
+            self._forget(identity)
+        self._update_gauges()
+
+    def source_failed(self, message: str) -> None:
+        """The source could not tell the identities yet (e.g. no token); shown by readiness."""
+        self.source_failure = message
+
+    def _forget(self, identity: SpiffeId) -> None:
+        state = self.states.pop(identity)
+        state.cancel_timer()
+        self.queue.discard(identity)
+        log.info("identity %s is gone; no longer rotating its certificate", identity)
+        task = asyncio.get_running_loop().create_task(self._cache.remove(state.name))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    @property
+    def identities(self) -> frozenset[SpiffeId]:
+        return frozenset(self.states)
+
+    def request_rotation(self) -> None:
+        """Renews every identity now (e.g. an operator signal); harmless if already queued."""
+        for identity in list(self.states):
+            self._enqueue(identity, RENEWAL)
+
+    # -- readiness (agent.status.ReadinessSource) ------------------------------------------
+
+    def has_valid_certificate(self, now: datetime | None = None) -> bool:
+        """Ready: the source has reported and every known identity holds a valid certificate."""
+        if not self.synced:
+            return False
+        now = now or self._clock.now()
+        return all(state.valid(now) for state in list(self.states.values()))
+
+    @property
+    def last_error(self) -> str | None:
+        """Why not ready, or the latest failure while ready; None when all is well."""
+        if not self.synced:
+            return self.source_failure or "the identity source has not reported any identity yet"
+        now = self._clock.now()
+        states = list(self.states.values())
+        failed = [s for s in states if s.last_failure is not None]
+        if len(states) == 1:  # the pod agent: its one failure, as is
+            only = states[0].last_failure
+            return only.message if only else None
+        missing = [s for s in states if not s.valid(now)]
+        if not missing and not failed:
+            return None
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} of {len(states)} identities have no valid certificate")
+        if failed:
+            latest = max(failed, key=lambda s: s.last_failure.at if s.last_failure else now)
+            assert latest.last_failure is not None
+            parts.append(
+                f"{len(failed)} failing; latest: {latest.identity}: {latest.last_failure.message}"
+            )
+        return "; ".join(parts)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Runs the fetch workers until cancelled."""
+        self._workers = [
+            asyncio.create_task(self._worker(), name=f"certificate-fetch-{i}")
+            for i in range(self.max_concurrent)
+        ]
+        try:
+            await asyncio.gather(*self._workers)
+        finally:
+            for task in self._workers:
+                task.cancel()
+            await asyncio.gather(*self._workers, return_exceptions=True)
+            self._workers = []
+
+    async def _worker(self) -> None:
+        while True:
+            identity = await self.queue.get()
+            state = self.states.get(identity)
+            if state is None:
+                continue
+            self._update_gauges()
+            try:
+                if not state.started:
+                    state.started = True
+                    if await self._restore(state):
+                        continue
+                await self._fetch_and_install(state)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not silently shrink the worker pool
+                log.exception("unexpected error handling %s; retrying it later", identity)
+                if self.states.get(identity) is state:
+                    priority = RENEWAL if state.current else FIRST
+                    self._schedule(state, self.policy.backoff.maximum, priority)
+
+    async def _restore(self, state: IdentityState) -> bool:
+        """Runs the start hook; logs one line saying what happened. True if installed."""
+        if self._start_hook is None:
+            return False
+        where = self._restore_from or "the output directory"
+        try:
+            restored = await asyncio.to_thread(
+                self._start_hook, state.identity, state.name, self._clock.now()
+            )
+        except NoPreviousCertificate:
+            log.info("no certificate for %s from a previous run in %s", state.identity, where)
+            return False
+        except CertificateNotRestored as exc:
+            log.warning(
+                "not restoring the certificate files for %s in %s: %s; asking the CA",
+                state.identity,
+                where,
+                exc,
+            )
+            return False
+        except Exception:  # a bug in the checks must not stop the agent from asking the CA
+            log.exception("could not check the certificate files in %s; asking the CA", where)
+            return False
+        if self.states.get(state.identity) is not state:
+            return True  # gone meanwhile
+        await self._install(state, restored.signed, restored.key_pem, restored.source)
+        return True
+
+    async def _fetch_and_install(self, state: IdentityState) -> None:
+        identity = state.identity
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self._update_gauges()
+        try:
+            key, csr = await asyncio.to_thread(new_key_and_csr, self._key_spec, identity)
+            signed = await self._signer.sign(
+                csr,
+                identity,
+                key,
+                self.policy.ttl,
+                impersonate=identity if self._impersonate else None,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self.states.get(identity) is state:
+                self._on_failure(state, exc)
+            return
+        finally:
+            self.in_flight -= 1
+            self._update_gauges()
+        if self.states.get(identity) is not state:
+            log.debug("dropping the certificate for %s: it is gone meanwhile", identity)
+            return
+        await self._install(state, signed, private_key_to_pem(key).decode("ascii"))
+
+    async def _install(
+        self,
+        state: IdentityState,
+        signed: SignedCertificate,
+        key_pem: str,
+        restored_from: Path | None = None,
+    ) -> None:
+        """Publishes a certificate (from the CA, or `restored_from` a previous run's files) and
+        schedules its renewal."""
+        state.current = signed
+        state.restored = restored_from is not None
+        state.generation += 1
+        state.failures = 0
+        state.last_failure = None
+        self.installs += 1
+        now = self._clock.now()
+        delay = self.policy.renewal_delay(signed.not_after, signed.received_at, now, self._rng)
+        state.next_rotation_at = now + timedelta(seconds=delay)
+        # Root first: a peer may already present a leaf from a new root.
+        await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
+        await self._cache.publish(TlsSecret(state.name, signed.chain_pem, key_pem))
+        if self._metrics:
+            counter = self._metrics.restores if restored_from else self._metrics.rotations
+            counter.inc()
+        log.info(
+            "certificate serial %s for %s %s; expires %s, rotating in %.1fs",
+            signed.serial_hex,
+            ", ".join(describe_certificate(signed.leaf).uri_sans),
+            f"restored from {restored_from} (previous run)" if restored_from else "installed",
+            signed.not_after.isoformat(),
+            delay,
+        )
+        self._schedule(state, delay, RENEWAL)
+
+    def _on_failure(self, state: IdentityState, exc: Exception) -> None:
+        message = str(exc) or type(exc).__name__
+        state.failures += 1
+        now = self._clock.now()
+        state.last_failure = FailureRecord(message, now, state.failures)
+        if self._metrics:
+            self._metrics.rotation_failures.inc()
+        expires = state.current.not_after if state.current else None
+        delay = self.policy.retry_delay(state.failures - 1, now, expires, self._rng)
+        log.warning(
+            "could not obtain a certificate for %s (attempt %d): %s; retrying in %.1fs%s",
+            state.identity,
+            state.failures,
+            message,
+            delay,
+            "; still serving the cached certificate" if state.current else "",
+        )
+        self._schedule(state, delay, RENEWAL if state.current else FIRST)
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def _schedule(self, state: IdentityState, delay: float, priority: int) -> None:
+        state.cancel_timer()
+        due_at = self._clock.now() + timedelta(seconds=delay)
+        state.timer = asyncio.create_task(self._timer(state, state.generation, due_at, priority))
+
+    async def _timer(
+        self, state: IdentityState, generation: int, due_at: datetime, priority: int
+    ) -> None:
+        # An absolute deadline: time spent before this task first runs is not added on top.
+        await self._clock.sleep(max(0.0, (due_at - self._clock.now()).total_seconds()))
+        self._on_due(state, generation, priority)
+
+    def _on_due(self, state: IdentityState, generation: int, priority: int) -> None:
+        """Timer callback: acts only for the certificate it was set for (see the docstring)."""
+        if self.states.get(state.identity) is not state or state.generation != generation:
+            log.debug("stale timer for %s (generation %d)", state.identity, generation)
+            return
+        state.timer = None
+        self._enqueue(state.identity, priority)
+
+    def _enqueue(self, identity: SpiffeId, priority: int) -> None:
+        self.queue.put(identity, priority)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.node_identities.set(len(self.states))
+        self._metrics.fetches_in_flight.set(self.in_flight)
+        self._metrics.fetches_queued.set(len(self.queue))
+
+    async def aclose(self) -> None:
+        """Stops every timer (the `run()` task is cancelled by its owner)."""
+        timers = [s.timer for s in self.states.values() if s.timer is not None]
+        for state in self.states.values():
+            state.cancel_timer()
+        for timer in timers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer
+        if self._removals:
+            await asyncio.gather(*self._removals, return_exceptions=True)
+
+
+class SingleIdentitySource:
+    """The pod agent's identity source: one identity, the configured one or the token's.
+
+    `resolve` (an `agent.token.IdentityResolver`) may fail until the kubelet writes the token;
+    the source retries with `backoff` on `clock`, tells `on_failure` why (readiness shows it),
+    and reports the identity once it is known. Same interface as the node sources
+    (`agent.node_identities.IdentitySource`).
+    """
+
+    def __init__(
+        self,
+        resolve: Callable[[], SpiffeId],
+        clock: Clock,
+        backoff: Backoff,
+        *,
+        on_failure: Callable[[str], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._resolve = resolve
+        self._clock = clock
+        self._backoff = backoff
+        self._on_failure = on_failure
+        self._rng = rng or random.Random()
+        self._task: asyncio.Task[None] | None = None
+        self.identity: SpiffeId | None = None
+
+    def describe(self) -> str:
+        return str(self.identity) if self.identity else "the service-account token"
+
+    def start(self, on_change: OnChange) -> None:
+        """Reports at once when the identity is known (so readiness never sees an unreported
+        pod agent), else retries in a task until it is."""
+        if not self._try_report(on_change):
+            self._task = asyncio.create_task(self._retry(on_change), name="identity")
+
+    def _try_report(self, on_change: OnChange) -> bool:
+        try:
+            identity = self._resolve()
+        except (TokenError, ConfigError) as exc:
+            log.warning("identity not known yet (%s); will retry", exc)
+            if self._on_failure is not None:
+                self._on_failure(str(exc))
+            return False
+        self.identity = identity
+        on_change(frozenset({identity}))
+        return True
+
+    async def _retry(self, on_change: OnChange) -> None:
+        attempt = 0
+        while True:
+            await self._clock.sleep(self._backoff.delay(attempt, self._rng))
+            attempt += 1
+            if self._try_report(on_change):
+                return
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
