@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -59,6 +59,7 @@ __all__ = [
     "CaRequestError",
     "CaResponseError",
     "SignedCertificate",
+    "SigningRequest",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,17 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),  # retries are ours, counted and logged
 ]
+
+
+@dataclass(frozen=True)
+class SigningRequest:
+    """One CSR to have signed: what the scheduler hands any signer (`CaClient`, test fakes)."""
+
+    csr_pem: str
+    identity: SpiffeId  # the answer must name exactly this
+    key: PrivateKey = field(repr=False)  # ... and certify this key (never sent)
+    ttl: timedelta
+    impersonate: SpiffeId | None = None  # node mode: ask on behalf of this workload identity
 
 
 @dataclass(frozen=True)
@@ -133,20 +145,11 @@ class CaClient:
             channel, self._channel = self._channel, None
             await channel.close()
 
-    async def sign(
-        self,
-        csr_pem: str,
-        identity: SpiffeId,
-        key: PrivateKey,
-        ttl: timedelta,
-        *,
-        impersonate: SpiffeId | None = None,
-    ) -> SignedCertificate:
-        """One certificate for `identity`, retrying transient failures a few times.
+    async def sign(self, request: SigningRequest) -> SignedCertificate:
+        """One certificate for `request.identity`, retrying transient failures a few times.
 
-        `impersonate`: ask for that identity on behalf of a workload (node mode); sent as the
-        `ImpersonatedIdentity` request metadata. The response must then be for `identity`, which
-        the caller sets to the same SPIFFE ID.
+        `request.impersonate` (node mode) is sent as the `ImpersonatedIdentity` request
+        metadata; the answer must be for `request.identity` all the same.
 
         Raises `TokenError` (token unreadable), `CaRequestError` (gRPC status, `.retryable`
         says whether trying again can help), `CaResponseError` (unusable answer) or
@@ -155,7 +158,7 @@ class CaClient:
         attempt = 0
         while True:
             try:
-                return await self._sign_once(csr_pem, identity, key, ttl, impersonate)
+                return await self._sign_once(request)
             except CaRequestError as exc:
                 attempt += 1
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
@@ -168,32 +171,25 @@ class CaClient:
                     self._metrics.record_retry()
                 await self._clock.sleep(delay)
 
-    async def _sign_once(
-        self,
-        csr_pem: str,
-        identity: SpiffeId,
-        key: PrivateKey,
-        ttl: timedelta,
-        impersonate: SpiffeId | None,
-    ) -> SignedCertificate:
+    async def _sign_once(self, request: SigningRequest) -> SignedCertificate:
         metadata = self._metadata()  # reads the token: may raise TokenError
         channel = self._get_channel()
         stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
-        request = ca_pb2.IstioCertificateRequest(
-            csr=csr_pem, validity_duration=int(ttl.total_seconds())
+        message = ca_pb2.IstioCertificateRequest(
+            csr=request.csr_pem, validity_duration=int(request.ttl.total_seconds())
         )
-        if impersonate is not None:
-            request.metadata.CopyFrom(impersonation_metadata(impersonate))
+        if request.impersonate is not None:
+            message.metadata.CopyFrom(impersonation_metadata(request.impersonate))
         started = self._clock.monotonic()
         try:
             response = await stub.CreateCertificate(
-                request, metadata=metadata, timeout=self._timeout
+                message, metadata=metadata, timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
             self._record(started, exc.code().name)
             raise CaRequestError(exc.code(), exc.details() or "") from None
         self._record(started, "OK")
-        return self._validate(list(response.cert_chain), identity, key)
+        return self._validate(list(response.cert_chain), request.identity, request.key)
 
     def _record(self, started: float, outcome: str) -> None:
         if self._metrics:

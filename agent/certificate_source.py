@@ -22,7 +22,7 @@ from typing import Protocol
 
 from agent.ca_client import CaClient
 from agent.config import AgentConfig
-from agent.file_mounted import FileMountedSource
+from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
 from agent.node_identities import IdentitySource, identity_source_for
@@ -105,11 +105,10 @@ def certificate_source_for(
         directory = config.file_mounted_dir
         return FileMountedSource(
             cache,
+            FileWatcher(clock=clock, metrics=metrics),
             directory / "cert-chain.pem",
             directory / "key.pem",
             directory / "root-cert.pem",
-            clock=clock,
-            metrics=metrics,
         )
     # In node mode this is the node agent's own token: it authenticates as itself and
     # impersonates the workloads on its node.

@@ -353,25 +353,19 @@ class FileMountedSource:
     def __init__(
         self,
         cache: SecretCache,
+        watcher: FileWatcher,
         cert_path: str | os.PathLike[str] = DEFAULT_CERT_PATH,
         key_path: str | os.PathLike[str] = DEFAULT_KEY_PATH,
         root_path: str | os.PathLike[str] = DEFAULT_ROOT_PATH,
         *,
-        clock: Clock,
-        metrics: FileMetrics | None = None,
-        debounce: float = DEFAULT_DEBOUNCE,
-        resync_interval: float = DEFAULT_RESYNC_INTERVAL,
         cert_name: str = DEFAULT_RESOURCE,
         root_name: str = ROOT_RESOURCE,
     ) -> None:
         self.cache = cache
-        self._clock = clock
+        self.watcher = watcher
         self._resources = (
             FileResource(cert_name, (Path(cert_path), Path(key_path))),
             FileResource(root_name, (Path(root_path),)),
-        )
-        self.watcher = FileWatcher(
-            clock=clock, metrics=metrics, debounce=debounce, resync_interval=resync_interval
         )
 
     async def start(self) -> None:
@@ -399,7 +393,7 @@ class FileMountedSource:
         secret = self.cache.get(self._resources[0].name)
         if not self.ready or secret is None:
             return False
-        return not_after(secret) > (now or self._clock.now())
+        return not_after(secret) > (now or self.watcher.clock.now())
 
     @property
     def last_error(self) -> str | None:
@@ -416,18 +410,9 @@ class FileSecretProvider:
     metric, hear of it), so nothing is reported for files no one serves any more.
     """
 
-    def __init__(
-        self,
-        clock: Clock,
-        *,
-        metrics: FileMetrics | None = None,
-        debounce: float = DEFAULT_DEBOUNCE,
-        resync_interval: float = DEFAULT_RESYNC_INTERVAL,
-    ) -> None:
+    def __init__(self, watcher: FileWatcher) -> None:
         self.cache = SecretCache()
-        self.watcher = FileWatcher(
-            clock=clock, metrics=metrics, debounce=debounce, resync_interval=resync_interval
-        )
+        self.watcher = watcher
 
     def updates(self, name: str) -> AsyncIterator[Secret]:
         """The secret for a `file-*:` name, then each accepted change. Malformed names raise

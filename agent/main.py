@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from agent.certificate_source import CertificateSource, certificate_source_for
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
-from agent.file_mounted import FileSecretProvider
+from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
@@ -75,7 +75,7 @@ class Agent:
             self.file_output = build(config.output_certs, clock)
             self.cache.add_listener(self.file_output.on_secret)
             self.cache.add_removal_listener(self.file_output.on_secret_removed)
-        self.files = FileSecretProvider(clock, metrics=self.metrics)
+        self.files = FileSecretProvider(FileWatcher(clock=clock, metrics=self.metrics))
         self.files.cache.add_listener(self.metrics.on_secret)
         self.files.cache.add_removal_listener(self.metrics.on_secret_removed)
         self.sds = SdsServer(

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.secrets import Secret, not_after
-from meshca.clock import Clock, SystemClock
+from meshca.clock import Clock
 from meshca.prometheus_compat import IstioCounterAliases
 
 CSR_REQUEST = "csr"
@@ -49,27 +49,27 @@ class AgentMetrics:
     than defining metrics of their own, so the full list lives in one place.
     """
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, labels, registry=reg)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, registry=reg)
+
         # CA calls, re-exported under Istio's names (REFERENCE §6) by IstioCounterAliases.
-        self.ca_requests = Counter(
-            "meshca_agent_ca_requests", "Requests sent to the CA.", ["request_type"], registry=reg
+        by_type = "request_type"
+        self.ca_requests = counter("meshca_agent_ca_requests", "Requests sent to the CA.", by_type)
+        self.ca_request_failures = counter(
+            "meshca_agent_ca_request_failures", "Requests to the CA that failed.", by_type
         )
-        self.ca_request_failures = Counter(
-            "meshca_agent_ca_request_failures",
-            "Requests to the CA that failed.",
-            ["request_type"],
-            registry=reg,
-        )
-        self.ca_retries = Counter(
-            "meshca_agent_ca_retries", "Requests to the CA retried.", ["request_type"], registry=reg
-        )
-        self.ca_latency_ms = Counter(
+        self.ca_retries = counter("meshca_agent_ca_retries", "Requests to the CA retried.", by_type)
+        self.ca_latency_ms = counter(
             "meshca_agent_ca_latency_milliseconds",
             "Sum of CA request latencies in milliseconds.",
-            ["request_type"],
-            registry=reg,
+            by_type,
         )
         reg.register(
             IstioCounterAliases(
@@ -89,54 +89,42 @@ class AgentMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=reg,
         )
-        self.rotations = Counter(
+        self.rotations = counter(
             "meshca_agent_rotations",
             "Certificates obtained from the CA and published (first one included).",
-            registry=reg,
         )
-        self.restores = Counter(
+        self.restores = counter(
             "meshca_agent_certificate_restores",
             "Certificates restored at start-up from the output directory of a previous run.",
-            registry=reg,
         )
-        self.rotation_failures = Counter(
+        self.rotation_failures = counter(
             "meshca_agent_rotation_failures",
             "Attempts to obtain a certificate that failed (each is retried with backoff).",
-            registry=reg,
         )
-        self.sds_pushes = Counter(
-            "meshca_agent_sds_pushes",
-            "Secrets pushed to SDS clients.",
-            ["resource_name"],
-            registry=reg,
+        by_name = "resource_name"
+        self.sds_pushes = counter(
+            "meshca_agent_sds_pushes", "Secrets pushed to SDS clients.", by_name
         )
-        self.sds_nacks = Counter(
-            "meshca_agent_sds_nacks",
-            "SDS responses rejected (NACKed) by a client.",
-            ["resource_name"],
-            registry=reg,
+        self.sds_nacks = counter(
+            "meshca_agent_sds_nacks", "SDS responses rejected (NACKed) by a client.", by_name
         )
-        self.file_reload_failures = Counter(
+        self.file_reload_failures = counter(
             "meshca_agent_file_reload_failures",
             "File-mounted certificates refused (unreadable, mismatched key, expired).",
-            ["resource_name"],
-            registry=reg,
+            by_name,
         )
-        # Node mode.
-        self.node_identities = Gauge(
+        # The scheduler (`agent.scheduler`); a pod agent serves one identity.
+        self.node_identities = gauge(
             "meshca_agent_node_identities",
-            "Identities (namespace/service account) the node agent currently serves.",
-            registry=reg,
+            "Identities (namespace/service account) the agent currently serves.",
         )
-        self.fetches_in_flight = Gauge(
+        self.fetches_in_flight = gauge(
             "meshca_agent_fetches_in_flight",
             "Certificate fetches (key generation + CSR) in progress right now.",
-            registry=reg,
         )
-        self.fetches_queued = Gauge(
+        self.fetches_queued = gauge(
             "meshca_agent_fetches_queued",
             "Identities waiting for a fetch slot (first certificates and due renewals).",
-            registry=reg,
         )
         for family in (
             self.ca_requests,
@@ -145,7 +133,7 @@ class AgentMetrics:
             self.ca_latency_ms,
         ):
             family.labels(CSR_REQUEST)  # exposed as 0 before the first request
-        self._expiry = _ExpiryCollector(clock or SystemClock())
+        self._expiry = _ExpiryCollector(clock)
         reg.register(self._expiry)
 
     def record_ca_request(self, seconds: float, outcome: str) -> None:

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.backoff import Backoff
-from agent.ca_client import SignedCertificate
+from agent.ca_client import SignedCertificate, SigningRequest
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig, ConfigError
 from agent.errors import CertificateNotRestored, NoPreviousCertificate, TokenError
@@ -67,7 +67,7 @@ from agent.rotation import (
     new_key_and_csr,
 )
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
-from certs import KeySpec, PrivateKey, SpiffeId, describe_certificate, private_key_to_pem
+from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
 from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -83,15 +83,7 @@ RENEWAL = 1
 class CertificateSigner(Protocol):
     """What the scheduler needs from a CA client (`agent.ca_client.CaClient`, or a test fake)."""
 
-    async def sign(
-        self,
-        csr_pem: str,
-        identity: SpiffeId,
-        key: PrivateKey,
-        ttl: timedelta,
-        *,
-        impersonate: SpiffeId | None = None,
-    ) -> SignedCertificate: ...
+    async def sign(self, request: SigningRequest) -> SignedCertificate: ...
 
 
 StartHook = Callable[[SpiffeId, str, datetime], RestoredCertificate]
@@ -402,11 +394,13 @@ class CertificateScheduler:
         try:
             key, csr = await asyncio.to_thread(new_key_and_csr, self._key_spec, identity)
             signed = await self._signer.sign(
-                csr,
-                identity,
-                key,
-                self.policy.ttl,
-                impersonate=identity if self._impersonate else None,
+                SigningRequest(
+                    csr,
+                    identity,
+                    key,
+                    self.policy.ttl,
+                    impersonate=identity if self._impersonate else None,
+                )
             )
         except asyncio.CancelledError:
             raise
@@ -520,6 +514,7 @@ class CertificateScheduler:
             await asyncio.gather(*self._removals, return_exceptions=True)
 
 
+@dataclass(eq=False)
 class SingleIdentitySource:
     """The pod agent's identity source: one identity, the configured one or the token's.
 
@@ -529,22 +524,13 @@ class SingleIdentitySource:
     (`agent.node_identities.IdentitySource`).
     """
 
-    def __init__(
-        self,
-        resolve: Callable[[], SpiffeId],
-        clock: Clock,
-        backoff: Backoff,
-        *,
-        on_failure: Callable[[str], None] | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._resolve = resolve
-        self._clock = clock
-        self._backoff = backoff
-        self._on_failure = on_failure
-        self._rng = rng or random.Random()
-        self._task: asyncio.Task[None] | None = None
-        self.identity: SpiffeId | None = None
+    resolve: Callable[[], SpiffeId]
+    clock: Clock
+    backoff: Backoff
+    on_failure: Callable[[str], None] | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    identity: SpiffeId | None = field(default=None, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def describe(self) -> str:
         return str(self.identity) if self.identity else "the service-account token"
@@ -557,11 +543,11 @@ class SingleIdentitySource:
 
     def _try_report(self, on_change: OnChange) -> bool:
         try:
-            identity = self._resolve()
+            identity = self.resolve()
         except (TokenError, ConfigError) as exc:
             log.warning("identity not known yet (%s); will retry", exc)
-            if self._on_failure is not None:
-                self._on_failure(str(exc))
+            if self.on_failure is not None:
+                self.on_failure(str(exc))
             return False
         self.identity = identity
         on_change(frozenset({identity}))
@@ -570,7 +556,7 @@ class SingleIdentitySource:
     async def _retry(self, on_change: OnChange) -> None:
         attempt = 0
         while True:
-            await self._clock.sleep(self._backoff.delay(attempt, self._rng))
+            await self.clock.sleep(self.backoff.delay(attempt, self.rng))
             attempt += 1
             if self._try_report(on_change):
                 return

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.ca_client import SignedCertificate
+from agent.ca_client import SignedCertificate, SigningRequest
 from certs import (
     CLOCK_SKEW_BACKDATE,
     PrivateKey,
@@ -89,25 +89,17 @@ class FakeSigner:
         self.calls = 0
         self.impersonated: list[SpiffeId | None] = []
 
-    async def sign(
-        self,
-        csr_pem: str,
-        identity: SpiffeId,
-        key: PrivateKey,
-        ttl: timedelta,
-        *,
-        impersonate: SpiffeId | None = None,
-    ) -> SignedCertificate:
+    async def sign(self, request: SigningRequest) -> SignedCertificate:
         from certs import load_cert
 
         self.calls += 1
-        self.impersonated.append(impersonate)
+        self.impersonated.append(request.impersonate)
         if self.fail_always is not None:
             raise self.fail_always
         if self.failures:
             raise self.failures.pop(0)
         now = self.clock.now()
-        elements = self.pki.issue(csr_pem, ttl, now)
+        elements = self.pki.issue(request.csr_pem, request.ttl, now)
         return SignedCertificate(
             chain_pem=elements[0],
             root_bundle_pem=elements[1],

@@ -16,6 +16,7 @@ from agent.ca_client import (
     CaRequestError,
     CaResponseError,
     SignedCertificate,
+    SigningRequest,
     channel_options,
 )
 from agent.metrics import AgentMetrics
@@ -56,7 +57,8 @@ async def sign(
     client: CaClient, identity: SpiffeId = IDENTITY
 ) -> tuple[PrivateKey, SignedCertificate]:
     key = generate_private_key()
-    return key, await client.sign(build_csr(key, identity), identity, key, timedelta(minutes=5))
+    request = SigningRequest(build_csr(key, identity), identity, key, timedelta(minutes=5))
+    return key, await client.sign(request)
 
 
 def test_signs_with_headers_and_validates(tmp_path: Path) -> None:

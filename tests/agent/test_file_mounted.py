@@ -23,6 +23,7 @@ from agent.file_mounted import (
     FileResource,
     FileSecretError,
     FileSecretProvider,
+    FileWatcher,
     load_root_secret,
     load_tls_secret,
 )
@@ -199,11 +200,10 @@ def test_file_changes_reach_a_connected_sds_client(
         cache = SecretCache()
         source = FileMountedSource(
             cache,
+            FileWatcher(clock=FakeClock(NOW), debounce=0.05),
             certs_dir / "cert-chain.pem",
             certs_dir / "key.pem",
             certs_dir / "root-cert.pem",
-            clock=FakeClock(NOW),
-            debounce=0.05,
         )
         await source.start()
         assert source.ready
@@ -245,12 +245,10 @@ def test_bad_files_are_refused_and_the_old_secret_kept(
         cache = SecretCache()
         source = FileMountedSource(
             cache,
+            FileWatcher(clock=FakeClock(NOW), metrics=metrics, debounce=0.05),
             workdir / "cert-chain.pem",
             workdir / "key.pem",
             workdir / "root-cert.pem",
-            clock=FakeClock(NOW),
-            metrics=metrics,
-            debounce=0.05,
         )
         await source.start()
         server = SdsServer(cache, workdir / "sds.sock")
@@ -291,7 +289,7 @@ def test_file_cert_and_file_root_names_over_sds(ca: TestAuthority, workdir: Path
     async def main() -> None:
         issued = ca.issue("app")
         write_plain(workdir, istio_files(issued, ca))
-        provider = FileSecretProvider(FakeClock(NOW), debounce=0.05)
+        provider = FileSecretProvider(FileWatcher(clock=FakeClock(NOW), debounce=0.05))
         server = SdsServer(SecretResolver(SecretCache(), provider), workdir / "sds.sock")
         await server.start()
         cert_name = f"file-cert:{workdir}/cert-chain.pem~{workdir}/key.pem"

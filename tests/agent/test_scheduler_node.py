@@ -14,12 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 
-from agent.ca_client import CaRequestError, SignedCertificate
+from agent.ca_client import CaRequestError, SignedCertificate, SigningRequest
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
-from certs import PrivateKey, SpiffeId, load_cert
+from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.pki import Pki
 
@@ -46,22 +46,14 @@ class GatedSigner:
         self.impersonated: list[SpiffeId | None] = []
         self.fail: set[SpiffeId] = set()
 
-    async def sign(
-        self,
-        csr_pem: str,
-        identity: SpiffeId,
-        key: PrivateKey,
-        ttl: timedelta,
-        *,
-        impersonate: SpiffeId | None = None,
-    ) -> SignedCertificate:
-        self.calls.append(identity)
-        self.impersonated.append(impersonate)
+    async def sign(self, request: SigningRequest) -> SignedCertificate:
+        self.calls.append(request.identity)
+        self.impersonated.append(request.impersonate)
         await self.gate.wait()
-        if identity in self.fail:
+        if request.identity in self.fail:
             raise CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA down")
         now = self.clock.now()
-        elements = self.pki.issue(csr_pem, ttl, now)
+        elements = self.pki.issue(request.csr_pem, request.ttl, now)
         return SignedCertificate(elements[0], elements[1], load_cert(elements[0]), now)
 
 
