@@ -1,2 +1,33 @@
-"""The meshca agent: gets a workload its identity from the CA, keeps it fresh, and hands it to
-Envoy (SDS over a Unix socket) and to applications (files)."""
+"""The meshca agent: gets workloads their identity from the CA, keeps it fresh, and hands it to
+Envoy (SDS over a Unix socket) and to applications (files).
+
+Certificate path (one direction, one module each):
+identity source (`scheduler.SingleIdentitySource` for a pod, `node_identities` for a node) →
+`scheduler` (when is each identity due: `rotation`, the pure policy; restore first through the
+`file_output` start hook, which reads via `cert_state` and `output_dir`) → `ca_client` (the CA
+call; the answer must pass `acceptance`) → `secrets.SecretCache` → consumers: `sds` (Envoy),
+`file_output` (`output_dir`'s `..data` layout), `metrics`, `status` (readiness).
+
+Module map:
+
+- `main`: the `Agent`, composed once from `config`; holds one `certificate_source`
+  (CA-backed scheduler, or `file_mounted` files) and never asks which kind.
+- `scheduler`: the one driver over a set of identities (priority, bounded concurrency,
+  per-identity backoff); `rotation`: when to renew and retry, key + CSR; `backoff`.
+- `acceptance`: the one "may this certificate be served" rule, for the CA's answer, restored
+  files and mounted files.
+- `ca_client` (gRPC/TLS to the CA), `token` (service-account token and the identity in it).
+- `output_dir` (write a generation, read the current one), `file_output` (cache → files, and
+  the restore hook), `cert_state` (may a previous run's files be served again).
+- `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds`, `status`,
+  `metrics`, `secrets`.
+- `errors`: every error the agent raises on purpose, drawn once; `config`: flags and
+  environment; `up`: `meshca up`.
+
+Concurrency model: one asyncio event loop runs the scheduler's workers and timers, the CA
+client, the SDS server and the file output (a cache listener). Blocking work hops off it: key
+generation and restore reads run in `asyncio.to_thread`; watchdog's observer thread and the
+status HTTP server's thread only hand events to the loop (`call_soon_threadsafe`) or read
+immutable snapshots. Time comes from one injected `meshca.clock.Clock`, chosen at the root
+(`main.run_agent_command`, `up`).
+"""

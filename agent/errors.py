@@ -12,7 +12,10 @@
     ├── CertificateRefused         a chain fails `agent.acceptance` (identity, key, roots, window)
     ├── CertificateNotRestored     a previous run's files are not served again (`agent.cert_state`)
     │   └── NoPreviousCertificate  ... there are none (a first start)
-    └── FileSecretError            mounted or `file-cert:` files refused (`agent.file_mounted`)
+    ├── FileSecretError            mounted or `file-cert:` files refused (`agent.file_mounted`)
+    ├── UnknownResourceError       an SDS name this agent cannot serve (also a ValueError)
+    │   └── UnknownFileResourceError  ... a malformed `file-cert:`/`file-root:` name
+    └── AgentFailed                a background worker died: the agent stops, exit status 1
 
 `agent.config.ConfigError` (a bad flag or environment variable) is separate: it is raised while
 the configuration is built, before any of the parts above exist, and the command turns it into
@@ -20,7 +23,9 @@ exit status 2.
 
 Who catches what: the scheduler (`agent.scheduler`) catches every failure of one attempt,
 records its message for readiness and retries with backoff, so none of these ends the agent;
-the file watchers log `FileSecretError` and keep the previous secret. Messages name files,
+the file watchers log `FileSecretError` and keep the previous secret; the SDS server answers
+`UnknownResourceError` with INVALID_ARGUMENT on that stream only; `AgentFailed` is the one
+that ends the process (`agent.main`). Messages name files,
 identities and checks, never key material or tokens.
 """
 
@@ -99,3 +104,16 @@ class NoPreviousCertificate(CertificateNotRestored):
 
 class FileSecretError(AgentError):
     """Why a set of files was refused; the message names files and reasons, never content."""
+
+
+class UnknownResourceError(AgentError, ValueError):
+    """A requested resource name this agent cannot serve (e.g. a malformed `file-cert:` name)."""
+
+
+class UnknownFileResourceError(UnknownResourceError):
+    """A malformed `file-cert:` / `file-root:` resource name."""
+
+
+class AgentFailed(AgentError):
+    """A background worker (certificate rotation) died: the agent can no longer keep its
+    certificates fresh, so it stops and exits non-zero for its supervisor to restart it."""

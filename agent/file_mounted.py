@@ -44,7 +44,7 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from agent.acceptance import accept_certificate
-from agent.errors import CertificateRefused, FileSecretError
+from agent.errors import CertificateRefused, FileSecretError, UnknownFileResourceError
 from agent.metrics import LabeledCounter
 from agent.secrets import (
     DEFAULT_RESOURCE,
@@ -70,10 +70,6 @@ DEFAULT_RESYNC_INTERVAL = 60.0
 
 # watchdog also reports reads (opened / closed without writing); those are our own re-reads.
 _CHANGE_EVENTS = frozenset({"created", "deleted", "modified", "moved", "closed"})
-
-
-class UnknownFileResourceError(ValueError):
-    """A malformed `file-cert:` / `file-root:` resource name."""
 
 
 class FileMetrics(Protocol):

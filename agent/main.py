@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from agent.certificate_source import CertificateSource, certificate_source_for
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
+from agent.errors import AgentFailed
 from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
@@ -48,15 +49,12 @@ from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.logs import configure_logging
 
+__all__ = ["Agent", "AgentFailed", "main", "run_agent_command"]
+
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 4.0
 CERTIFICATE_WORKER = "certificates"
-
-
-class AgentFailed(Exception):
-    """A background worker (certificate rotation) died: the agent can no longer keep its
-    certificates fresh, so it stops and exits non-zero for its supervisor to restart it."""
 
 
 class Agent:

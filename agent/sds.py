@@ -44,6 +44,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from google.protobuf import any_pb2
 
+from agent.errors import UnknownResourceError
 from agent.metrics import LabeledCounter
 from agent.secrets import (
     FILE_CERT_PREFIX,
@@ -75,10 +76,6 @@ class SdsMetrics(Protocol):
 
 
 # --- resolving names -------------------------------------------------------------------------
-
-
-class UnknownResourceError(ValueError):
-    """A requested resource name this agent cannot serve (e.g. a malformed `file-cert:` name)."""
 
 
 class SecretSource(Protocol):

@@ -1,6 +1,6 @@
 """The secrets the agent serves, and the in-memory cache that connects producers to consumers.
 
-Producers (the SecretManager fetching from the CA, the file-mounted watcher) `publish()` secrets
+Producers (the scheduler fetching from the CA, the file-mounted watcher) `publish()` secrets
 by resource name; consumers (SDS streams, file output, metrics) iterate `updates(name)` and see
 the current value first, then every change. Everything here runs on one asyncio event loop;
 producers living on other threads (watchdog) must hop onto the loop first

@@ -24,7 +24,7 @@ METRICS_PATH = "/metrics"
 
 
 class ReadinessSource(Protocol):
-    """What the status endpoint asks (`SecretManager`, `NodeSecretManager`, file-mounted)."""
+    """What the status endpoint asks (the Agent's `certificate_source.CertificateSource`)."""
 
     def has_valid_certificate(self, now: datetime | None = None) -> bool: ...
 

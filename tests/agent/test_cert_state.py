@@ -144,7 +144,7 @@ def test_an_empty_directory_is_a_first_start(tmp_path: Path) -> None:
         load_previous_certificate(tmp_path / "absent", IDENTITY, ISSUED)
 
 
-# -- the SecretManager adopting it --------------------------------------------------------------
+# -- the scheduler adopting it ------------------------------------------------------------------
 
 Harness = tuple[CertificateScheduler, FakeSigner, SecretCache, FakeClock, AgentMetrics]
 
