@@ -424,7 +424,14 @@ class CertificateScheduler:
         restored_from: Path | None = None,
     ) -> None:
         """Publishes a certificate (from the CA, or `restored_from` a previous run's files) and
-        schedules its renewal."""
+        schedules its renewal. The state changes only once the secrets are published (and so
+        written out by the cache's listeners): readiness never runs ahead of SDS and files."""
+        # Root first: a peer may already present a leaf from a new root.
+        await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
+        await self._cache.publish(TlsSecret(state.name, signed.chain_pem, key_pem))
+        if self.states.get(state.identity) is not state:  # it left while we published
+            await self._cache.remove(state.name)
+            return
         state.current = signed
         state.restored = restored_from is not None
         state.generation += 1
@@ -434,9 +441,6 @@ class CertificateScheduler:
         now = self._clock.now()
         delay = self.policy.renewal_delay(signed.not_after, signed.received_at, now, self._rng)
         state.next_rotation_at = now + timedelta(seconds=delay)
-        # Root first: a peer may already present a leaf from a new root.
-        await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
-        await self._cache.publish(TlsSecret(state.name, signed.chain_pem, key_pem))
         if self._metrics:
             counter = self._metrics.restores if restored_from else self._metrics.rotations
             counter.inc()
