@@ -103,7 +103,8 @@ def identity_from_token(token: str, trust_domain: str) -> SpiffeId:
 class IdentityResolver:
     """Which identity to ask the CA for: the configured one, or else the token's.
 
-    Resolved on every fetch, so an agent started before its token exists still finds it later.
+    Called by `agent.scheduler.SingleIdentitySource` until it answers, so an agent started
+    before its token exists still finds its identity once the kubelet writes the token.
     """
 
     def __init__(self, fixed: SpiffeId | None, tokens: TokenProvider, trust_domain: str) -> None:
