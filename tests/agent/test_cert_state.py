@@ -322,3 +322,48 @@ def test_file_output_writes_a_set_it_did_not_restore(tmp_path: Path, pki: Pki) -
     output.on_secret(RootSecret("ROOTCA", pki.root_pem))
     output.on_secret(TlsSecret("default", chain, key_pem))
     assert output.writes == 1 and (tmp_path / "..data").resolve() != generation
+
+
+def test_node_scheduler_restores_each_identity_from_its_own_directory(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """Node mode restores too: each identity from OUTPUT/<ns>/<sa>/, none of it rewritten,
+    while the CA refuses every call."""
+    cart = SpiffeId("cluster.local", "shop", "cart")
+    orders = SpiffeId("cluster.local", "shop", "orders")
+    chains = {
+        identity: write_previous_run(
+            tmp_path / identity.namespace / identity.service_account, pki, uri=identity.uri
+        )[0]
+        for identity in (cart, orders)
+    }
+
+    async def main() -> None:
+        clock = FakeClock(ISSUED + timedelta(seconds=30))
+        cache, metrics = SecretCache(), AgentMetrics(clock)
+        output = FileOutput.node(tmp_path, clock)
+        cache.add_listener(output.on_secret)
+        signer = FakeSigner(pki, clock)
+        signer.fail_always = CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA is down")
+        config = AgentConfig(
+            secret_ttl=TTL, node_mode=True, identities=(("shop", "cart"),), output_certs=tmp_path
+        )
+        scheduler = CertificateScheduler.from_config(
+            config, signer, cache, clock, start_hook=output.restore, metrics=metrics
+        )
+        task = asyncio.create_task(scheduler.run())
+        scheduler.set_identities(frozenset({cart, orders}))
+        try:
+            await until(scheduler.has_valid_certificate)
+            for identity, chain in chains.items():
+                tls = cache.get(identity.uri)
+                assert isinstance(tls, TlsSecret) and tls.cert_chain_pem == chain
+                assert scheduler.states[identity].restored
+            assert signer.calls == 0 and output.writes == 0
+            assert metrics.restores._value.get() == 2
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await scheduler.aclose()
+
+    asyncio.run(main())
