@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,16 +19,8 @@ from agent.status import readiness_report
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import SystemClock
 from tests.agent.pki import FakeCaServicer, Pki, start_fake_ca
-from tests.agent.wiring import pod_generation, scheduler_of
+from tests.agent.wiring import pod_generation, scheduler_of, until
 from tests.support.processes import http_status, http_text
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def status(url: str) -> int | None:
@@ -55,14 +45,14 @@ def test_agent_end_to_end_with_fake_ca() -> None:
         await agent.start()
         try:
             ready = f"{agent.status.url}/healthz/ready"
-            await until(lambda: agent.certificates.last_error is not None)
+            await until(lambda: agent.certificates.last_error is not None, timeout=10)
             assert await status(ready) == 503
             body = await asyncio.to_thread(_body, ready)
             assert "does not exist" in body and str(token_path) in body
 
             # Identity comes from the token's claims when not configured.
             token_path.write_text(jwt.encode({"sub": "system:serviceaccount:shop:cart"}, "k" * 32))
-            await until(lambda: pod_generation(agent) > 0)
+            await until(lambda: pod_generation(agent) > 0, timeout=10)
             assert await status(ready) == 200
             files = tmp / "certs"
             cert = load_cert((files / "cert-chain.pem").read_bytes())
@@ -77,11 +67,11 @@ def test_agent_end_to_end_with_fake_ca() -> None:
             # A rejected renewal is reported but the agent stays ready on its cached cert.
             ca.abort_with = [(grpc.StatusCode.UNAUTHENTICATED, "token expired")]
             scheduler_of(agent).request_rotation()
-            await until(lambda: agent.certificates.last_error is not None)
+            await until(lambda: agent.certificates.last_error is not None, timeout=10)
             assert await status(ready) == 200
             report = readiness_report(agent.certificates, clock.now())[1]
             assert "CA returned UNAUTHENTICATED: token expired" in report
-            await until(lambda: pod_generation(agent) == 2)
+            await until(lambda: pod_generation(agent) == 2, timeout=10)
         finally:
             await agent.stop()
             await server.stop(None)

@@ -36,7 +36,7 @@ from certs import (
 )
 from meshca.clock import FakeClock
 from tests.agent.pki import IDENTITY, FakeSigner, Pki
-from tests.agent.test_scheduler_pod import until
+from tests.agent.wiring import until
 
 ISSUED = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -22,6 +21,7 @@ from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.pki import Pki
+from tests.agent.wiring import until
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)
@@ -55,14 +55,6 @@ class GatedSigner:
         now = self.clock.now()
         elements = self.pki.issue(request.csr_pem, request.ttl, now)
         return SignedCertificate(elements[0], elements[1], load_cert(elements[0]), now)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -21,6 +20,7 @@ from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import FakeClock
 from tests.agent.pki import IDENTITY, FakeSigner, Pki
+from tests.agent.wiring import until
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)
@@ -34,15 +34,6 @@ class RecordingClock(FakeClock):
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append((self.now(), seconds))
         await super().sleep(seconds)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Lets the loop run (key generation uses a real thread) until `predicate` holds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 def test_rotation_delay_is_measured_from_receipt_not_not_before() -> None:

@@ -1,6 +1,11 @@
-"""Reaching into a wired-up `Agent` from tests: its scheduler, and its one identity's state."""
+"""Reaching into a wired-up `Agent` from tests: its scheduler, and its one identity's state;
+and waiting on the loop for a condition."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
 
 from agent.certificate_source import CaCertificateSource
 from agent.main import Agent
@@ -25,3 +30,12 @@ def pod_generation(agent: Agent) -> int:
     """How many certificates the pod agent has installed so far."""
     state = pod_state(agent)
     return state.generation if state else 0
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Lets the loop run (key generation uses a real thread) until `predicate` holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)

@@ -25,15 +25,11 @@ def _identity_of(path: Path) -> str | None:
         return None
 
 
-def test_node_agent_gets_the_identities_of_pods_on_its_node(
-    tmp_path: Path, kube_api: KubeApiServer, kube_ca: CaFactory
-):
-    kube_api.create_namespace("shop")
+def _add_node_agent_pod(kube_api: KubeApiServer) -> None:
+    """The node agent's own pod on NODE, and its token `node-agent-token` (bound to that pod)."""
     kube_api.create_pod(
         CA_NAMESPACE, "node-agent-a", service_account="node-agent", uid="na-a", node_name=NODE
     )
-    kube_api.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
-    kube_api.create_pod("shop", "payments-1", service_account="payments", node_name="node-b")
     kube_api.add_service_account_token(
         "node-agent-token",
         CA_NAMESPACE,
@@ -42,6 +38,15 @@ def test_node_agent_gets_the_identities_of_pods_on_its_node(
         pod_name="node-agent-a",
         pod_uid="na-a",
     )
+
+
+def test_node_agent_gets_the_identities_of_pods_on_its_node(
+    tmp_path: Path, kube_api: KubeApiServer, kube_ca: CaFactory
+):
+    kube_api.create_namespace("shop")
+    _add_node_agent_pod(kube_api)
+    kube_api.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
+    kube_api.create_pod("shop", "payments-1", service_account="payments", node_name="node-b")
     ca = kube_ca(
         "ca-0", "--no-root-configmaps", "--trusted-node-accounts", f"{CA_NAMESPACE}/node-agent"
     )
@@ -131,19 +136,9 @@ def test_node_agent_restarted_while_the_ca_is_down_serves_its_previous_certifica
     once the CA is back (restore is the scheduler's per-identity start hook, so node mode has
     it too)."""
     kube_api.create_namespace("shop")
-    kube_api.create_pod(
-        CA_NAMESPACE, "node-agent-a", service_account="node-agent", uid="na-a", node_name=NODE
-    )
+    _add_node_agent_pod(kube_api)
     kube_api.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
     kube_api.create_pod("shop", "orders-1", service_account="orders", node_name=NODE)
-    kube_api.add_service_account_token(
-        "node-agent-token",
-        CA_NAMESPACE,
-        "node-agent",
-        audiences=["istio-ca"],
-        pod_name="node-agent-a",
-        pod_uid="na-a",
-    )
     ca_args = ("--no-root-configmaps", "--trusted-node-accounts", f"{CA_NAMESPACE}/node-agent")
     ca = kube_ca("ca-0", *ca_args)
 
