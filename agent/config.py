@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
+from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
 
 DEFAULT_CA_ADDR = "istiod.istio-system.svc:15012"
@@ -288,17 +289,10 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
 def parse_identities(text: str, where: str) -> tuple[tuple[str, str], ...]:
     """`ns/sa,ns/sa` (commas or newlines; `#` starts a comment) → ((ns, sa), ...), deduplicated
     in order."""
-    pairs: dict[tuple[str, str], None] = {}
-    for line in text.splitlines():
-        for item in line.split("#", 1)[0].split(","):
-            item = item.strip()
-            if not item:
-                continue
-            namespace, sep, account = item.partition("/")
-            if not sep or not namespace or not account or "/" in account:
-                raise ConfigError(f"{where}: {item!r} is not NAMESPACE/SERVICE_ACCOUNT")
-            pairs[(namespace, account)] = None
-    return tuple(pairs)
+    try:
+        return parse_account_list(text, comments=True)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _int(where: str, text: str) -> int:

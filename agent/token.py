@@ -18,6 +18,7 @@ import jwt
 
 from agent.errors import TokenClaimsError, TokenError, TokenFileEmpty, TokenFileMissing
 from certs import SpiffeId, SpiffeIdError
+from meshca.accounts import account_from_username
 
 __all__ = [
     "FileTokenProvider",
@@ -86,9 +87,9 @@ def identity_from_token(token: str, trust_domain: str) -> SpiffeId:
         if isinstance(account, dict):
             service_account = account.get("name")
     if not (namespace and service_account):
-        parts = str(claims.get("sub", "")).split(":")
-        if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
-            namespace, service_account = parts[2], parts[3]
+        account = account_from_username(str(claims.get("sub", "")))
+        if account is not None:
+            namespace, service_account = account
     if not (isinstance(namespace, str) and isinstance(service_account, str)):
         raise TokenClaimsError(
             "the token names no service account (no kubernetes.io claim, sub is not "

@@ -1,17 +1,34 @@
-"""The CA's configuration: one typed object built once from flags, then passed down."""
+"""The CA's configuration: one typed object built once from flags, then passed down.
+
+`add_ca_arguments` registers `meshca ca`'s flags; `CaConfig.from_args(args, environ)` merges them
+over Istio's environment variables (`POD_NAMESPACE`, `CLUSTER_ID`, `CA_TRUSTED_NODE_ACCOUNTS`,
+`POD_NAME`, `KUBERNETES_SERVICE_HOST`) and the defaults. The environment is handed in, so nothing
+below reads `os.environ` and tests can pass a dict — the same shape as `agent.config`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
-from certs import DEFAULT_TRUST_DOMAIN, KeySpec
+from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
+from meshca.accounts import parse_account_list
+from meshca.durations import parse_duration
 
 DEFAULT_AUDIENCE = "istio-ca"
 DEFAULT_SERVING_HOSTS = ("localhost", "127.0.0.1", "istiod.istio-system.svc")
 DEFAULT_NAMESPACE = "istio-system"
 DEFAULT_CLUSTER_ID = "Kubernetes"
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable has a value the CA cannot use; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -84,3 +101,255 @@ class CaConfig:
     plugged_ca_poll_interval: timedelta = timedelta(seconds=5)
     shutdown_grace: timedelta = timedelta(seconds=2)
     kube: KubeConfig | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> CaConfig:
+        """Merges parsed flags (from `add_ca_arguments`) over `environ` over defaults;
+        `ConfigError` names the flag to fix."""
+        if len(args.jwks) != len(args.jwt_issuer):
+            raise ConfigError("give one --jwt-issuer for each --jwks")
+        audiences = tuple(args.audience) or (DEFAULT_AUDIENCE,)
+        issuers = tuple(
+            JwtIssuerConfig(issuer, jwks, audiences)
+            for issuer, jwks in zip(args.jwt_issuer, args.jwks, strict=True)
+        )
+        kube = _kube_config(args, environ)
+        # The development issuer is a local stand-in for the API server: never trusted by
+        # default when a real cluster (or real issuer) is configured.
+        trust_dev = args.dev_issuer if args.dev_issuer is not None else not (issuers or kube)
+        try:
+            ttl = TtlPolicy(
+                args.workload_cert_ttl, args.max_workload_cert_ttl, args.min_workload_cert_ttl
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        config = cls(
+            data_dir=args.data_dir,
+            listen=args.listen,
+            mtls_listen=args.mtls_listen,
+            monitoring_listen=args.monitoring_listen,
+            trust_domain=args.trust_domain,
+            cacerts_dir=args.cacerts_dir,
+            jwt_issuers=issuers,
+            trust_dev_issuer=trust_dev,
+            ttl=ttl,
+            root_key=args.root_key,
+            root_lifetime=args.root_ttl,
+            plugged_ca_poll_interval=args.ca_reload_interval,
+            kube=kube,
+        )
+        if args.serving_host:
+            config = replace(config, serving_hosts=tuple(args.serving_host))
+        return config
+
+
+def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeConfig | None:
+    """Kubernetes mode is on with `--kubeconfig`, or in a pod (in-cluster credentials), unless
+    `--no-kubernetes`; `--kubernetes` insists (and fails at start-up without credentials)."""
+    in_cluster = bool(environ.get("KUBERNETES_SERVICE_HOST")) and IN_CLUSTER_TOKEN.exists()
+    enabled = args.kubernetes
+    if enabled is None:
+        enabled = args.kubeconfig is not None or in_cluster
+    if not enabled:
+        return None
+    remote = []
+    for item in args.remote_kubeconfig:
+        cluster_id, sep, path = item.partition("=")
+        if not sep or not cluster_id or not path:
+            raise ConfigError(f"--remote-kubeconfig {item!r} is not CLUSTER_ID=PATH")
+        remote.append((cluster_id, Path(path)))
+    accounts = args.trusted_node_accounts
+    if accounts is None:
+        accounts = environ.get("CA_TRUSTED_NODE_ACCOUNTS", "")
+    try:
+        trusted = parse_account_list(accounts)
+    except ValueError as exc:
+        raise ConfigError(f"--trusted-node-accounts: {exc}") from exc
+    instance_id = (
+        args.instance_id or environ.get("POD_NAME") or (f"{socket.gethostname()}-{os.getpid()}")
+    )
+    return KubeConfig(
+        kubeconfig=args.kubeconfig,
+        remote_kubeconfigs=tuple(remote),
+        namespace=args.namespace or environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
+        cluster_id=args.cluster_id or environ.get("CLUSTER_ID") or DEFAULT_CLUSTER_ID,
+        token_review=args.token_review,
+        audiences=tuple(args.audience) or (DEFAULT_AUDIENCE,),
+        trusted_node_accounts=trusted,
+        instance_id=instance_id,
+        qps=args.kube_qps,
+        burst=args.kube_burst,
+        publish_root=args.root_configmaps,
+    )
+
+
+# --- flags ------------------------------------------------------------------------------------
+
+
+def duration_argument(text: str) -> timedelta:
+    """An argparse type for durations such as `90d`, `24h`, `10m`."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` that must be above zero."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+        return value
+
+    return parse
+
+
+def _key_spec(text: str) -> KeySpec:
+    try:
+        return KeySpec.parse(text)
+    except CertsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
+    """Registers `meshca ca`'s flags. Defaults that Istio's environment variables may fill in
+    are None here; `CaConfig.from_args` resolves them from the environment it is handed."""
+    ca.add_argument(
+        "--data-dir",
+        type=Path,
+        required=True,
+        help="state directory: root key/cert, dev issuer, published root-cert.pem",
+    )
+    ca.add_argument("--listen", default="127.0.0.1:15012", help="gRPC TLS address")
+    ca.add_argument(
+        "--mtls-listen",
+        default=None,
+        help="extra gRPC address that requires a client certificate (renewal over mTLS)",
+    )
+    ca.add_argument(
+        "--monitoring-listen",
+        default="127.0.0.1:15014",
+        help="HTTP address for /metrics, /healthz, /ready",
+    )
+    ca.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
+    ca.add_argument(
+        "--cacerts-dir",
+        type=Path,
+        default=None,
+        help="plugged-in CA directory (Istio cacerts layout or tls.crt/tls.key/ca.crt)",
+    )
+    ca.add_argument(
+        "--jwks",
+        action="append",
+        default=[],
+        help="JWKS file or URL of a trusted token issuer (repeat with --jwt-issuer)",
+    )
+    ca.add_argument(
+        "--jwt-issuer",
+        action="append",
+        default=[],
+        help="the `iss` of the issuer whose keys the matching --jwks holds",
+    )
+    ca.add_argument(
+        "--audience",
+        action="append",
+        default=[],
+        help=f"accepted token audience (default {DEFAULT_AUDIENCE})",
+    )
+    ca.add_argument(
+        "--dev-issuer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="trust the development issuer in --data-dir (default: only if no --jwks)",
+    )
+    ca.add_argument("--workload-cert-ttl", type=duration_argument, default="24h")
+    ca.add_argument("--max-workload-cert-ttl", type=duration_argument, default="90d")
+    ca.add_argument("--min-workload-cert-ttl", type=duration_argument, default="10m")
+    ca.add_argument(
+        "--root-key",
+        type=_key_spec,
+        default=KeySpec(),
+        help="key type of a generated root: ec-p256 (default), ec-p384, rsa-2048...",
+    )
+    ca.add_argument("--root-ttl", type=duration_argument, default="3650d")
+    ca.add_argument(
+        "--ca-reload-interval",
+        "--authority-poll-interval",
+        dest="ca_reload_interval",
+        type=duration_argument,
+        default="5s",
+        help="how often to check the plugged-in CA files or the shared root Secret for changes",
+    )
+    ca.add_argument(
+        "--serving-host",
+        action="append",
+        default=[],
+        help="DNS name or IP for the CA's TLS certificate (repeatable)",
+    )
+    _add_kubernetes_flags(ca)
+    ca.add_argument("--log-level", default="INFO")
+
+
+def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
+    kube = ca.add_argument_group(
+        "Kubernetes mode",
+        "on with --kubeconfig, or automatically with in-cluster credentials: TokenReview "
+        "authentication, shared root in Secret istio-ca-secret, root ConfigMaps, node authorizer",
+    )
+    kube.add_argument(
+        "--kubernetes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="force Kubernetes mode on/off (default: on with --kubeconfig or in a pod)",
+    )
+    kube.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig of this cluster")
+    kube.add_argument(
+        "--remote-kubeconfig",
+        action="append",
+        default=[],
+        metavar="CLUSTER_ID=PATH",
+        help="kubeconfig of a remote cluster whose tokens arrive with `clusterid: CLUSTER_ID`",
+    )
+    kube.add_argument(
+        "--namespace",
+        default=None,
+        help="the CA's own namespace (Secret, Lease); default $POD_NAMESPACE or istio-system",
+    )
+    kube.add_argument(
+        "--cluster-id",
+        default=None,
+        help="this cluster's id, as sent in the clusterid header (default $CLUSTER_ID)",
+    )
+    kube.add_argument(
+        "--trusted-node-accounts",
+        default=None,
+        metavar="NS/SA,...",
+        help="service accounts allowed to impersonate pods on their node (ztunnel); "
+        "default $CA_TRUSTED_NODE_ACCOUNTS",
+    )
+    kube.add_argument(
+        "--token-review",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="authenticate bearer tokens with TokenReview (Kubernetes mode only)",
+    )
+    kube.add_argument(
+        "--root-configmaps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="publish ConfigMap istio-ca-root-cert in every namespace (Kubernetes mode only)",
+    )
+    kube.add_argument(
+        "--instance-id",
+        default=None,
+        help="this replica's name in the leader Lease and API user agent (default $POD_NAME)",
+    )
+    kube.add_argument(
+        "--kube-qps", type=_positive(float), default=50.0, help="TokenReview calls/second"
+    )
+    kube.add_argument("--kube-burst", type=_positive(int), default=100, help="TokenReview burst")

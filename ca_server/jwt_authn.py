@@ -28,12 +28,12 @@ from ca_server.config import JwtIssuerConfig
 from ca_server.errors import AuthenticationError
 from ca_server.token_cache import VerifiedTokenCache, token_digest
 from certs import CertsError, SpiffeId
+from meshca.accounts import account_from_username
 
 log = logging.getLogger(__name__)
 
 # Asymmetric only: HS* would let anyone holding the (public) JWKS forge tokens.
 ALLOWED_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "PS384", "PS512")
-_SA_PREFIX = "system:serviceaccount:"
 _LEEWAY_SECONDS = 30
 
 
@@ -206,12 +206,13 @@ class JwtAuthenticator:
 
     def _caller_from_claims(self, claims: dict[str, Any]) -> Caller:
         subject = str(claims.get("sub", ""))
-        if not subject.startswith(_SA_PREFIX) or subject.count(":") != 3:
+        account = account_from_username(subject)
+        if account is None:
             raise AuthenticationError(
                 "jwt-subject",
                 "token subject is not a service account (system:serviceaccount:<ns>:<sa>)",
             )
-        namespace, service_account = subject[len(_SA_PREFIX) :].split(":")
+        namespace, service_account = account
         k8s = claims.get("kubernetes.io")
         pod_name = pod_uid = None
         if k8s is not None:

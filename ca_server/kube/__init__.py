@@ -1,10 +1,11 @@
 """Kubernetes mode: the CA's parts that talk to the API server.
 
-One module per job:
-- `clients`: builds `kubernetes.client.ApiClient`s (in-cluster, kubeconfig, remote clusters).
+One module per job (the list+watch building block, `meshca.informer`, sits in the runtime layer
+because the node agent watches pods with it too):
+- `clients`: the local and remote clusters' `ApiClient`s, by cluster id (each built by
+  `meshca.kube_client`, the one builder the agent uses too).
 - `ratelimit`: the token bucket in front of TokenReview calls.
 - `tokenreview`: the TokenReview authenticator (its cache is `ca_server.token_cache`).
-- `informer`: list+watch of one resource into an in-memory cache (the building block below).
 - `secret_root`: the shared root in Secret `istio-ca-secret` (an `AuthoritySource`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.

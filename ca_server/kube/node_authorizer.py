@@ -25,19 +25,6 @@ from ca_server.kube.pod_cache import PodCache
 from certs import SpiffeId
 
 
-def parse_node_accounts(text: str) -> tuple[tuple[str, str], ...]:
-    """`ns/sa,ns/sa` (Istio's `CA_TRUSTED_NODE_ACCOUNTS`) → pairs; `ValueError` if malformed."""
-    accounts = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        namespace, sep, account = item.partition("/")
-        if not sep or not namespace or not account or "/" in account:
-            raise ValueError(f"trusted node account {item!r} is not <namespace>/<service-account>")
-        accounts.append((namespace, account))
-    return tuple(accounts)
-
-
 class NodeAuthorizer:
     def __init__(
         self,

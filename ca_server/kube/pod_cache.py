@@ -16,8 +16,8 @@ from typing import Any
 
 import kubernetes.client
 
-from ca_server.kube.informer import Informer
 from ca_server.metrics import CaMetrics
+from meshca.informer import Informer
 
 _BY_NODE = "node"
 

@@ -30,8 +30,8 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.kube.informer import Informer
 from ca_server.metrics import CaMetrics
+from meshca.informer import Informer
 
 log = logging.getLogger(__name__)
 

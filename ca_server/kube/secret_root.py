@@ -30,7 +30,6 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.kube.informer import Informer
 from ca_server.root_store import CaSetupError
 from certs import (
     CertsError,
@@ -45,6 +44,7 @@ from certs import (
     new_self_signed_authority,
     private_key_to_pem,
 )
+from meshca.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.metrics import CaMetrics
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
 from certs import CertsError, SpiffeId
+from meshca.accounts import account_from_username
 
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNTS_GROUP = "system:serviceaccounts"
-SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
 POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
 _REQUEST_TIMEOUT = (2.0, 5.0)  # (connect, read) seconds: a slow API server must not pile up
@@ -63,13 +63,13 @@ def caller_from_review(status: Any, trust_domain: str, cluster_id: str) -> Calle
             f"token authenticates {username or 'an unnamed user'}, which is not in group "
             f"{SERVICE_ACCOUNTS_GROUP}: only service-account tokens are accepted",
         )
-    parts = username.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")
-    if not username.startswith(SERVICE_ACCOUNT_PREFIX) or len(parts) != 2:
+    account = account_from_username(username)
+    if account is None:
         raise AuthenticationError(
             "token-not-service-account",
             f"token authenticates {username!r}, not system:serviceaccount:<namespace>:<name>",
         )
-    namespace, service_account = parts
+    namespace, service_account = account
     try:
         identity = SpiffeId(trust_domain, namespace, service_account)
     except CertsError as exc:

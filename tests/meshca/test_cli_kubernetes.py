@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from ca_server.config import CaConfig
-from meshca.cli import build_parser, ca_config_from_args
+from ca_server.config import CaConfig, ConfigError
+from meshca.cli import build_parser
 
 
 def _config(*args: str) -> CaConfig:
-    return ca_config_from_args(build_parser().parse_args(["ca", "--data-dir", "/tmp/d", *args]))
+    parsed = build_parser("ca").parse_args(["ca", "--data-dir", "/tmp/d", *args])
+    return CaConfig.from_args(parsed, os.environ)
 
 
 def test_local_mode_without_kubeconfig(monkeypatch: pytest.MonkeyPatch):
@@ -56,5 +58,25 @@ def test_kubeconfig_turns_kubernetes_mode_on(monkeypatch: pytest.MonkeyPatch):
     ],
 )
 def test_malformed_kubernetes_flags_are_refused(args: tuple[str, ...]):
-    with pytest.raises(SystemExit):
+    # argparse refuses a malformed number (SystemExit), the config build the rest (ConfigError).
+    with pytest.raises((SystemExit, ConfigError)):
         _config(*args)
+
+
+def test_environment_fills_in_what_flags_leave_open():
+    parsed = build_parser("ca").parse_args(["ca", "--data-dir", "/d", "--kubeconfig", "/k"])
+    environ = {
+        "POD_NAMESPACE": "mesh-system",
+        "CLUSTER_ID": "east",
+        "CA_TRUSTED_NODE_ACCOUNTS": "kube-system/ztunnel",
+        "POD_NAME": "meshca-0",
+    }
+    kube = CaConfig.from_args(parsed, environ).kube
+    assert kube is not None
+    assert (kube.namespace, kube.cluster_id, kube.instance_id) == ("mesh-system", "east", "meshca-0")
+    assert kube.trusted_node_accounts == (("kube-system", "ztunnel"),)
+    flags = build_parser("ca").parse_args(
+        ["ca", "--data-dir", "/d", "--kubeconfig", "/k", "--namespace", "ns", "--cluster-id", "c"]
+    )
+    kube = CaConfig.from_args(flags, environ).kube
+    assert kube is not None and (kube.namespace, kube.cluster_id) == ("ns", "c")

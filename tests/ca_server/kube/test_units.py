@@ -13,7 +13,7 @@ import pytest
 
 from ca_server.authn import Caller
 from ca_server.errors import AuthenticationError
-from ca_server.kube.node_authorizer import NodeAuthorizer, parse_node_accounts
+from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import POD_NAME_KEY, POD_UID_KEY, caller_from_review
@@ -87,17 +87,6 @@ def test_caller_from_review():
     for username in ("alice", "system:serviceaccount:shop", "system:serviceaccount:a:b:c"):
         with pytest.raises(AuthenticationError):
             caller_from_review(_status(username=username), "cluster.local", "K")
-
-
-def test_parse_node_accounts():
-    assert parse_node_accounts(" istio-system/ztunnel, kube-system/agent,") == (
-        ("istio-system", "ztunnel"),
-        ("kube-system", "agent"),
-    )
-    assert parse_node_accounts("") == ()
-    for bad in ("ztunnel", "/sa", "ns/", "a/b/c"):
-        with pytest.raises(ValueError):
-            parse_node_accounts(bad)
 
 
 def test_node_authorizer_refuses_node_agents_of_remote_clusters():

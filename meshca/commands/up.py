@@ -21,6 +21,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from agent.config import AgentConfig
@@ -37,21 +40,60 @@ NAMESPACE = "default"
 SERVICE_ACCOUNT = "default"
 
 
-def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+HELP = "run a local CA and one agent, for trying meshca"
+
+
+class UpConfigError(ValueError):
+    """A `meshca up` flag the command cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    """Where `meshca up` keeps its state, how long certificates live, where status is served."""
+
+    directory: Path
+    secret_ttl: timedelta
+    secret_ttl_text: str  # as the operator wrote it, for the banner
+    status_host: str
+    status_port: int
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> UpConfig:
+        """Flags only: the environment is accepted for the common shape and not consulted."""
+        del environ
+        try:
+            ttl = parse_duration(args.secret_ttl)
+        except ValueError as exc:
+            raise UpConfigError(f"--secret-ttl: {exc}") from None
+        host, _, port = args.status_listen.rpartition(":")
+        if not port.isdigit():
+            raise UpConfigError(
+                f"--status-listen={args.status_listen!r}: expected HOST:PORT, e.g. 127.0.0.1:15020"
+            )
+        return cls(
+            directory=Path(args.dir).resolve(),
+            secret_ttl=ttl,
+            secret_ttl_text=args.secret_ttl,
+            status_host=host or "127.0.0.1",
+            status_port=int(port),
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default="./.meshca", help="working directory [./.meshca]")
     parser.add_argument("--secret-ttl", default="24h", help="workload certificate lifetime [24h]")
     parser.add_argument("--status-listen", default="127.0.0.1:15020", help="agent status address")
 
 
-def run_up_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Entry point for `meshca up`."""
     configure_logging("INFO")
     try:
-        parse_duration(args.secret_ttl)
-    except ValueError as exc:
-        log.error("--secret-ttl: %s", exc)
+        config = UpConfig.from_args(args, {})
+    except UpConfigError as exc:
+        log.error("%s", exc)
         return 2
-    asyncio.run(_up(Path(args.dir).resolve(), args.secret_ttl, args.status_listen))
+    asyncio.run(_up(config))
     return 0
 
 
@@ -154,7 +196,8 @@ async def _refresh_token(ca: LocalCa, path: Path) -> None:
             await asyncio.sleep(60)
 
 
-async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
+async def _up(up: UpConfig) -> None:
+    directory = up.directory
     ensure_dir(directory, 0o700)
     # Signals are handled from the start: a Ctrl-C while the CA is still starting must stop
     # (and reap) the CA child too, not leave it running behind a KeyboardInterrupt.
@@ -175,18 +218,17 @@ async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
         starting.result()  # raises if the CA could not start
         token_path = directory / "token"
         atomic_write(token_path, await asyncio.to_thread(ca.mint_token), 0o600)
-        host, _, port = status_listen.rpartition(":")
         config = AgentConfig(
             ca_addr=ca.addr,
             ca_root_ca=ca.data_dir / "root-cert.pem",
             namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT,
-            secret_ttl=parse_duration(secret_ttl),
+            secret_ttl=up.secret_ttl,
             token_path=token_path,
             output_certs=directory / "certs",
             sds_socket=directory / "sds.sock",
-            status_host=host or "127.0.0.1",
-            status_port=int(port),
+            status_host=up.status_host,
+            status_port=up.status_port,
         )
         agent = Agent(config, clock=SystemClock())
         refresher = asyncio.create_task(_refresh_token(ca, token_path))
@@ -198,7 +240,7 @@ async def _up(directory: Path, secret_ttl: str, status_listen: str) -> None:
             f"  files:     {config.output_certs}/{{cert-chain,key,root-cert}}.pem\n"
             f"  ready:     {agent.status.url}/healthz/ready\n"
             f"  metrics:   {agent.status.url}/metrics\n"
-            f"  rotating every ~half of {secret_ttl}; Ctrl-C to stop",
+            f"  rotating every ~half of {up.secret_ttl_text}; Ctrl-C to stop",
             flush=True,
         )
         await stop.wait()

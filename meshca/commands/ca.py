@@ -1,0 +1,35 @@
+"""`meshca ca`: run the certificate authority (Istio's CA API)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from ca_server.config import CaConfig, ConfigError, add_ca_arguments
+from meshca.logs import configure_logging
+
+HELP = "run the certificate authority (Istio's CA API)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_ca_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ca_server.root_store import CaSetupError
+    from ca_server.server import run_ca
+
+    configure_logging(args.log_level)
+    try:
+        config = CaConfig.from_args(args, os.environ)
+    except ConfigError as exc:
+        print(f"meshca ca: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run_ca(config))
+    except CaSetupError as exc:
+        print(f"meshca ca: cannot start: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,44 @@
+"""The one place that builds a `kubernetes.client.ApiClient`, for the CA and the node agent.
+
+Credentials come from a kubeconfig file (its current context) or, without one, from the pod's
+in-cluster service account. Each client gets a deliberate connection-pool size (long-lived
+watches each hold a connection), one retry for a dropped connection, and a user agent naming the
+program and replica, so API-server audit logs can tell them apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes.client
+import kubernetes.config
+
+
+class KubeCredentialsError(Exception):
+    """The kubeconfig or in-cluster credentials cannot be loaded; the message says which."""
+
+
+def build_api_client(
+    kubeconfig: Path | None, *, pool_size: int, user_agent: str
+) -> kubernetes.client.ApiClient:
+    """An `ApiClient` for the cluster in `kubeconfig` (its current context), or in-cluster."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        if kubeconfig is None:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        else:
+            kubernetes.config.load_kube_config(
+                config_file=str(kubeconfig),
+                client_configuration=configuration,
+                persist_config=False,
+            )
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
+        raise KubeCredentialsError(
+            f"cannot load Kubernetes credentials from the {where}: {exc}"
+        ) from exc
+    configuration.connection_pool_maxsize = pool_size
+    configuration.retries = 1
+    client = kubernetes.client.ApiClient(configuration)
+    client.user_agent = user_agent
+    return client
