@@ -7,6 +7,15 @@ compacted) or any error, list again — after a backoff for errors — and repla
 thread ends only on `stop()`: an unexpected exception is logged and handled like any error.
 Objects are passed through `transform` so a cache can keep only the fields it uses; `indexers`
 maintain secondary indexes (e.g. pods by node) next to the primary (namespace, name) key.
+Used by the CA (pods, namespaces, ConfigMaps, its root Secret) and by the node agent (the pods
+on its node), so it imports only `kubernetes`.
+
+Stopping: `stop()` sets a flag and shuts down a watch's socket (`Watch.stop()`), which ends a
+blocked read at once. A *list* in flight cannot be cut off that way (the client gives no handle
+on its connection), so the informer abandons it instead: whatever the list returns after
+`stop()` is discarded, no callback runs, nothing is retried, and the thread ends as soon as the
+call returns (bounded by `request_timeout`). `join` does not wait for an abandoned list, so a
+daemon shuts down promptly even against a slow API server.
 
 Concurrency: the watch runs in its own daemon thread and blocks only there. Readers on other
 threads (the event loop, the reconciler) take the cache lock for a dictionary lookup; the
@@ -18,12 +27,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import urllib3.exceptions
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
+
+from meshca.kube_client import KubeCredentialsError
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +44,13 @@ Key = tuple[str, str]  # (namespace or "", name)
 
 _HTTP_GONE = 410
 _WATCH_SECONDS = 30  # server-side watch timeout; the watch is then resumed
-_READ_TIMEOUT = _WATCH_SECONDS + 15  # client-side guard against a silently dead connection
+_READ_MARGIN = 15  # client-side read timeout beyond the watch's: a silently dead connection
 _BACKOFF_MIN, _BACKOFF_MAX = 0.5, 10.0
+
+
+def doubling_backoff(failures: int) -> float:
+    """Seconds to wait after `failures` consecutive failures: 0.5, 1, 2, ... up to 10."""
+    return float(min(_BACKOFF_MIN * 2**failures, _BACKOFF_MAX))
 
 
 def object_key(obj: Any) -> Key:
@@ -45,22 +62,38 @@ class Informer(Generic[V]):
 
     `list_func` is a generated list method (e.g. `CoreV1Api.list_namespace`, or a
     `functools.partial` binding a namespace); `list_kwargs` are passed to every list and watch
-    (field/label selectors).
+    (field/label selectors). Instead of `list_func`, `connect` may build it on the watcher
+    thread (credentials that may not be mounted yet): a failure is retried like a failed list.
+    `backoff(failures)` is the wait before retrying after that many consecutive failures.
     """
 
     def __init__(
         self,
         resource: str,
-        list_func: Callable[..., Any],
+        list_func: Callable[..., Any] | None,
         transform: Callable[[Any], V],
         *,
+        connect: Callable[[], Callable[..., Any]] | None = None,
         list_kwargs: Mapping[str, Any] | None = None,
         indexers: Mapping[str, Callable[[V], str | None]] | None = None,
         on_change: Callable[[], None] | None = None,
         on_restart: Callable[[str], None] | None = None,
+        watch_seconds: int = _WATCH_SECONDS,
+        request_timeout: float | None = None,
+        bookmarks: bool = True,
+        backoff: Callable[[int], float] = doubling_backoff,
     ) -> None:
+        if (list_func is None) == (connect is None):
+            raise ValueError("give exactly one of list_func and connect")
         self.resource = resource
         self._list_func = list_func
+        self._connect = connect
+        self._watch_seconds = watch_seconds
+        self._request_timeout = request_timeout or watch_seconds + _READ_MARGIN
+        self._bookmarks = bookmarks
+        self._backoff = backoff
+        self._listing = False
+        self.lists = 0  # full lists completed (1 + re-lists), for tests and logs
         self._transform = transform
         self._list_kwargs = dict(list_kwargs or {})
         self._indexers = dict(indexers or {})
@@ -75,6 +108,11 @@ class Informer(Generic[V]):
         self._thread = threading.Thread(target=self._run, name=f"informer-{resource}", daemon=True)
 
     # -- readers (any thread) --------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """The watcher thread is running (started and not ended)."""
+        return self._thread.is_alive()
 
     @property
     def synced(self) -> bool:
@@ -102,19 +140,35 @@ class Informer(Generic[V]):
         self._thread.start()
 
     def stop(self) -> None:
-        """Asks the thread to end; it does at its next event or watch timeout (daemon)."""
+        """Asks the thread to end: a watch ends now, a list in flight is abandoned (see the
+        module docstring)."""
         self._stopping.set()
         if self._watch is not None:
             self._watch.stop()
 
+    def join(self, timeout: float) -> bool:
+        """After `stop()`: waits up to `timeout` for the thread, but not for an abandoned list.
+        True when nothing more will come from the thread."""
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and not self._listing and time.monotonic() < deadline:
+            self._thread.join(0.05)  # short steps: the thread may enter a list meanwhile
+        return not self._thread.is_alive() or self._listing
+
     # -- the watcher thread ----------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = _BACKOFF_MIN
+        failures = 0
         while not self._stopping.is_set():
+            backoff = self._backoff(failures)
             try:
+                if self._list_func is None:
+                    assert self._connect is not None
+                    self._list_func = self._connect()
                 resource_version = self._relist()
-                backoff = _BACKOFF_MIN
+                if resource_version is None:  # stopped while listing
+                    return
+                failures = 0
+                backoff = self._backoff(failures)
                 while not self._stopping.is_set():
                     resource_version = self._watch_from(resource_version)
             except ApiException as exc:
@@ -132,7 +186,7 @@ class Informer(Generic[V]):
                     backoff,
                 )
                 self._on_restart("error")
-            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            except (urllib3.exceptions.HTTPError, OSError, ValueError, KubeCredentialsError) as exc:
                 if self._stopping.is_set():
                     return
                 log.warning(
@@ -149,10 +203,19 @@ class Informer(Generic[V]):
                 )
                 self._on_restart("error")
             self._stopping.wait(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
+            failures += 1
 
-    def _relist(self) -> str:
-        result = self._list_func(**self._list_kwargs, _request_timeout=_READ_TIMEOUT)
+    def _relist(self) -> str | None:
+        """Lists and replaces the cache; None when `stop()` came while the list was in flight."""
+        assert self._list_func is not None
+        self._listing = True
+        try:
+            result = self._list_func(**self._list_kwargs, _request_timeout=self._request_timeout)
+        finally:
+            self._listing = False
+        if self._stopping.is_set():
+            return None
+        self.lists += 1
         items = {object_key(obj): self._transform(obj) for obj in result.items}
         indexes: dict[str, dict[str, set[Key]]] = {name: {} for name in self._indexers}
         for key, value in items.items():
@@ -165,14 +228,15 @@ class Informer(Generic[V]):
 
     def _watch_from(self, resource_version: str) -> str:
         """Applies events until the server ends the watch; returns where to resume."""
+        assert self._list_func is not None
         self._watch = watch.Watch()
         stream = self._watch.stream(
             self._list_func,
             **self._list_kwargs,
             resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=_WATCH_SECONDS,
-            _request_timeout=_READ_TIMEOUT,
+            allow_watch_bookmarks=self._bookmarks,
+            timeout_seconds=self._watch_seconds,
+            _request_timeout=self._request_timeout,
         )
         for event in stream:
             if self._stopping.is_set():

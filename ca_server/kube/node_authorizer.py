@@ -5,8 +5,8 @@ Allowed only if every check passes, in this order (each failure has its own audi
    by this cluster's API server (the pod cache knows only this cluster's pods);
 2. its token is bound to a pod, that pod exists, has the token's pod uid (not a deleted pod's
    namesake) and runs as the caller's service account, and is scheduled on a node;
-3. the requested identity is in this CA's trust domain, and a running pod with that namespace
-   and service account is scheduled on the caller's node.
+3. the requested identity is in this CA's trust domain, and a live pod (not Succeeded/Failed,
+   `meshca.pods`) with that namespace and service account is scheduled on the caller's node.
 So a compromised node agent can obtain only identities of workloads on its own node.
 
 Denials are UNAUTHENTICATED to the caller (as Istio), with the precise reason in the message,
@@ -95,7 +95,7 @@ class NodeAuthorizer:
         if not any(
             candidate.namespace == target.namespace
             and candidate.service_account == target.service_account
-            and candidate.running
+            and candidate.live
             for candidate in self._pods.on_node(pod.node_name)
         ):
             raise AuthenticationError(

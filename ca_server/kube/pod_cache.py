@@ -3,7 +3,7 @@
 The node authorizer asks two questions per impersonation request — "is the caller's pod what
 its token says?" and "does a pod of this service account run on that node?" — and must not
 turn each into a GET against the API server. A cluster-wide list+watch of pods keeps just the
-fields those questions need.
+fields those questions need (`meshca.pods.PodInfo`, with the one "live pod" rule).
 
 Concurrency: see `Informer` — the watch runs in its own thread; lookups from the event loop
 take a lock held only for dictionary operations.
@@ -11,42 +11,11 @@ take a lock held only for dictionary operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import kubernetes.client
 
 from ca_server.metrics import CaMetrics
 from meshca.informer import Informer
-
-_BY_NODE = "node"
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    namespace: str
-    name: str
-    uid: str
-    service_account: str
-    node_name: str | None
-    phase: str | None
-
-    @property
-    def running(self) -> bool:
-        """Scheduled and not finished: what may legitimately hold a workload certificate."""
-        return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
-
-
-def pod_info(obj: Any) -> PodInfo:
-    spec, status = obj.spec, obj.status
-    return PodInfo(
-        namespace=obj.metadata.namespace,
-        name=obj.metadata.name,
-        uid=obj.metadata.uid or "",
-        service_account=(spec.service_account_name if spec else None) or "default",
-        node_name=(spec.node_name if spec else None) or None,
-        phase=status.phase if status else None,
-    )
+from meshca.pods import BY_NODE, PodInfo, node_of, pod_info
 
 
 class PodCache:
@@ -56,7 +25,7 @@ class PodCache:
             "pods",
             core.list_pod_for_all_namespaces,
             pod_info,
-            indexers={_BY_NODE: lambda pod: pod.node_name},
+            indexers={BY_NODE: node_of},
             on_restart=lambda cause: metrics.kube_watch_restarts.labels("pods", cause).inc(),
         )
 
@@ -77,4 +46,4 @@ class PodCache:
         return self._informer.get((namespace, name))
 
     def on_node(self, node_name: str) -> list[PodInfo]:
-        return self._informer.by_index(_BY_NODE, node_name)
+        return self._informer.by_index(BY_NODE, node_name)

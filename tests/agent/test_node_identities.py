@@ -23,13 +23,14 @@ from agent.main import Agent
 from agent.node_identities import (
     IdentitySet,
     PodIdentitySource,
-    PodIndex,
     StaticIdentitySource,
+    identities_of,
     identity_source_for,
     kube_api_client_factory,
 )
 from certs import SpiffeId
 from meshca.clock import SystemClock
+from meshca.pods import pod_info
 from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
 from tests.agent.pki import Pki, start_fake_ca
 from tests.agent.test_agent_inprocess import until
@@ -68,16 +69,45 @@ def kube() -> Iterator[KubeApiServer]:
         server.stop()
 
 
-def test_pod_index_tracks_identities_by_live_pods() -> None:
-    index = PodIndex("cluster.local")
-    assert index.replace([pod("shop", "cart-1", "cart"), pod("shop", "done", "job", "Succeeded")])
-    assert index.identities == {sid("shop", "cart")}
-    assert not index.apply("ADDED", pod("shop", "cart-2", "cart"))  # same identity
-    assert index.apply("ADDED", pod("web", "front-1", "front"))
-    assert not index.apply("DELETED", pod("shop", "cart-1", "cart"))  # cart-2 remains
-    assert index.apply("MODIFIED", pod("shop", "cart-2", "cart", "Failed"))  # finished
-    assert index.identities == {sid("web", "front")}
-    assert not index.apply("BOOKMARK", pod("web", "x", "y"))
+def test_identities_come_from_live_pods_only() -> None:
+    def of(*pods: client.V1Pod) -> IdentitySet:
+        return identities_of([pod_info(p) for p in pods], "cluster.local")
+
+    assert of(pod("shop", "cart-1", "cart"), pod("shop", "done", "job", "Succeeded")) == {
+        sid("shop", "cart")
+    }
+    assert of(pod("shop", "cart-1", "cart"), pod("shop", "cart-2", "cart")) == {sid("shop", "cart")}
+    assert of(pod("shop", "cart-2", "cart", "Failed"), pod("web", "front-1", "front")) == {
+        sid("web", "front")
+    }
+    # Not yet running still counts: the pod needs its certificate before its containers start.
+    assert of(pod("web", "front-1", "front", "Pending")) == {sid("web", "front")}
+
+
+def test_stop_abandons_a_pod_list_in_flight(kube: KubeApiServer, tmp_path: Path) -> None:
+    """A slow API server must not hold up stopping the node agent, and a list answered after
+    the stop must not be reported."""
+
+    async def main() -> None:
+        config = AgentConfig(
+            node_mode=True, node_name=NODE, kubeconfig=kube.write_kubeconfig(tmp_path / "kc")
+        )
+        kube.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
+        kube.delay_lists(3.0)
+        source = PodIdentitySource(NODE, "cluster.local", kube_api_client_factory(config))
+        snapshots: list[IdentitySet] = []
+        source.start(snapshots.append)
+        await until(lambda: kube.count("list", "pods") >= 1)
+        await asyncio.sleep(0.2)  # the list is being answered slowly
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await source.stop()
+        assert loop.time() - started < 1.0, "stop waited for the slow list"
+        await asyncio.sleep(3.5)  # the list has been answered by now
+        assert snapshots == [] and source.lists == 0
+        assert kube.count("watch", "pods") == 0
+
+    asyncio.run(main())
 
 
 def test_pod_source_sees_only_this_nodes_pods_and_relists_after_410(
@@ -272,7 +302,7 @@ def test_pod_source_retries_building_its_api_client(kube: KubeApiServer, tmp_pat
         snapshots: list[IdentitySet] = []
         source.start(snapshots.append)
         try:
-            await until(lambda: len(attempts) >= 2 or not source._thread.is_alive())  # type: ignore[union-attr]
+            await until(lambda: len(attempts) >= 2 or not source.watching)
             assert attempts[0] is False and not snapshots
             kube.write_kubeconfig(kubeconfig)
             await until(lambda: len(snapshots) >= 1, timeout=20)

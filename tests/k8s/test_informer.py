@@ -9,8 +9,8 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.kube.pod_cache import PodInfo, pod_info
 from meshca.informer import Informer
+from meshca.pods import PodInfo, pod_info
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import wait_for
 

@@ -73,7 +73,11 @@ def test_environment_fills_in_what_flags_leave_open():
     }
     kube = CaConfig.from_args(parsed, environ).kube
     assert kube is not None
-    assert (kube.namespace, kube.cluster_id, kube.instance_id) == ("mesh-system", "east", "meshca-0")
+    assert (kube.namespace, kube.cluster_id, kube.instance_id) == (
+        "mesh-system",
+        "east",
+        "meshca-0",
+    )
     assert kube.trusted_node_accounts == (("kube-system", "ztunnel"),)
     flags = build_parser("ca").parse_args(
         ["ca", "--data-dir", "/d", "--kubeconfig", "/k", "--namespace", "ns", "--cluster-id", "c"]

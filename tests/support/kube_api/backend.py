@@ -19,4 +19,6 @@ class Backend:
     recorder: RequestRecorder
     auth_token: str | None = None
     watch_timeout: float = 60.0
+    # Seconds every list waits before it is answered (a slow API server, for stop tests).
+    list_delay: float = 0.0
     stopping: threading.Event = field(default_factory=threading.Event)

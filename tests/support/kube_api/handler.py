@@ -302,6 +302,8 @@ class KubeApiHandler(BaseHTTPRequestHandler):
         return lambda obj: labels(obj) and fields(obj)
 
     def _list(self, route: Route, query: dict[str, str]) -> dict[str, Any]:
+        if self.backend.list_delay > 0:
+            self.backend.stopping.wait(self.backend.list_delay)
         rt = route.rt
         items, rv = self.backend.store.list(rt, route.namespace, self._predicate(rt, query))
         metadata: dict[str, Any] = {"resourceVersion": str(rv)}

@@ -233,6 +233,10 @@ class KubeApiServer:
     def requests(self) -> list[RequestRecord]:
         return self.recorder.records()
 
+    def delay_lists(self, seconds: float) -> None:
+        """Make every later list wait `seconds` before answering (0 turns it off)."""
+        self.backend.list_delay = seconds
+
     def reset_counts(self) -> None:
         self.recorder.reset()
 

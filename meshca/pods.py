@@ -1,0 +1,50 @@
+"""What both daemons keep of a pod, and the one rule for when a pod still counts.
+
+**A pod counts (is live) until it is terminal — phase `Succeeded` or `Failed` — or deleted.**
+Pending and Running pods, and pods whose phase is not reported yet, count: a pod that is about
+to start needs its certificate before its containers do, and a pod that finished can never run
+again (its replacement is a new pod). The CA's node authorizer uses it to decide whether a node
+agent may be issued an identity; the node agent uses it to decide which identities to serve.
+Both watch pods through `meshca.informer` with `pod_info` as the transform, indexed by node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+BY_NODE = "node"  # the informer index: node name -> pods scheduled there
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    service_account: str
+    node_name: str | None
+    phase: str | None
+
+    @property
+    def live(self) -> bool:
+        """Not terminal (see the module docstring); deleted pods leave the cache altogether."""
+        return self.phase not in TERMINAL_PHASES
+
+
+def pod_info(obj: Any) -> PodInfo:
+    """The fields meshca reads from a `V1Pod` (the service account defaults to `default`)."""
+    spec, status = obj.spec, obj.status
+    return PodInfo(
+        namespace=obj.metadata.namespace,
+        name=obj.metadata.name,
+        uid=obj.metadata.uid or "",
+        service_account=(spec.service_account_name if spec else None) or "default",
+        node_name=(spec.node_name if spec else None) or None,
+        phase=status.phase if status else None,
+    )
+
+
+def node_of(pod: PodInfo) -> str | None:
+    """The `BY_NODE` indexer."""
+    return pod.node_name
