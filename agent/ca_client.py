@@ -11,15 +11,15 @@ mesh root is picked up without a restart. The CA's serving certificate names `lo
 overridden to `istiod.istio-system.svc`. Reconnect backoff is capped at 1 s so the agent reaches
 a restarted CA immediately.
 
-Node mode: `sign(..., impersonate=id)` adds request metadata `ImpersonatedIdentity: <SPIFFE URI>`
-(a `google.protobuf.Struct`, REFERENCE §1-2): the caller authenticates as itself (the node
+Node mode: `sign(..., impersonate=id)` adds request metadata `ImpersonatedIdentity: <SPIFFE URI>` (a
+`google.protobuf.Struct`, docs/reference.md#ca-api): the caller authenticates as itself (the node
 agent's service account) and asks for a pod identity on its node.
 
 Each call: fresh token read (see `agent.token`), `authorization`, `clusterid` and `CA_HEADER_*`
-headers, a deadline; transient failures (REFERENCE §1) are retried a few times with backoff, and
-a response is only accepted if `agent.acceptance` accepts it for exactly the identity and key
-asked for, verified to the root bundle it carries. Errors: the `CaClientError` family of
-`agent.errors`. Latency is measured on the injected clock's `monotonic()`.
+headers, a deadline; transient failures (docs/reference.md#status-codes) are retried a few times
+with backoff, and a response is only accepted if `agent.acceptance` accepts it for exactly the
+identity and key asked for, verified to the root bundle it carries. Errors: the `CaClientError`
+family of `agent.errors`. Latency is measured on the injected clock's `monotonic()`.
 """
 
 from __future__ import annotations

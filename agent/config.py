@@ -1,7 +1,8 @@
 """The agent's configuration: one frozen object, built once at start-up, then passed down.
 
-Sources, highest precedence first: command-line flags, Istio's environment variables (REFERENCE
-§4, same names and defaults, so an Istio sidecar's env works unchanged), built-in defaults.
+Sources, highest precedence first: command-line flags, Istio's environment variables
+(docs/reference.md#agent-environment, same names and defaults, so an Istio sidecar's env works
+unchanged), built-in defaults.
 Nothing below this module reads `os.environ`; `from_args` receives the environment explicitly so
 tests can hand in a dict.
 

@@ -1,8 +1,8 @@
 """The agent's Prometheus metrics, on a per-process `CollectorRegistry`.
 
 A private registry (not prometheus_client's global one) keeps several agents in one test process
-from colliding and keeps library metrics out of our exposition. Istio's agent metric names are
-kept as they are (REFERENCE §6) so existing dashboards work: they are recorded as ordinary
+from colliding and keeps library metrics out of our exposition. Istio's agent metric names are kept
+as they are (docs/reference.md#metrics) so existing dashboards work: they are recorded as ordinary
 `meshca_agent_*` Counters and re-exported under Istio's exact names (no `_total`) by
 `meshca.prometheus_compat.IstioCounterAliases`, as the CA does.
 
@@ -59,7 +59,8 @@ class AgentMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, registry=reg)
 
-        # CA calls, re-exported under Istio's names (REFERENCE §6) by IstioCounterAliases.
+        # CA calls, re-exported under Istio's names (docs/reference.md#metrics) by
+        # IstioCounterAliases.
         by_type = "request_type"
         self.ca_requests = counter("meshca_agent_ca_requests", "Requests sent to the CA.", by_type)
         self.ca_request_failures = counter(

@@ -7,12 +7,13 @@ Envoy speaks `envoy.service.secret.v3.SecretDiscoveryService`. meshca serves all
 - `DeltaSecrets`, incremental: the same stream machinery with explicit (un)subscriptions.
 - `FetchSecrets`, unary: the current value of the requested names.
 
-Protocol (REFERENCE §5, xDS): the first request must carry `node.id`. A request whose
-`response_nonce` equals the last nonce sent is an ACK, or a NACK when `error_detail` is set (logged,
-counted, nothing resent: Envoy keeps its last good version and so do we). A request carrying an
-older nonce is stale and ignored. Secrets are, like routes and endpoints, a resource type whose
-state-of-the-world responses need only carry the resources that changed (xDS "grouping"), so a push
-contains just the changed names; a stream watching several names gets each as soon as it exists.
+Protocol (docs/reference.md#sds-protocol, xDS): the first request must carry `node.id`. A request
+whose `response_nonce` equals the last nonce sent is an ACK, or a NACK when `error_detail` is set
+(logged, counted, nothing resent: Envoy keeps its last good version and so do we). A request
+carrying an older nonce is stale and ignored. Secrets are, like routes and endpoints, a resource
+type whose state-of-the-world responses need only carry the resources that changed (xDS "grouping"),
+so a push contains just the changed names; a stream watching several names gets each as soon as it
+exists.
 
 Which secret a name means is the resolver's business (`SecretResolver`): plain names (`default`,
 `ROOTCA`) come from the agent's `SecretCache`, `file-cert:<cert>~<key>` and `file-root:<ca>` from

@@ -1,9 +1,9 @@
 """The local development token issuer: lets the whole system run without a cluster.
 
 It keeps an ECDSA key in `<data-dir>/dev-issuer/` and mints tokens shaped exactly like Kubernetes
-projected service-account tokens (REFERENCE §2), which the CA trusts in local mode through the
-JWKS published beside the key. It is a stand-in for the API server, never enabled by default
-when real issuers are configured.
+projected service-account tokens (docs/reference.md#service-account-tokens), which the CA trusts in
+local mode through the JWKS published beside the key. It is a stand-in for the API server, never
+enabled by default when real issuers are configured.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Why a request was refused, with the gRPC status it maps to (REFERENCE §1).
+"""Why a request was refused, with the gRPC status it maps to (docs/reference.md#status-codes).
 
 Each error carries a short machine `reason` (a metrics label and audit field) and a message for
 the caller that says what was wrong and what to do. Messages never echo tokens or keys.

@@ -1,11 +1,11 @@
 """Offline JWT authentication against a JWKS (file or URL), for Kubernetes-shaped tokens.
 
-The token must be a projected service-account token (REFERENCE §2): asymmetric signature from a
-trusted issuer's JWKS, `aud` containing an accepted audience, valid `exp`/`nbf`, and
-`sub = system:serviceaccount:<ns>:<sa>` agreeing with the `kubernetes.io` claim. Verified tokens
-are cached (`ca_server.token_cache`: by digest, never the token itself) until they expire, at
-most five minutes, so a burst of renewals with the same token costs one signature check and a
-JWKS key withdrawn after a leak stops being honoured from the cache within minutes.
+The token must be a projected service-account token (docs/reference.md#service-account-tokens):
+asymmetric signature from a trusted issuer's JWKS, `aud` containing an accepted audience, valid
+`exp`/`nbf`, and `sub = system:serviceaccount:<ns>:<sa>` agreeing with the `kubernetes.io` claim.
+Verified tokens are cached (`ca_server.token_cache`: by digest, never the token itself) until they
+expire, at most five minutes, so a burst of renewals with the same token costs one signature check
+and a JWKS key withdrawn after a leak stops being honoured from the cache within minutes.
 
 Concurrency: runs on the event loop; fetching a JWKS URL blocks, so it runs in a worker thread.
 """

@@ -1,4 +1,4 @@
-"""The CA's Prometheus metrics: Istio's names (REFERENCE §6) plus meshca's own.
+"""The CA's Prometheus metrics: Istio's names (docs/reference.md#metrics) plus meshca's own.
 
 Counters are recorded under meshca's names and re-exported under Istio's exact names by
 `meshca.prometheus_compat.IstioCounterAliases`.

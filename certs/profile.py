@@ -51,7 +51,8 @@ def build_workload_certificate(
     not_after: datetime,
     serial: int | None = None,
 ) -> x509.Certificate:
-    """The workload leaf of REFERENCE §3: empty subject, critical SPIFFE URI SAN, CA:false.
+    """The workload leaf (docs/reference.md#workload-certificate): empty subject, critical SPIFFE
+    URI SAN, CA:false.
 
     `not_before`/`not_after` are taken as given; the caller (the CA's TTL policy) applies the
     backdate and the clamp to the issuer's expiry.

@@ -1,4 +1,6 @@
-"""Publishes the mesh root as ConfigMap `istio-ca-root-cert` in every namespace (REFERENCE §3).
+"""Publishes the mesh root as ConfigMap `istio-ca-root-cert` in every namespace.
+
+The object's shape: docs/reference.md#root-configmap.
 
 Level-triggered reconciliation: two watches (namespaces; the ConfigMaps of that name in all
 namespaces) keep a picture of the cluster, and whenever either changes, the root changes, or

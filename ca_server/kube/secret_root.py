@@ -1,4 +1,6 @@
-"""The mesh root shared by every CA replica, kept in Secret `istio-ca-secret` (REFERENCE §3).
+"""The mesh root shared by every CA replica, kept in Secret `istio-ca-secret`.
+
+The Secret's shape: docs/reference.md#root-secret.
 
 An `AuthoritySource` (see `ca_server.root_store`). `load` reads the Secret; if there is none it
 generates a root and *creates* the Secret. Creation is the only write and the API server lets

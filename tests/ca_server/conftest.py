@@ -29,7 +29,9 @@ def k8s_claims(
     lifetime: int = 3600,
     issued_at: float | None = None,
 ) -> dict[str, Any]:
-    """Claims of a Kubernetes projected service-account token (REFERENCE §2)."""
+    """Claims of a Kubernetes projected service-account token.
+
+    Shape: docs/reference.md#service-account-tokens."""
     now = int(issued_at if issued_at is not None else time.time())
     return {
         "iss": issuer,

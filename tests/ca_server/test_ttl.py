@@ -1,4 +1,6 @@
-"""The TTL policy applied to `validity_duration` (REFERENCE §3), without a CA process."""
+"""The TTL policy applied to `validity_duration`, without a CA process.
+
+The policy: docs/reference.md#lifetimes."""
 
 from __future__ import annotations
 

