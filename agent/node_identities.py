@@ -144,11 +144,13 @@ class PodIdentitySource:
         self.node_name = node_name
         self._trust_domain = trust_domain
         self._factory = api_client_factory
-        self._watch_timeout = watch_timeout_seconds
-        self._request_timeout = request_timeout_seconds
-        self._bookmarks = bookmarks
-        self._backoff = backoff
-        self._rng = random.Random()
+        rng = random.Random()
+        self._watch_options: dict[str, Any] = {
+            "watch_seconds": watch_timeout_seconds,
+            "request_timeout": request_timeout_seconds,
+            "bookmarks": bookmarks,
+            "backoff": lambda failures: backoff.delay(failures, rng),
+        }
         self._informer: Informer[PodInfo] | None = None
         self._reported: IdentitySet | None = None  # last snapshot handed over (watch thread)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -187,10 +189,7 @@ class PodIdentitySource:
             indexers={BY_NODE: node_of},
             on_change=self._changed,
             on_restart=self._restarted,
-            watch_seconds=self._watch_timeout,
-            request_timeout=self._request_timeout,
-            bookmarks=self._bookmarks,
-            backoff=lambda failures: self._backoff.delay(failures, self._rng),
+            **self._watch_options,
         )
         self._informer.start()
 

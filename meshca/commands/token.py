@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,14 +29,7 @@ class TokenRequest:
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> TokenRequest:
         """Flags only: the environment is accepted for the common shape and not consulted."""
         del environ
-        return cls(
-            data_dir=args.data_dir,
-            namespace=args.namespace,
-            service_account=args.service_account,
-            audience=args.audience,
-            ttl=args.ttl,
-            pod_name=args.pod_name,
-        )
+        return cls(**{field.name: getattr(args, field.name) for field in fields(cls)})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

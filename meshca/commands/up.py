@@ -43,10 +43,6 @@ SERVICE_ACCOUNT = "default"
 HELP = "run a local CA and one agent, for trying meshca"
 
 
-class UpConfigError(ValueError):
-    """A `meshca up` flag the command cannot use; the message names it."""
-
-
 @dataclass(frozen=True)
 class UpConfig:
     """Where `meshca up` keeps its state, how long certificates live, where status is served."""
@@ -77,6 +73,10 @@ class UpConfig:
             status_host=host or "127.0.0.1",
             status_port=int(port),
         )
+
+
+class UpConfigError(ValueError):
+    """A `meshca up` flag the command cannot use; the message names it."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
