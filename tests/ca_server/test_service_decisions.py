@@ -150,7 +150,7 @@ def authority() -> SigningAuthority:
 
 
 @pytest.fixture
-def ca(rsa_issuer: RsaIssuer, authority: SigningAuthority) -> Ca:
+def service(rsa_issuer: RsaIssuer, authority: SigningAuthority) -> Ca:
     return Ca(rsa_issuer, now=datetime.now(UTC), authority=authority)
 
 
@@ -159,38 +159,38 @@ def ca(rsa_issuer: RsaIssuer, authority: SigningAuthority) -> Ca:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_refusal_has_its_status_and_message_and_issues_nothing(
-    ca: Ca, rsa_issuer: RsaIssuer, case: Case
+    service: Ca, rsa_issuer: RsaIssuer, case: Case
 ):
     with pytest.raises(Aborted) as refused:
-        ca.call(case.csr(), FakeContext(case.token(rsa_issuer)), metadata=case.metadata)
+        service.call(case.csr(), FakeContext(case.token(rsa_issuer)), metadata=case.metadata)
     assert refused.value.code == case.code, refused.value.details
     assert case.message in refused.value.details
-    assert ca.issued() == 0
+    assert service.issued() == 0
     # The same service still signs a good request afterwards.
-    chain = ca.call(good_csr(), FakeContext(good_token(rsa_issuer)))
-    assert len(chain) == 2 and ca.issued() == 1
+    chain = service.call(good_csr(), FakeContext(good_token(rsa_issuer)))
+    assert len(chain) == 2 and service.issued() == 1
 
 
-def test_a_valid_token_gets_its_own_identity(ca: Ca, rsa_issuer: RsaIssuer, authority):
-    chain = ca.call(good_csr(), FakeContext(good_token(rsa_issuer)))
-    verify_chain(chain, authority.roots, now=ca.now)
+def test_a_valid_token_gets_its_own_identity(service: Ca, rsa_issuer: RsaIssuer, authority):
+    chain = service.call(good_csr(), FakeContext(good_token(rsa_issuer)))
+    verify_chain(chain, authority.roots, now=service.now)
     assert chain[0].extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     ).value.get_values_for_type(x509.UniformResourceIdentifier) == [SLEEP.uri]
 
 
-def test_client_certificate_renewal_and_a_foreign_one(ca: Ca, rsa_issuer: RsaIssuer):
-    first = ca.call(good_csr(), FakeContext(good_token(rsa_issuer)))
-    renewed = ca.call(good_csr(), FakeContext(None, peer_chain=first))
+def test_client_certificate_renewal_and_a_foreign_one(service: Ca, rsa_issuer: RsaIssuer):
+    first = service.call(good_csr(), FakeContext(good_token(rsa_issuer)))
+    renewed = service.call(good_csr(), FakeContext(None, peer_chain=first))
     assert renewed[0].serial_number != first[0].serial_number
     stranger = new_self_signed_authority(
-        KeySpec(), "cluster.local", now=ca.now, lifetime=timedelta(days=1)
+        KeySpec(), "cluster.local", now=service.now, lifetime=timedelta(days=1)
     )
-    foreign = Ca(rsa_issuer, now=ca.now, authority=stranger).call(
+    foreign = Ca(rsa_issuer, now=service.now, authority=stranger).call(
         good_csr(), FakeContext(good_token(rsa_issuer))
     )
     with pytest.raises(Aborted) as refused:
-        ca.call(good_csr(), FakeContext(None, peer_chain=foreign))
+        service.call(good_csr(), FakeContext(None, peer_chain=foreign))
     assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert "client certificate" in refused.value.details
 
@@ -250,11 +250,11 @@ def test_impersonation_is_the_policys_decision(
     ],
 )
 def test_lifetime_is_clamped_into_the_policy(
-    ca: Ca, rsa_issuer: RsaIssuer, requested: int, granted: timedelta
+    service: Ca, rsa_issuer: RsaIssuer, requested: int, granted: timedelta
 ):
-    leaf = ca.call(good_csr(), FakeContext(good_token(rsa_issuer)), ttl_seconds=requested)[0]
-    assert leaf.not_valid_before_utc == (ca.now - CLOCK_SKEW_BACKDATE).replace(microsecond=0)
-    assert leaf.not_valid_after_utc == (ca.now + granted).replace(microsecond=0)
+    leaf = service.call(good_csr(), FakeContext(good_token(rsa_issuer)), ttl_seconds=requested)[0]
+    assert leaf.not_valid_before_utc == (service.now - CLOCK_SKEW_BACKDATE).replace(microsecond=0)
+    assert leaf.not_valid_after_utc == (service.now + granted).replace(microsecond=0)
 
 
 def test_lifetime_never_outlives_the_ca_and_an_expired_ca_issues_nothing(
