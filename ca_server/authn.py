@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
 from cryptography import x509
 
 from ca_server.errors import AuthenticationError
 from certs import CertsError, SpiffeId, describe_certificate, verify_chain
+from meshca.clock import Clock
 
 
 @dataclass(frozen=True)
@@ -103,18 +103,18 @@ class ClientCertificateAuthenticator:
         self,
         trust_domain: str,
         roots: Callable[[], Sequence[x509.Certificate]],
-        clock_now: Callable[[], datetime],
+        clock: Clock,
     ) -> None:
         self._trust_domain = trust_domain
         self._roots = roots
-        self._now = clock_now
+        self._clock = clock
 
     async def authenticate(self, request: AuthnRequest) -> Caller | None:
         if not request.peer_chain:
             return None
         leaf = request.peer_chain[0]
         try:
-            verify_chain(list(request.peer_chain), self._roots(), now=self._now())
+            verify_chain(list(request.peer_chain), self._roots(), now=self._clock.now())
         except CertsError as exc:
             raise AuthenticationError("client-cert-invalid", f"client certificate: {exc}") from exc
         identity = describe_certificate(leaf).identity

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +29,7 @@ from ca_server.errors import AuthenticationError
 from ca_server.token_cache import VerifiedTokenCache, token_digest
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
+from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -118,31 +119,31 @@ class JwtAuthenticator:
         self,
         issuers: Sequence[TrustedIssuer],
         trust_domain: str,
-        now: Callable[[], datetime],
+        clock: Clock,
         cache_size: int = 10_000,
     ) -> None:
         self._issuers = {issuer.issuer: issuer for issuer in issuers}
         self._trust_domain = trust_domain
-        self._now = now
+        self._clock = clock
         self._cache: VerifiedTokenCache[Caller] = VerifiedTokenCache(max_entries=cache_size)
 
     @classmethod
     def from_config(
-        cls, configs: Sequence[JwtIssuerConfig], trust_domain: str, now: Callable[[], datetime]
+        cls, configs: Sequence[JwtIssuerConfig], trust_domain: str, clock: Clock
     ) -> JwtAuthenticator:
         issuers = [TrustedIssuer(c.issuer, key_source_for(c.jwks), c.audiences) for c in configs]
-        return cls(issuers, trust_domain, now)
+        return cls(issuers, trust_domain, clock)
 
     async def authenticate(self, request: AuthnRequest) -> Caller | None:
         token = request.bearer_token
         if token is None:
             return None
         digest = token_digest(self.name, token)
-        cached = self._cache.get(digest, self._now())
+        cached = self._cache.get(digest, self._clock.now())
         if cached is not None:
             return cached
         caller, expires_at = await self._verify(token)
-        self._cache.put(digest, caller, self._now(), expires_at)
+        self._cache.put(digest, caller, self._clock.now(), expires_at)
         return caller
 
     async def _verify(self, token: str) -> tuple[Caller, datetime]:

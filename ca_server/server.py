@@ -79,14 +79,12 @@ def build_authenticators(
         with data_dir_lock(config.data_dir):
             issuers.append(ensure_dev_issuer(config.data_dir).trust_config())
     chain: list[Authenticator] = [
-        ClientCertificateAuthenticator(
-            config.trust_domain, lambda: signer.authority.roots, clock.now
-        ),
+        ClientCertificateAuthenticator(config.trust_domain, lambda: signer.authority.roots, clock),
     ]
     if issuers:
-        chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock.now))
+        chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock))
     if kube is not None and kube.kube.token_review:
-        chain.append(kube.token_review_authenticator(clock.now))
+        chain.append(kube.token_review_authenticator())
     return AuthenticatorChain(chain)
 
 
@@ -166,7 +164,7 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     clock = clock or SystemClock()
     ensure_dir(config.data_dir)
     metrics = CaMetrics()
-    kube = KubernetesMode(config, config.kube, metrics) if config.kube is not None else None
+    kube = KubernetesMode(config, config.kube, metrics, clock) if config.kube is not None else None
     try:
         await _serve(config, clock, metrics, kube)
     finally:
@@ -193,7 +191,7 @@ async def _serve(
         signer=signer,
         ttl_policy=config.ttl,
         metrics=metrics,
-        now=clock.now,
+        clock=clock,
     )
     server = grpc.aio.server(
         options=[

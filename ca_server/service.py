@@ -8,9 +8,6 @@ signature), and blocking I/O (JWKS URL fetch) is pushed to threads by the authen
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
-from datetime import datetime
 
 import grpc
 from cryptography import x509
@@ -30,6 +27,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
 from certs import CertsError, SpiffeId, load_certs, load_csr, public_key_of
+from meshca.clock import Clock
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
@@ -48,19 +46,19 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         signer: Signer,
         ttl_policy: TtlPolicy,
         metrics: CaMetrics,
-        now: Callable[[], datetime],
+        clock: Clock,
     ) -> None:
         self._authenticators = authenticators
         self._impersonation = impersonation
         self._signer = signer
         self._ttl_policy = ttl_policy
         self._metrics = metrics
-        self._now = now
+        self._clock = clock
 
     async def CreateCertificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> ca_pb2.IstioCertificateResponse:
-        started = time.perf_counter()
+        started = self._clock.monotonic()
         self._metrics.csr_requests.inc()
         caller: Caller | None = None
         peer = context.peer()
@@ -73,7 +71,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
                 request.validity_duration,
                 self._ttl_policy,
                 ca_not_after=self._signer.authority.not_after,
-                now=self._now(),
+                now=self._clock.now(),
             )
             issued = self._signer.sign(public_key_of(csr), identity, validity)
         except CertsError as exc:
@@ -88,7 +86,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             await self._refuse(context, error, caller, peer)
             raise AssertionError("unreachable: context.abort raises") from exc
         self._metrics.issued.inc()
-        self._metrics.issuance_latency.observe(time.perf_counter() - started)
+        self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
         audit(
             "issued",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +23,8 @@ from typing import Any
 import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
+
+from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,8 @@ class LeaseElector:
         *,
         name: str = DEFAULT_LEASE_NAME,
         lease_duration: timedelta = timedelta(seconds=15),
+        clock: Clock,
         on_change: Callable[[bool], None] = lambda leading: None,
-        wall_now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = kubernetes.client.CoordinationV1Api(api)
         self.namespace = namespace
@@ -53,15 +53,14 @@ class LeaseElector:
         self._renew_deadline = lease_duration.total_seconds() * 2 / 3
         self._retry = max(lease_duration.total_seconds() / 5, 0.2)
         self._on_change = on_change
-        self._wall_now = wall_now
-        self._monotonic = monotonic
+        self._clock = clock
         self._leading_until = 0.0
         self._was_leading = False
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-elector", daemon=True)
 
     def is_leader(self) -> bool:
-        return self._monotonic() < self._leading_until
+        return self._clock.monotonic() < self._leading_until
 
     def start(self) -> None:
         self._thread.start()
@@ -77,7 +76,7 @@ class LeaseElector:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            started = self._monotonic()
+            started = self._clock.monotonic()
             try:
                 acquired = self.try_acquire_or_renew()
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -106,7 +105,7 @@ class LeaseElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One election round: True if this replica holds the Lease afterwards."""
-        now = self._wall_now()
+        now = self._clock.now()
         try:
             lease = self._api.read_namespaced_lease(
                 self.name, self.namespace, _request_timeout=_REQUEST_TIMEOUT

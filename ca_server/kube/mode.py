@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from datetime import datetime
 
 from ca_server.config import CaConfig, KubeConfig
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
@@ -30,6 +28,7 @@ from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.metrics import CaMetrics
 from ca_server.root_store import CaSetupError
 from certs import SigningAuthority
+from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,11 @@ _POD_SYNC_TIMEOUT = 30.0
 
 
 class KubernetesMode:
-    def __init__(self, config: CaConfig, kube: KubeConfig, metrics: CaMetrics) -> None:
+    def __init__(
+        self, config: CaConfig, kube: KubeConfig, metrics: CaMetrics, clock: Clock
+    ) -> None:
         self._config = config
+        self._clock = clock
         self.kube = kube
         self._metrics = metrics
         self.clients = KubeClients.from_config(kube)
@@ -52,6 +54,7 @@ class KubernetesMode:
                 kube.namespace,
                 kube.instance_id,
                 lease_duration=kube.lease_duration,
+                clock=clock,
                 on_change=self._leadership_changed,
             )
             self._publisher = RootConfigMapPublisher(
@@ -74,14 +77,14 @@ class KubernetesMode:
             )
         return self._secret_store
 
-    def token_review_authenticator(self, now: Callable[[], datetime]) -> TokenReviewAuthenticator:
+    def token_review_authenticator(self) -> TokenReviewAuthenticator:
         return TokenReviewAuthenticator(
             self.clients,
             audiences=self.kube.audiences,
             trust_domain=self._config.trust_domain,
-            limiter=AsyncTokenBucket(self.kube.qps, self.kube.burst),
+            limiter=AsyncTokenBucket(self.kube.qps, self.kube.burst, self._clock),
             metrics=self._metrics,
-            now=now,
+            clock=self._clock,
         )
 
     def impersonation_policy(self) -> ImpersonationPolicy:

@@ -10,26 +10,22 @@ needed between awaits) and then sleeps until the slot's time, so waiters are ser
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
+from meshca.clock import Clock
 
 
 class AsyncTokenBucket:
-    def __init__(
-        self, rate: float, burst: int, *, monotonic: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, rate: float, burst: int, clock: Clock) -> None:
         if rate <= 0 or burst < 1:
             raise ValueError(f"token bucket needs rate > 0 and burst >= 1 (got {rate}, {burst})")
         self._rate = rate
         self._burst = float(burst)
         self._tokens = float(burst)
-        self._monotonic = monotonic
-        self._updated = monotonic()
+        self._clock = clock
+        self._updated = clock.monotonic()
 
     def reserve(self) -> float:
         """Takes one token; returns how many seconds the caller must wait before using it."""
-        now = self._monotonic()
+        now = self._clock.monotonic()
         self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
         self._updated = now
         self._tokens -= 1
@@ -38,4 +34,4 @@ class AsyncTokenBucket:
     async def acquire(self) -> None:
         delay = self.reserve()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)

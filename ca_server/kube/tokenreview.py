@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import kubernetes.client
@@ -33,6 +32,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
+from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class TokenReviewAuthenticator:
         trust_domain: str,
         limiter: AsyncTokenBucket,
         metrics: CaMetrics,
-        now: Callable[[], datetime],
+        clock: Clock,
         cache: VerifiedTokenCache[Caller] | None = None,
     ) -> None:
         self._clients = clients
@@ -108,7 +108,7 @@ class TokenReviewAuthenticator:
         self._trust_domain = trust_domain
         self._limiter = limiter
         self._metrics = metrics
-        self._now = now
+        self._clock = clock
         self._cache: VerifiedTokenCache[Caller] = cache or VerifiedTokenCache()
         self._in_flight: dict[str, asyncio.Future[Caller]] = {}
 
@@ -125,7 +125,7 @@ class TokenReviewAuthenticator:
                 "configure it with --remote-kubeconfig",
             )
         digest = token_digest(cluster_id, token)
-        cached = self._cache.get(digest, self._now())
+        cached = self._cache.get(digest, self._clock.now())
         if cached is not None:
             self._metrics.tokenreview_cache_hits.inc()
             return cached
@@ -146,7 +146,7 @@ class TokenReviewAuthenticator:
         finally:
             del self._in_flight[digest]
         future.set_result(caller)
-        self._cache.put(digest, caller, self._now(), token_expiry(token))
+        self._cache.put(digest, caller, self._clock.now(), token_expiry(token))
         return caller
 
     async def _review(

@@ -15,6 +15,7 @@ from jwt.algorithms import RSAAlgorithm
 from ca_server.authn import AuthnRequest
 from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
+from meshca.clock import FakeClock
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 
 START = datetime.now(UTC)
@@ -32,9 +33,9 @@ def test_a_withdrawn_jwks_key_stops_working_within_minutes_despite_the_cache(tmp
     leaked, fresh = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in "ab")
     jwks = tmp_path / "jwks.json"
     jwks.write_text(_jwks(leaked, "leaked"))
-    now = [START]
+    clock = FakeClock(START)
     authenticator = JwtAuthenticator(
-        [TrustedIssuer(K8S_ISSUER, JwksFile(jwks), ("istio-ca",))], "cluster.local", lambda: now[0]
+        [TrustedIssuer(K8S_ISSUER, JwksFile(jwks), ("istio-ca",))], "cluster.local", clock
     )
     claims = k8s_claims("default", "sleep", lifetime=365 * 86400, issued_at=START.timestamp())
     token = jwt.encode(claims, leaked, algorithm="RS256", headers={"kid": "leaked"})
@@ -47,8 +48,8 @@ def test_a_withdrawn_jwks_key_stops_working_within_minutes_despite_the_cache(tmp
 
     assert authenticate() == "spiffe://cluster.local/ns/default/sa/sleep"
     jwks.write_text(_jwks(fresh, "fresh"))
-    now[0] = START + timedelta(minutes=1)
+    clock.advance(timedelta(minutes=1))
     assert authenticate() == "spiffe://cluster.local/ns/default/sa/sleep"  # from the cache
-    now[0] = START + timedelta(minutes=6)  # the cache's clock; PyJWT checks exp in real time
+    clock.advance(timedelta(minutes=5))  # the cache's clock; PyJWT checks exp in real time
     with pytest.raises(AuthenticationError, match="leaked"):
         authenticate()

@@ -37,6 +37,7 @@ from certs import (
     new_self_signed_authority,
     verify_chain,
 )
+from meshca.clock import FakeClock
 from meshca_proto import ca_pb2
 from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
 from tests.ca_server.refusal_cases import CASES, SLEEP, Case, good_csr, good_token
@@ -96,7 +97,7 @@ class Ca:
         authority: SigningAuthority,
         impersonation: Any = None,
     ) -> None:
-        self.now = now
+        self.clock = FakeClock(now)
         self.metrics = CaMetrics()
         self.signer = LocalSigner(authority)
         jwt = JwtAuthenticator.from_config(
@@ -111,11 +112,12 @@ class Ca:
             signer=self.signer,
             ttl_policy=POLICY,
             metrics=self.metrics,
-            now=self.clock,
+            clock=self.clock,
         )
 
-    def clock(self) -> datetime:
-        return self.now
+    @property
+    def now(self) -> datetime:
+        return self.clock.now()
 
     def issued(self) -> float:
         value = self.metrics.registry.get_sample_value("meshca_ca_certificates_issued_total")
@@ -267,7 +269,7 @@ def test_lifetime_never_outlives_the_ca_and_an_expired_ca_issues_nothing(
     ca = Ca(rsa_issuer, now=now, authority=short)
     leaf = ca.call(good_csr(), FakeContext(good_token(rsa_issuer)), ttl_seconds=86400)[0]
     assert leaf.not_valid_after_utc == short.not_after.replace(microsecond=0)
-    ca.now = now + timedelta(hours=3)  # the token is still valid: issued "now" by the issuer
+    ca.clock.advance(timedelta(hours=3))  # the token is still valid: issued "now" by the issuer
     with pytest.raises(Aborted) as refused:
         ca.call(good_csr(), FakeContext(good_token(rsa_issuer)))
     assert refused.value.code == grpc.StatusCode.INTERNAL

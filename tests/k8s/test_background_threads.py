@@ -12,6 +12,7 @@ import pytest
 from ca_server.kube.leader import LeaseElector
 from ca_server.kube.root_publisher import CONFIGMAP_NAME, ROOT_KEY, RootConfigMapPublisher
 from ca_server.metrics import CaMetrics
+from meshca.clock import SystemClock
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import wait_for
 
@@ -60,7 +61,11 @@ def test_elector_keeps_competing_after_an_unexpected_exception(
     kube_api: KubeApiServer, monkeypatch: pytest.MonkeyPatch
 ):
     elector = LeaseElector(
-        kube_api.api_client(), "istio-system", "replica-a", lease_duration=timedelta(seconds=1)
+        kube_api.api_client(),
+        "istio-system",
+        "replica-a",
+        lease_duration=timedelta(seconds=1),
+        clock=SystemClock(),
     )
     failures: list[str] = []
     monkeypatch.setattr(

@@ -19,6 +19,7 @@ from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import POD_NAME_KEY, POD_UID_KEY, caller_from_review
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
 from certs import SpiffeId
+from meshca.clock import FakeClock
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -48,15 +49,15 @@ def test_token_expiry_and_digest():
 
 
 def test_token_bucket_allows_burst_then_paces():
-    clock = [0.0]
-    bucket = AsyncTokenBucket(rate=10, burst=2, monotonic=lambda: clock[0])
+    clock = FakeClock()
+    bucket = AsyncTokenBucket(rate=10, burst=2, clock=clock)
     assert [bucket.reserve() for _ in range(2)] == [0.0, 0.0]
     assert bucket.reserve() == pytest.approx(0.1)
     assert bucket.reserve() == pytest.approx(0.2)
-    clock[0] = 1.0
+    clock.advance(1.0)
     assert bucket.reserve() == 0.0
     with pytest.raises(ValueError):
-        AsyncTokenBucket(rate=0, burst=1)
+        AsyncTokenBucket(rate=0, burst=1, clock=clock)
 
 
 def _status(
