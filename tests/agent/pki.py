@@ -1,87 +1,29 @@
-"""Test PKI and fake CAs for agent tests, built with the project's own `certs` library."""
+"""Fake CAs for agent tests (a signer and a gRPC servicer), signing with `tests.support.pki`."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from agent.ca_client import SignedCertificate, SigningRequest
-from certs import (
-    CLOCK_SKEW_BACKDATE,
-    PrivateKey,
-    SpiffeId,
-    build_root_certificate,
-    build_serving_certificate,
-    build_workload_certificate,
-    cert_to_pem,
-    certs_to_pem,
-    describe_csr,
-    generate_private_key,
-    load_csr,
-    private_key_to_pem,
-    public_key_of,
-)
+from agent.ca_client import IMPERSONATED_IDENTITY_KEY, SignedCertificate, SigningRequest
+from certs import SpiffeId, describe_csr, load_csr
 from meshca.clock import Clock
 from meshca_proto import ca_pb2, ca_pb2_grpc
+from tests.support.pki import TestCa
 
 IDENTITY = SpiffeId("cluster.local", "default", "app")
 
 
-@dataclass
-class Pki:
-    """A self-signed root that signs workload leaves the way the CA does."""
-
-    now: datetime
-    root_key: PrivateKey = field(default_factory=generate_private_key)
-
-    def __post_init__(self) -> None:
-        self.root = build_root_certificate(
-            self.root_key, "cluster.local", now=self.now, lifetime=timedelta(days=3650)
-        )
-
-    @property
-    def root_pem(self) -> str:
-        return cert_to_pem(self.root)
-
-    def issue(
-        self, csr_pem: str, ttl: timedelta, now: datetime, uri: str | None = None
-    ) -> list[str]:
-        """Istio's response layout: leaf, then the root bundle."""
-        csr = load_csr(csr_pem)
-        requested = describe_csr(csr).uri_sans[0]
-        leaf = build_workload_certificate(
-            public_key_of(csr),
-            SpiffeId.parse(uri or requested),
-            self.root,
-            self.root_key,
-            not_before=now - CLOCK_SKEW_BACKDATE,
-            not_after=now + ttl,
-        )
-        return [cert_to_pem(leaf), certs_to_pem([self.root])]
-
-    def write_serving(self, directory: Path, now: datetime) -> tuple[bytes, bytes]:
-        """(key PEM, cert PEM) for a CA serving on loopback with the CA's usual names."""
-        key = generate_private_key()
-        cert = build_serving_certificate(
-            key.public_key(),
-            self.root,
-            self.root_key,
-            hosts=["localhost", "127.0.0.1", "istiod.istio-system.svc"],
-            now=now,
-            lifetime=timedelta(days=1),
-        )
-        (directory / "root-cert.pem").write_text(self.root_pem)
-        return private_key_to_pem(key), cert_to_pem(cert).encode()
-
-
 class FakeSigner:
-    """A `CertificateSigner` that signs with a `Pki`, or raises the queued failures first."""
+    """A `CertificateSigner` that signs with a `TestCa`, or raises the queued failures first."""
 
-    def __init__(self, pki: Pki, clock: Clock) -> None:
+    def __init__(self, pki: TestCa, clock: Clock) -> None:
         self.pki = pki
         self.clock = clock
         self.failures: list[Exception] = []
@@ -99,7 +41,7 @@ class FakeSigner:
         if self.failures:
             raise self.failures.pop(0)
         now = self.clock.now()
-        elements = self.pki.issue(request.csr_pem, request.ttl, now)
+        elements = self.pki.sign_csr(request.csr_pem, request.ttl, now)
         return SignedCertificate(
             chain_pem=elements[0],
             root_bundle_pem=elements[1],
@@ -108,32 +50,90 @@ class FakeSigner:
         )
 
 
-Responder = Callable[[ca_pb2.IstioCertificateRequest, grpc.aio.ServicerContext], list[str]]
+NODE_TOKEN = "node-agent-token"
 
 
 class FakeCaServicer(ca_pb2_grpc.IstioCertificateServiceServicer):
-    """An in-process CA speaking the real gRPC API, recording each call's metadata."""
+    """An in-process CA speaking the real gRPC API: signs with `pki`, records every call.
 
-    def __init__(self, pki: Pki, clock: Clock) -> None:
+    As a node agent's CA (`node_agent=True`, see `node_ca`), it behaves like a CA with a node
+    authorizer: only `token` authenticates, the `ImpersonatedIdentity` is required and signed
+    (if `allowed` lists it, and the CSR asks for exactly it), identities in `fail` get
+    UNAVAILABLE. Each call first waits `delay`, so `max_in_flight` shows overlapping calls.
+    """
+
+    def __init__(
+        self,
+        pki: TestCa,
+        clock: Clock,
+        *,
+        node_agent: bool = False,
+        token: str | None = None,
+        delay: float = 0.0,
+        allowed: set[SpiffeId] | None = None,
+    ) -> None:
         self.pki = pki
         self.clock = clock
+        self.node_agent = node_agent
+        self.token = token
+        self.delay = delay
+        self.allowed = allowed  # None: any identity may be impersonated
         self.metadata: list[dict[str, str]] = []
         self.abort_with: list[tuple[grpc.StatusCode, str]] = []
         self.rewrite: Callable[[list[str]], list[str]] | None = None
         self.issue_uri: str | None = None
+        self.fail: set[str] = set()  # identity URIs to refuse with UNAVAILABLE
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.issued: Counter[str] = Counter()
+        self.order: list[str] = []
 
     async def CreateCertificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> ca_pb2.IstioCertificateResponse:
-        self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
-        if self.abort_with:
-            code, details = self.abort_with.pop(0)
-            await context.abort(code, details)
-        ttl = timedelta(seconds=request.validity_duration or 3600)
-        elements = self.pki.issue(request.csr, ttl, self.clock.now(), self.issue_uri)
-        if self.rewrite is not None:
-            elements = self.rewrite(elements)
-        return ca_pb2.IstioCertificateResponse(cert_chain=elements)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            headers = dict(context.invocation_metadata() or ())
+            self.metadata.append(headers)
+            if self.abort_with:
+                code, details = self.abort_with.pop(0)
+                await context.abort(code, details)
+            if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "not the node agent")
+            uri = await self._impersonated(request, context) if self.node_agent else None
+            uri = uri or self.issue_uri
+            if uri in self.fail:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "signer unavailable")
+            ttl = timedelta(seconds=request.validity_duration or 3600)
+            elements = self.pki.sign_csr(request.csr, ttl, self.clock.now(), uri)
+            if uri is not None:
+                self.issued[uri] += 1
+                self.order.append(uri)
+            if self.rewrite is not None:
+                elements = self.rewrite(elements)
+            return ca_pb2.IstioCertificateResponse(cert_chain=elements)
+        finally:
+            self.in_flight -= 1
+
+    async def _impersonated(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+    ) -> str:
+        fields = request.metadata.fields
+        if IMPERSONATED_IDENTITY_KEY not in fields:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no ImpersonatedIdentity")
+        uri = fields[IMPERSONATED_IDENTITY_KEY].string_value
+        if self.allowed is not None and SpiffeId.parse(uri) not in self.allowed:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{uri} not on the node")
+        if describe_csr(load_csr(request.csr)).uri_sans != (uri,):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "CSR SAN mismatch")
+        return uri
+
+
+def node_ca(pki: TestCa, clock: Clock, *, delay: float = 0.03, **options: Any) -> FakeCaServicer:
+    """A CA for a node agent: accepts only `NODE_TOKEN` and signs the impersonated identity."""
+    return FakeCaServicer(pki, clock, node_agent=True, token=NODE_TOKEN, delay=delay, **options)
 
 
 async def start_fake_ca(

@@ -18,8 +18,9 @@ from agent.main import Agent, AgentFailed
 from agent.status import readiness_report
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import SystemClock
-from tests.agent.pki import FakeCaServicer, Pki, start_fake_ca
+from tests.agent.pki import FakeCaServicer, start_fake_ca
 from tests.agent.wiring import pod_generation, scheduler_of, until
+from tests.support.pki import TestCa
 from tests.support.processes import http_status, http_text
 
 
@@ -30,7 +31,7 @@ async def status(url: str) -> int | None:
 def test_agent_end_to_end_with_fake_ca() -> None:
     async def main(tmp: Path) -> None:
         clock = SystemClock()
-        ca = FakeCaServicer(Pki(datetime.now(UTC)), clock)
+        ca = FakeCaServicer(TestCa(datetime.now(UTC)), clock)
         server, addr = await start_fake_ca(ca, tmp, clock.now())
         token_path = tmp / "token"
         config = AgentConfig(

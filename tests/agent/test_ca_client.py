@@ -23,7 +23,8 @@ from agent.metrics import AgentMetrics
 from agent.token import FileTokenProvider, TokenFileEmpty
 from certs import PrivateKey, SpiffeId, build_csr, generate_private_key, key_matches_certificate
 from meshca.clock import SystemClock
-from tests.agent.pki import IDENTITY, FakeCaServicer, Pki, start_fake_ca
+from tests.agent.pki import IDENTITY, FakeCaServicer, start_fake_ca
+from tests.support.pki import TestCa
 
 Scenario = Callable[[CaClient, FakeCaServicer, Path], Awaitable[None]]
 
@@ -31,7 +32,7 @@ Scenario = Callable[[CaClient, FakeCaServicer, Path], Awaitable[None]]
 def run(tmp_path: Path, scenario: Scenario, token: str = "tok-123") -> None:
     async def main() -> None:
         clock = SystemClock()
-        servicer = FakeCaServicer(Pki(datetime.now(UTC)), clock)
+        servicer = FakeCaServicer(TestCa(datetime.now(UTC)), clock)
         server, addr = await start_fake_ca(servicer, tmp_path, clock.now())
         (tmp_path / "token").write_text(token)
         client = CaClient(
@@ -99,7 +100,7 @@ def test_rejects_wrong_identity_short_chain_and_foreign_root(tmp_path: Path) -> 
         ca.rewrite = lambda elements: elements[:1]
         with pytest.raises(CaResponseError, match="1 certificate element"):
             await sign(client)
-        other_root = Pki(datetime.now(UTC)).root_pem
+        other_root = TestCa(datetime.now(UTC)).root_pem
         ca.rewrite = lambda elements: [elements[0], other_root]
         with pytest.raises(CaResponseError, match="does not verify"):
             await sign(client)

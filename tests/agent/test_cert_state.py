@@ -35,8 +35,9 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
-from tests.agent.pki import IDENTITY, FakeSigner, Pki
+from tests.agent.pki import IDENTITY, FakeSigner
 from tests.agent.wiring import until
+from tests.support.pki import TestCa
 
 ISSUED = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)
@@ -44,7 +45,7 @@ TTL = timedelta(seconds=100)
 
 def write_previous_run(
     directory: Path,
-    pki: Pki,
+    pki: TestCa,
     *,
     issued: datetime = ISSUED,
     uri: str | None = None,
@@ -53,15 +54,15 @@ def write_previous_run(
 ) -> tuple[str, str]:
     """What a previous agent run leaves behind (via the real FileOutput); (chain, key) PEM."""
     key = generate_private_key()
-    chain = pki.issue(build_csr(key, IDENTITY), TTL, issued, uri)[0]
+    chain = pki.sign_csr(build_csr(key, IDENTITY), TTL, issued, uri)[0]
     key_pem = private_key_to_pem(generate_private_key() if swap_key else key).decode()
     write_generation(directory, CertificateFiles(chain, key_pem, root_pem or pki.root_pem), issued)
     return chain, key_pem
 
 
 @pytest.fixture
-def pki() -> Pki:
-    return Pki(ISSUED - timedelta(days=1))
+def pki() -> TestCa:
+    return TestCa(ISSUED - timedelta(days=1))
 
 
 def refusal(directory: Path, now: datetime, identity: SpiffeId = IDENTITY) -> str:
@@ -73,7 +74,7 @@ def refusal(directory: Path, now: datetime, identity: SpiffeId = IDENTITY) -> st
 # -- load_previous_certificate ------------------------------------------------------------------
 
 
-def test_a_valid_set_is_adopted_as_if_received_when_issued(tmp_path: Path, pki: Pki) -> None:
+def test_a_valid_set_is_adopted_as_if_received_when_issued(tmp_path: Path, pki: TestCa) -> None:
     chain, key_pem = write_previous_run(tmp_path, pki)
     now = ISSUED + timedelta(seconds=30)
     restored = load_previous_certificate(tmp_path, IDENTITY, now)
@@ -87,16 +88,16 @@ def test_a_valid_set_is_adopted_as_if_received_when_issued(tmp_path: Path, pki: 
     assert "PRIVATE KEY" not in repr(restored)
 
 
-def test_files_written_as_plain_files_are_adopted_too(tmp_path: Path, pki: Pki) -> None:
+def test_files_written_as_plain_files_are_adopted_too(tmp_path: Path, pki: TestCa) -> None:
     key = generate_private_key()
-    chain = pki.issue(build_csr(key, IDENTITY), TTL, ISSUED)[0]
+    chain = pki.sign_csr(build_csr(key, IDENTITY), TTL, ISSUED)[0]
     (tmp_path / "cert-chain.pem").write_text(chain)
     (tmp_path / "key.pem").write_text(private_key_to_pem(key).decode())
     (tmp_path / "root-cert.pem").write_text(pki.root_pem)
     assert load_previous_certificate(tmp_path, IDENTITY, ISSUED).source == tmp_path
 
 
-def test_refused_for_another_identity(tmp_path: Path, pki: Pki) -> None:
+def test_refused_for_another_identity(tmp_path: Path, pki: TestCa) -> None:
     write_previous_run(tmp_path, pki, uri="spiffe://cluster.local/ns/default/sa/other")
     reason = refusal(tmp_path, ISSUED)
     assert "sa/other" in reason and IDENTITY.uri in reason
@@ -105,18 +106,20 @@ def test_refused_for_another_identity(tmp_path: Path, pki: Pki) -> None:
     assert "sa/else" in refusal(tmp_path, ISSUED, SpiffeId("cluster.local", "default", "else"))
 
 
-def test_refused_when_the_key_does_not_match(tmp_path: Path, pki: Pki) -> None:
+def test_refused_when_the_key_does_not_match(tmp_path: Path, pki: TestCa) -> None:
     write_previous_run(tmp_path, pki, swap_key=True)
     assert refusal(tmp_path, ISSUED).startswith("the certificate is for a different private key")
 
 
-def test_refused_when_the_chain_does_not_verify_to_the_root_file(tmp_path: Path, pki: Pki) -> None:
-    other_root = Pki(ISSUED - timedelta(days=1)).root_pem
+def test_refused_when_the_chain_does_not_verify_to_the_root_file(
+    tmp_path: Path, pki: TestCa
+) -> None:
+    other_root = TestCa(ISSUED - timedelta(days=1)).root_pem
     write_previous_run(tmp_path, pki, root_pem=other_root)
     assert "does not verify" in refusal(tmp_path, ISSUED)
 
 
-def test_refused_when_expired_not_yet_valid_or_nearly_expired(tmp_path: Path, pki: Pki) -> None:
+def test_refused_when_expired_not_yet_valid_or_nearly_expired(tmp_path: Path, pki: TestCa) -> None:
     chain, _ = write_previous_run(tmp_path, pki)
     not_after = load_cert(chain).not_valid_after_utc
     assert "expired at" in refusal(tmp_path, not_after)
@@ -126,7 +129,7 @@ def test_refused_when_expired_not_yet_valid_or_nearly_expired(tmp_path: Path, pk
     load_previous_certificate(tmp_path, IDENTITY, not_after - timedelta(seconds=12))
 
 
-def test_refused_when_a_file_is_missing_or_does_not_parse(tmp_path: Path, pki: Pki) -> None:
+def test_refused_when_a_file_is_missing_or_does_not_parse(tmp_path: Path, pki: TestCa) -> None:
     write_previous_run(tmp_path, pki)
     generation = (tmp_path / "..data").resolve()
     (generation / "key.pem").unlink()
@@ -156,7 +159,7 @@ def only(scheduler: CertificateScheduler) -> IdentityState:
 
 @contextlib.asynccontextmanager
 async def manager_restoring(
-    directory: Path, pki: Pki, now: datetime, *, identity_known: bool = True
+    directory: Path, pki: TestCa, now: datetime, *, identity_known: bool = True
 ) -> AsyncIterator[Harness]:
     clock = FakeClock(now)
     config = AgentConfig(
@@ -202,7 +205,7 @@ def _unknown_identity() -> SpiffeId:
 
 
 def test_manager_publishes_the_previous_certificate_without_asking_the_ca(
-    tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, pki: TestCa, caplog: pytest.LogCaptureFixture
 ) -> None:
     chain, key_pem = write_previous_run(tmp_path, pki)
     now = ISSUED + timedelta(seconds=30)
@@ -237,7 +240,7 @@ def test_manager_publishes_the_previous_certificate_without_asking_the_ca(
 
 
 def test_manager_renews_an_overdue_adoption_at_once_serving_it_while_the_ca_is_down(
-    tmp_path: Path, pki: Pki
+    tmp_path: Path, pki: TestCa
 ) -> None:
     write_previous_run(tmp_path, pki)
     now = ISSUED + timedelta(seconds=70)  # past the 50 s rotation point, 30 s left
@@ -263,7 +266,7 @@ def test_manager_renews_an_overdue_adoption_at_once_serving_it_while_the_ca_is_d
 
 
 def test_manager_asks_the_ca_when_the_files_are_refused(
-    tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, pki: TestCa, caplog: pytest.LogCaptureFixture
 ) -> None:
     write_previous_run(tmp_path, pki, uri="spiffe://cluster.local/ns/default/sa/other")
 
@@ -281,7 +284,7 @@ def test_manager_asks_the_ca_when_the_files_are_refused(
 
 
 def test_manager_does_not_adopt_before_it_knows_its_identity(
-    tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, pki: TestCa, caplog: pytest.LogCaptureFixture
 ) -> None:
     write_previous_run(tmp_path, pki)
 
@@ -297,7 +300,7 @@ def test_manager_does_not_adopt_before_it_knows_its_identity(
     assert "identity not known yet" in caplog.text
 
 
-def test_file_output_does_not_rewrite_the_restored_set(tmp_path: Path, pki: Pki) -> None:
+def test_file_output_does_not_rewrite_the_restored_set(tmp_path: Path, pki: TestCa) -> None:
     chain, key_pem = write_previous_run(tmp_path, pki)
     generation = (tmp_path / "..data").resolve()
     output = FileOutput.single(tmp_path, FakeClock(ISSUED))
@@ -313,7 +316,7 @@ def test_file_output_does_not_rewrite_the_restored_set(tmp_path: Path, pki: Pki)
     assert output.writes == 1 and (tmp_path / "cert-chain.pem").read_text() == next_chain
 
 
-def test_file_output_writes_a_set_it_did_not_restore(tmp_path: Path, pki: Pki) -> None:
+def test_file_output_writes_a_set_it_did_not_restore(tmp_path: Path, pki: TestCa) -> None:
     """Without a restore, the same text is written as a new generation: the output never
     reads its own files back to decide."""
     chain, key_pem = write_previous_run(tmp_path, pki)
@@ -325,7 +328,7 @@ def test_file_output_writes_a_set_it_did_not_restore(tmp_path: Path, pki: Pki) -
 
 
 def test_node_scheduler_restores_each_identity_from_its_own_directory(
-    tmp_path: Path, pki: Pki
+    tmp_path: Path, pki: TestCa
 ) -> None:
     """Node mode restores too: each identity from OUTPUT/<ns>/<sa>/, none of it rewritten,
     while the CA refuses every call."""

@@ -33,14 +33,14 @@ from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache, TlsSecret
 from meshca.clock import FakeClock
 from tests.agent.test_sds import Stream, secrets_of
-from tests.support.pki import Issued, TestAuthority
+from tests.support.pki import Issued, TestCa
 
 NOW = datetime.now(UTC)
 
 
 @pytest.fixture(scope="module")
-def ca() -> TestAuthority:
-    return TestAuthority(now=NOW)
+def ca() -> TestCa:
+    return TestCa(NOW)
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ class KubeletVolume:
             shutil.rmtree(self.directory / old_target)
 
 
-def istio_files(issued: Issued, ca: TestAuthority) -> dict[str, str]:
+def istio_files(issued: Issued, ca: TestCa) -> dict[str, str]:
     return {
         "cert-chain.pem": issued.cert_pem,
         "key.pem": issued.key_pem,
@@ -115,7 +115,7 @@ def write_plain(directory: Path, files: dict[str, str]) -> None:
 # --- loading checks ---------------------------------------------------------------------------
 
 
-def test_load_tls_secret_accepts_a_matching_pair(ca: TestAuthority, workdir: Path) -> None:
+def test_load_tls_secret_accepts_a_matching_pair(ca: TestCa, workdir: Path) -> None:
     issued = ca.issue("app")
     write_plain(workdir, istio_files(issued, ca))
     secret = load_tls_secret("default", workdir / "cert-chain.pem", workdir / "key.pem", now=NOW)
@@ -135,9 +135,7 @@ def test_load_tls_secret_accepts_a_matching_pair(ca: TestAuthority, workdir: Pat
         ("non-ascii", "non-ASCII"),
     ],
 )
-def test_load_tls_secret_refuses(
-    ca: TestAuthority, workdir: Path, case: str, expected: str
-) -> None:
+def test_load_tls_secret_refuses(ca: TestCa, workdir: Path, case: str, expected: str) -> None:
     issued = ca.issue("app")
     files = istio_files(issued, ca)
     if case == "mismatched":
@@ -181,9 +179,7 @@ async def wait_for_chain(stream: Stream, expected: str, budget: float = 5.0) -> 
 
 
 @pytest.mark.parametrize("layout", ["kubelet", "plain"])
-def test_file_changes_reach_a_connected_sds_client(
-    ca: TestAuthority, workdir: Path, layout: str
-) -> None:
+def test_file_changes_reach_a_connected_sds_client(ca: TestCa, workdir: Path, layout: str) -> None:
     certs_dir = workdir / "etc" / "certs"
     certs_dir.mkdir(parents=True)
     volume = KubeletVolume(certs_dir)
@@ -233,9 +229,7 @@ def test_file_changes_reach_a_connected_sds_client(
 
 
 @pytest.mark.parametrize("bad", ["mismatched", "expired"])
-def test_bad_files_are_refused_and_the_old_secret_kept(
-    ca: TestAuthority, workdir: Path, bad: str
-) -> None:
+def test_bad_files_are_refused_and_the_old_secret_kept(ca: TestCa, workdir: Path, bad: str) -> None:
     volume = KubeletVolume(workdir)
     metrics = FileMetricsForTest.fresh()
 
@@ -285,7 +279,7 @@ def test_bad_files_are_refused_and_the_old_secret_kept(
     asyncio.run(main())
 
 
-def test_file_cert_and_file_root_names_over_sds(ca: TestAuthority, workdir: Path) -> None:
+def test_file_cert_and_file_root_names_over_sds(ca: TestCa, workdir: Path) -> None:
     async def main() -> None:
         issued = ca.issue("app")
         write_plain(workdir, istio_files(issued, ca))
@@ -331,9 +325,7 @@ def test_file_cert_and_file_root_names_over_sds(ca: TestAuthority, workdir: Path
     asyncio.run(main())
 
 
-def test_a_file_secret_no_one_watches_any_more_is_forgotten(
-    ca: TestAuthority, workdir: Path
-) -> None:
+def test_a_file_secret_no_one_watches_any_more_is_forgotten(ca: TestCa, workdir: Path) -> None:
     """Its expiry must not keep being reported (and alerted on) after the last stream left."""
     name = f"file-root:{workdir}/root-cert.pem"
 

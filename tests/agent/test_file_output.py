@@ -24,7 +24,8 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
-from tests.agent.pki import IDENTITY, Pki
+from tests.agent.pki import IDENTITY
+from tests.support.pki import TestCa
 
 NOW = datetime.now(UTC)
 
@@ -39,17 +40,19 @@ class Writer:
         return write_generation(self.out, CertificateFiles(chain, key, root), NOW)
 
 
-def issue_pairs(pki: Pki, count: int) -> list[tuple[str, str]]:
+def issue_pairs(pki: TestCa, count: int) -> list[tuple[str, str]]:
     pairs = []
     for _ in range(count):
         key = generate_private_key()
-        chain = pki.issue(build_csr(key, IDENTITY), timedelta(hours=1), NOW + CLOCK_SKEW_BACKDATE)
+        chain = pki.sign_csr(
+            build_csr(key, IDENTITY), timedelta(hours=1), NOW + CLOCK_SKEW_BACKDATE
+        )
         pairs.append((chain[0], private_key_to_pem(key).decode()))
     return pairs
 
 
 def test_layout_modes_and_old_generations(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     out = tmp_path / "out"
     writer = Writer(out)
     pairs = issue_pairs(pki, 4)
@@ -71,7 +74,7 @@ def _generations(out: Path) -> set[str]:
 
 
 def test_kept_generations_are_the_current_and_the_one_it_replaced(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     out = tmp_path / "out"
     writer = Writer(out)
     names = [writer.write(chain, key, pki.root_pem).name for chain, key in issue_pairs(pki, 3)]
@@ -80,7 +83,7 @@ def test_kept_generations_are_the_current_and_the_one_it_replaced(tmp_path: Path
 
 
 def test_a_failed_write_leaves_no_partial_generation(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     out = tmp_path / "out"
     writer = Writer(out)
     (chain, key), (next_chain, _) = issue_pairs(pki, 2)
@@ -93,7 +96,7 @@ def test_a_failed_write_leaves_no_partial_generation(tmp_path: Path) -> None:
 
 
 def test_existing_directory_is_accepted_and_listener_waits_for_both(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     tmp_path.chmod(0o755)
     writer = FileOutput.single(tmp_path, FakeClock(NOW))
     chain, key = issue_pairs(pki, 1)[0]
@@ -107,7 +110,7 @@ def test_existing_directory_is_accepted_and_listener_waits_for_both(tmp_path: Pa
 
 
 def test_readers_never_see_a_key_that_does_not_match_the_cert(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     out = tmp_path / "out"
     writer = Writer(out)
     pairs = issue_pairs(pki, 50)
@@ -144,7 +147,7 @@ def test_readers_never_see_a_key_that_does_not_match_the_cert(tmp_path: Path) ->
 
 
 def test_read_current_returns_the_generation_written_last(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     writer = Writer(tmp_path)
     (chain, key), (next_chain, next_key) = issue_pairs(pki, 2)
     writer.write(chain, key, pki.root_pem)
@@ -155,7 +158,7 @@ def test_read_current_returns_the_generation_written_last(tmp_path: Path) -> Non
 
 
 def test_node_layout_writes_one_directory_per_identity_and_removes_it(tmp_path: Path) -> None:
-    pki = Pki(NOW)
+    pki = TestCa(NOW)
     writer = FileOutput.node(tmp_path, FakeClock(NOW))
     (chain, key), (other_chain, other_key) = issue_pairs(pki, 2)
     first = "spiffe://cluster.local/ns/shop/sa/cart"

@@ -27,10 +27,10 @@ from certs import (
     load_private_key,
 )
 from meshca.clock import SystemClock
-from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
-from tests.agent.pki import Pki, start_fake_ca
+from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import status, until
 from tests.agent.wiring import scheduler_of
+from tests.support.pki import TestCa
 from tests.support.processes import http_text
 
 NODE = base_pb2.Node(id="ztunnel~10.0.0.1~node-1~meshca-system.svc.cluster.local")
@@ -54,8 +54,8 @@ async def fetch_secrets(socket: Path, names: Sequence[str]) -> dict[str, secret_
 def test_node_agent_serves_100_identities_with_at_most_8_csrs_in_flight() -> None:
     async def main(tmp: Path) -> None:
         clock = SystemClock()
-        ca = ImpersonatingCaServicer(Pki(datetime.now(UTC)), clock, delay=0.03)
-        server, addr = await start_fake_ca(ca, tmp, clock.now())  # type: ignore[arg-type]
+        ca = node_ca(TestCa(datetime.now(UTC)), clock, delay=0.03)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())
         (tmp / "token").write_text(NODE_TOKEN)
         pairs = tuple((f"ns{i % 10}", f"sa{i}") for i in range(100))
         config = AgentConfig(
@@ -114,8 +114,8 @@ def test_node_agent_serves_100_identities_with_at_most_8_csrs_in_flight() -> Non
 def test_static_identities_file_without_an_api_server() -> None:
     async def main(tmp: Path) -> None:
         clock = SystemClock()
-        ca = ImpersonatingCaServicer(Pki(datetime.now(UTC)), clock, delay=0)
-        server, addr = await start_fake_ca(ca, tmp, clock.now())  # type: ignore[arg-type]
+        ca = node_ca(TestCa(datetime.now(UTC)), clock, delay=0)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())
         (tmp / "token").write_text(NODE_TOKEN)
         (tmp / "identities").write_text("# this node's workloads\nshop/cart\nshop/pay, web/front\n")
         config = AgentConfig(

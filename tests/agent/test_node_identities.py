@@ -31,14 +31,14 @@ from agent.node_identities import (
 from certs import SpiffeId
 from meshca.clock import SystemClock
 from meshca.pods import pod_info
-from tests.agent.node_ca import NODE_TOKEN, ImpersonatingCaServicer
-from tests.agent.pki import Pki, start_fake_ca
+from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
 from tests.agent.wiring import scheduler_of
 from tests.deploy.rbac import is_allowed
 from tests.k8s.api_calls import NODE_AGENT_RBAC, describe, required_rules
 from tests.support.kube_api import KubeApiServer
+from tests.support.pki import TestCa
 
 NODE, OTHER = "node-1", "node-2"
 
@@ -175,8 +175,8 @@ def test_static_source_and_choice_of_source(tmp_path: Path) -> None:
 def test_node_agent_adds_and_drops_identities_as_pods_come_and_go(kube: KubeApiServer) -> None:
     async def main(tmp: Path) -> None:
         clock = SystemClock()
-        ca = ImpersonatingCaServicer(Pki(datetime.now(UTC)), clock, delay=0)
-        server, addr = await start_fake_ca(ca, tmp, clock.now())  # type: ignore[arg-type]
+        ca = node_ca(TestCa(datetime.now(UTC)), clock, delay=0)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())
         (tmp / "token").write_text(NODE_TOKEN)
         kube.create_pod("shop", "cart-1", service_account="cart", node_name=NODE)
         kube.create_pod("shop", "cart-2", service_account="cart", node_name=NODE)

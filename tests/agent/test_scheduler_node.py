@@ -20,8 +20,8 @@ from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
-from tests.agent.pki import Pki
 from tests.agent.wiring import until
+from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)
@@ -35,9 +35,9 @@ A, B, C, D, F = (sid(n) for n in ("a", "b", "c", "d", "f"))
 
 
 class GatedSigner:
-    """Signs with a `Pki`; holds every call at `gate` while it is clear; fails `fail` ids."""
+    """Signs with a `TestCa`; holds every call at `gate` while it is clear; fails `fail` ids."""
 
-    def __init__(self, pki: Pki, clock: FakeClock) -> None:
+    def __init__(self, pki: TestCa, clock: FakeClock) -> None:
         self.pki = pki
         self.clock = clock
         self.gate = asyncio.Event()
@@ -53,7 +53,7 @@ class GatedSigner:
         if request.identity in self.fail:
             raise CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA down")
         now = self.clock.now()
-        elements = self.pki.issue(request.csr_pem, request.ttl, now)
+        elements = self.pki.sign_csr(request.csr_pem, request.ttl, now)
         return SignedCertificate(elements[0], elements[1], load_cert(elements[0]), now)
 
 
@@ -62,7 +62,7 @@ async def running(
     max_fetches: int = 8,
 ) -> AsyncIterator[tuple[CertificateScheduler, GatedSigner, SecretCache, FakeClock]]:
     clock = FakeClock(START)
-    signer = GatedSigner(Pki(START), clock)
+    signer = GatedSigner(TestCa(START), clock)
     cache = SecretCache()
     config = AgentConfig(
         secret_ttl=TTL,

@@ -19,8 +19,9 @@ from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import FakeClock
-from tests.agent.pki import IDENTITY, FakeSigner, Pki
+from tests.agent.pki import IDENTITY, FakeSigner
 from tests.agent.wiring import until
+from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=100)
@@ -77,7 +78,7 @@ async def running_manager() -> AsyncIterator[Harness]:
     config = AgentConfig(
         namespace=IDENTITY.namespace, service_account=IDENTITY.service_account, secret_ttl=TTL
     )
-    signer = FakeSigner(Pki(START - timedelta(days=1)), clock)
+    signer = FakeSigner(TestCa(START - timedelta(days=1)), clock)
     cache = SecretCache()
     manager = CertificateScheduler.from_config(
         config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(3)

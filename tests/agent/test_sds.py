@@ -26,14 +26,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from agent.sds import SECRET_TYPE_URL, SdsServer, SecretResolver
 from agent.secrets import SecretCache
-from tests.support.pki import TestAuthority
+from tests.support.pki import TestCa
 
 NODE = base_pb2.Node(id="sidecar~10.0.0.1~app-1.default~default.svc.cluster.local", cluster="app")
 
 
 @pytest.fixture(scope="module")
-def ca() -> TestAuthority:
-    return TestAuthority()
+def ca() -> TestCa:
+    return TestCa()
 
 
 @pytest.fixture
@@ -153,14 +153,14 @@ def run_with_server(
     asyncio.run(main())
 
 
-async def seeded_cache(ca: TestAuthority, service_account: str = "app") -> SecretCache:
+async def seeded_cache(ca: TestCa, service_account: str = "app") -> SecretCache:
     cache = SecretCache()
     await cache.publish(ca.issue(service_account).tls_secret())
     await cache.publish(ca.root_secret())
     return cache
 
 
-def test_missing_node_id_is_rejected(ca: TestAuthority, sock_dir: Path) -> None:
+def test_missing_node_id_is_rejected(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         for node in (None, base_pb2.Node(cluster="app")):
             stream = Stream(stub)
@@ -174,7 +174,7 @@ def test_missing_node_id_is_rejected(ca: TestAuthority, sock_dir: Path) -> None:
     run_with_server(sock_dir, None, scenario)
 
 
-def test_first_response_then_ack_gets_no_resend(ca: TestAuthority, sock_dir: Path) -> None:
+def test_first_response_then_ack_gets_no_resend(ca: TestCa, sock_dir: Path) -> None:
     metrics = SdsMetricsForTest.fresh()
 
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
@@ -202,7 +202,7 @@ def test_first_response_then_ack_gets_no_resend(ca: TestAuthority, sock_dir: Pat
     run_with_server(sock_dir, None, scenario, metrics=metrics)
 
 
-def test_root_secret_is_a_validation_context(ca: TestAuthority, sock_dir: Path) -> None:
+def test_root_secret_is_a_validation_context(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         server.resolver = SecretResolver(await seeded_cache(ca))
         stream = Stream(stub)
@@ -216,7 +216,7 @@ def test_root_secret_is_a_validation_context(ca: TestAuthority, sock_dir: Path) 
 
 
 def test_nack_is_counted_logged_and_not_resent(
-    ca: TestAuthority, sock_dir: Path, caplog: pytest.LogCaptureFixture
+    ca: TestCa, sock_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     metrics = SdsMetricsForTest.fresh()
 
@@ -247,7 +247,7 @@ def test_nack_is_counted_logged_and_not_resent(
     run_with_server(sock_dir, None, scenario, metrics=metrics)
 
 
-def test_stale_nonce_is_ignored(ca: TestAuthority, sock_dir: Path) -> None:
+def test_stale_nonce_is_ignored(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         cache = await seeded_cache(ca)
         server.resolver = SecretResolver(cache)
@@ -269,7 +269,7 @@ def test_stale_nonce_is_ignored(ca: TestAuthority, sock_dir: Path) -> None:
     run_with_server(sock_dir, None, scenario)
 
 
-def test_publish_reaches_only_streams_watching_that_name(ca: TestAuthority, sock_dir: Path) -> None:
+def test_publish_reaches_only_streams_watching_that_name(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         cache = await seeded_cache(ca)
         server.resolver = SecretResolver(cache)
@@ -297,7 +297,7 @@ def test_publish_reaches_only_streams_watching_that_name(ca: TestAuthority, sock
     run_with_server(sock_dir, None, scenario)
 
 
-def test_one_stream_with_several_names_waits_for_each(ca: TestAuthority, sock_dir: Path) -> None:
+def test_one_stream_with_several_names_waits_for_each(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         cache = SecretCache()
         server.resolver = SecretResolver(cache)
@@ -315,14 +315,14 @@ def test_one_stream_with_several_names_waits_for_each(ca: TestAuthority, sock_di
         # A subscription dropping ROOTCA: updates to it are no longer pushed.
         stream.send(["default"], nonce=second.nonce, version=second.version_info)
         await asyncio.sleep(0.2)  # let the server see the new subscription first
-        await cache.publish(TestAuthority().root_secret())
+        await cache.publish(TestCa().root_secret())
         await stream.expect_silence()
         stream.close()
 
     run_with_server(sock_dir, None, scenario)
 
 
-def test_fetch_secrets_returns_current_values(ca: TestAuthority, sock_dir: Path) -> None:
+def test_fetch_secrets_returns_current_values(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         cache = await seeded_cache(ca)
         server.resolver = SecretResolver(cache)
@@ -356,7 +356,7 @@ def test_fetch_secrets_returns_current_values(ca: TestAuthority, sock_dir: Path)
     run_with_server(sock_dir, None, scenario, fetch_timeout=0.3)
 
 
-def test_delta_secrets_subscribe_ack_and_push(ca: TestAuthority, sock_dir: Path) -> None:
+def test_delta_secrets_subscribe_ack_and_push(ca: TestCa, sock_dir: Path) -> None:
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:
         cache = await seeded_cache(ca)
         server.resolver = SecretResolver(cache)
@@ -426,9 +426,7 @@ def test_a_failing_source_ends_the_stream_instead_of_leaving_it_silent(
     run_with_server(sock_dir, None, scenario)
 
 
-def test_two_hundred_streams_all_get_a_rotation_without_threads(
-    ca: TestAuthority, sock_dir: Path
-) -> None:
+def test_two_hundred_streams_all_get_a_rotation_without_threads(ca: TestCa, sock_dir: Path) -> None:
     count = 200
 
     async def scenario(server: SdsServer, stub: sds_pb2_grpc.SecretDiscoveryServiceStub) -> None:

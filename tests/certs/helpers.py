@@ -1,4 +1,5 @@
-"""PKI building blocks for the `certs` unit tests, made with the library under test."""
+"""PKI views for the `certs` unit tests: the keys and certificates themselves, so those tests
+can call `certs` functions directly on them (built by `tests.support.pki.TestCa`)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from certs import (
-    PrivateKey,
-    SpiffeId,
-    build_intermediate_certificate,
-    build_root_certificate,
-    build_workload_certificate,
-    generate_private_key,
-)
+from certs import PrivateKey, SpiffeId, build_workload_certificate, generate_private_key
+from tests.support.pki import TestCa
 
 NOW = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
 TRUST_DOMAIN = "cluster.local"
@@ -52,24 +47,12 @@ def make_leaf(
 
 
 def make_pki() -> Pki:
-    """A root and an intermediate under it (both valid around `NOW`), plus a leaf key.
-
-    ECDSA P-256 throughout: fast to generate.
+    """A root and an intermediate under it (both valid around `NOW`), plus a leaf key, from the
+    suite's one test PKI (`tests.support.pki.TestCa`). ECDSA P-256 throughout: fast to generate.
     """
-    root_key = generate_private_key()
-    root = build_root_certificate(
-        root_key, TRUST_DOMAIN, now=NOW - timedelta(days=1), lifetime=timedelta(days=3650)
-    )
-    intermediate_key = generate_private_key()
-    intermediate = build_intermediate_certificate(
-        intermediate_key.public_key(),
-        root,
-        root_key,
-        TRUST_DOMAIN,
-        now=NOW - timedelta(days=1),
-        lifetime=timedelta(days=365),
-    )
-    return Pki(root_key, root, intermediate_key, intermediate, generate_private_key())
+    root = TestCa(NOW - timedelta(days=1), trust_domain=TRUST_DOMAIN)
+    intermediate = root.child_ca(lifetime=timedelta(days=365))
+    return Pki(root.key, root.cert, intermediate.key, intermediate.cert, generate_private_key())
 
 
 def _der_length(n: int) -> bytes:

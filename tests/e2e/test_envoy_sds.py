@@ -24,7 +24,7 @@ from tests.support.envoy import (
     start_envoy_pair,
 )
 from tests.support.loop import LoopThread
-from tests.support.pki import Issued, TestAuthority
+from tests.support.pki import Issued, TestCa
 from tests.support.processes import wait_for
 
 pytestmark = [
@@ -38,7 +38,7 @@ class PodAgent:
     """What one pod's agent contributes here: a secret cache served over SDS."""
 
     loop: LoopThread
-    ca: TestAuthority
+    ca: TestCa
     service_account: str
     socket: Path
     cache: SecretCache = field(init=False)
@@ -82,7 +82,7 @@ class Mesh:
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[Mesh]:
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="e2e-"))
-    ca = TestAuthority()
+    ca = TestCa()
     agents: list[PodAgent] = []
     with LoopThread() as loop:
         try:
