@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -42,8 +43,9 @@ def installed_version() -> str:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser, or (`only`) one whose other subcommands have no flags loaded."""
-    parser = argparse.ArgumentParser(prog="meshca", description=__doc__)
+    """The whole parser, or (`only`) one whose other subcommands have no flags loaded (`""`:
+    none, enough for `meshca --help` and `--version`)."""
+    parser = argparse.ArgumentParser(prog="meshca", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (_, summary) in COMMANDS.items():
@@ -54,9 +56,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
     args_list = list(sys.argv[1:] if argv is None else argv)
-    chosen = args_list[0] if args_list and args_list[0] in COMMANDS else None
+    chosen = args_list[0] if args_list and args_list[0] in COMMANDS else ""
     args = build_parser(chosen).parse_args(args_list)
     return int(_load(args.command).run(args))

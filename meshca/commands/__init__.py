@@ -1,7 +1,7 @@
 """The `meshca` subcommands, one module each, above the runtime layer and both daemons.
 
-Every module has the same three parts, so `meshca.cli` can load only the one that runs:
-- `HELP`: one line for `meshca --help` (the dispatcher knows it without importing the module);
+Every module has the same two parts, so `meshca.cli` (which keeps each command's one-line help
+itself) can load only the one that runs:
 - `add_arguments(parser)`: registers the command's flags;
 - `run(args) -> int`: builds the command's typed configuration with
   `<Config>.from_args(args, os.environ)` (the only place a command reads the environment),

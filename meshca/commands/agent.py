@@ -10,8 +10,6 @@ import argparse
 
 from agent.config import add_agent_arguments
 
-HELP = "run the per-pod agent (certificates, SDS, files)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_agent_arguments(parser)

@@ -10,8 +10,6 @@ import sys
 from ca_server.config import CaConfig, ConfigError, add_ca_arguments
 from meshca.logs import configure_logging
 
-HELP = "run the certificate authority (Istio's CA API)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_ca_arguments(parser)

@@ -9,8 +9,6 @@ from pathlib import Path
 
 from certs import CertsError, describe_certificate, format_duration, load_certs
 
-HELP = "describe PEM certificates"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", type=Path)

@@ -11,8 +11,6 @@ from pathlib import Path
 
 from ca_server.config import DEFAULT_AUDIENCE, duration_argument
 
-HELP = "mint a development service-account token the local CA trusts"
-
 
 @dataclass(frozen=True)
 class TokenRequest:

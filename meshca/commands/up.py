@@ -40,9 +40,6 @@ NAMESPACE = "default"
 SERVICE_ACCOUNT = "default"
 
 
-HELP = "run a local CA and one agent, for trying meshca"
-
-
 @dataclass(frozen=True)
 class UpConfig:
     """Where `meshca up` keeps its state, how long certificates live, where status is served."""
