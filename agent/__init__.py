@@ -22,12 +22,13 @@ Module map:
 - `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds`, `status`,
   `metrics`, `secrets`.
 - `errors`: every error the agent raises on purpose, drawn once; `config`: flags and
-  environment; `up`: `meshca up`.
+  environment (`AgentConfig.from_args`). The commands (`meshca agent`, `meshca up`) live above
+  the agent in `meshca.commands`; the pod watch uses the runtime's `meshca.informer`.
 
 Concurrency model: one asyncio event loop runs the scheduler's workers and timers, the CA
 client, the SDS server and the file output (a cache listener). Blocking work hops off it: key
 generation and restore reads run in `asyncio.to_thread`; watchdog's observer thread and the
 status HTTP server's thread only hand events to the loop (`call_soon_threadsafe`) or read
 immutable snapshots. Time comes from one injected `meshca.clock.Clock`, chosen at the root
-(`main.run_agent_command`, `up`).
+(`main.run_agent_command`, `meshca.commands.up`).
 """
