@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
 from meshca.accounts import parse_account_list
@@ -25,6 +26,8 @@ DEFAULT_SERVING_HOSTS = ("localhost", "127.0.0.1", "istiod.istio-system.svc")
 DEFAULT_NAMESPACE = "istio-system"
 DEFAULT_CLUSTER_ID = "Kubernetes"
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+TokenValidation = Literal["tokenreview", "offline"]
+TOKEN_VALIDATIONS: tuple[TokenValidation, ...] = ("tokenreview", "offline")
 
 
 class ConfigError(ValueError):
@@ -69,6 +72,9 @@ class KubeConfig:
     namespace: str = DEFAULT_NAMESPACE
     cluster_id: str = DEFAULT_CLUSTER_ID
     token_review: bool = True
+    # How bearer tokens of this cluster are checked: a TokenReview per new token, or offline
+    # against the issuer's JWKS and the pod informer (`ca_server.kube.bound_tokens`).
+    token_validation: TokenValidation = "tokenreview"
     audiences: tuple[str, ...] = (DEFAULT_AUDIENCE,)
     trusted_node_accounts: tuple[tuple[str, str], ...] = ()
     # Names this replica in the leader Lease and in its API user agent.
@@ -174,6 +180,7 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
         namespace=args.namespace or environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE,
         cluster_id=args.cluster_id or environ.get("CLUSTER_ID") or DEFAULT_CLUSTER_ID,
         token_review=args.token_review,
+        token_validation=args.token_validation,
         audiences=tuple(args.audience) or (DEFAULT_AUDIENCE,),
         trusted_node_accounts=trusted,
         instance_id=instance_id,
@@ -337,6 +344,13 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="authenticate bearer tokens with TokenReview (Kubernetes mode only)",
+    )
+    kube.add_argument(
+        "--token-validation",
+        choices=TOKEN_VALIDATIONS,
+        default="tokenreview",
+        help="check this cluster's tokens with a TokenReview per new token, or offline against "
+        "the issuer's keys and the pod informer (pod-bound tokens only; see docs/kubernetes.md)",
     )
     kube.add_argument(
         "--root-configmaps",

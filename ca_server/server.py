@@ -73,7 +73,8 @@ def authority_source_for(config: CaConfig, kube: KubernetesMode | None = None) -
 def build_authenticators(
     config: CaConfig, signer: LocalSigner, clock: Clock, kube: KubernetesMode | None = None
 ) -> AuthenticatorChain:
-    """In Istio's order: client certificate, JWKS issuers (if any), Kubernetes TokenReview."""
+    """In Istio's order: client certificate, JWKS issuers (if any), the cluster's tokens
+    (TokenReview, or offline against the issuer keys and the pod informer)."""
     issuers = list(config.jwt_issuers)
     if config.trust_dev_issuer:
         with data_dir_lock(config.data_dir):
@@ -83,8 +84,8 @@ def build_authenticators(
     ]
     if issuers:
         chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock))
-    if kube is not None and kube.kube.token_review:
-        chain.append(kube.token_review_authenticator())
+    if kube is not None:
+        chain.extend(kube.token_authenticators())
     return AuthenticatorChain(chain)
 
 

@@ -6,16 +6,20 @@ because the node agent watches pods with it too):
   `meshca.kube_client`, the one builder the agent uses too).
 - `ratelimit`: the token bucket in front of TokenReview calls.
 - `tokenreview`: the TokenReview authenticator (its cache is `ca_server.token_cache`).
+- `issuer_keys` / `bound_tokens`: offline token validation (`--token-validation offline`) — the
+  service-account issuer's keys, and pod-bound tokens checked against the pod informer.
 - `secret_root`: the shared root in Secret `istio-ca-secret` (an `AuthoritySource`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
-- `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel).
+- `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod
+  cache also serves offline token validation.
 - `mode`: composes all of the above for `ca_server.server`.
 
 Concurrency model. The CA runs on one asyncio event loop (`grpc.aio`); the official `kubernetes`
 client is synchronous. So:
-- Request-path calls (TokenReview) run in the default thread pool via `asyncio.to_thread`,
-  after an `await` on the async token bucket; the loop never waits on a socket.
+- Request-path calls (TokenReview; issuer-key refreshes) run in the default thread pool via
+  `asyncio.to_thread` (TokenReview after an `await` on the async token bucket); the loop never
+  waits on a socket.
 - Long-lived work (watches, the Lease loop, the ConfigMap reconciler) runs in dedicated daemon
   threads. They share state with the loop only through small lock-protected caches whose
   critical sections are dictionary operations, and through `threading.Event` wake-ups, so a
@@ -24,5 +28,5 @@ client is synchronous. So:
 
 Every API call made here is listed in `tests/k8s/api_calls.py`, which the deploy RBAC mirrors:
 TokenReview create; Secrets and Leases in the CA's namespace; ConfigMaps in all namespaces;
-Pods and Namespaces list/watch.
+Pods and Namespaces list/watch; get on /.well-known/openid-configuration and /openid/v1/jwks.
 """

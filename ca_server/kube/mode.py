@@ -1,8 +1,9 @@
 """Kubernetes mode, composed: the parts `ca_server.server` plugs in when a cluster is configured.
 
 `KubernetesMode` builds the API clients once and hands out the cluster-backed implementations
-of the CA's seams — an `AuthoritySource` (Secret `istio-ca-secret`), an `Authenticator`
-(TokenReview) and an `ImpersonationPolicy` (node authorizer) — and runs the background parts
+of the CA's seams — an `AuthoritySource` (Secret `istio-ca-secret`), the token `Authenticator`s
+(TokenReview, or offline validation against the issuer keys and the pod informer) and an
+`ImpersonationPolicy` (node authorizer) — and runs the background parts
 (watches, Lease election, ConfigMap publication) between `start` and `stop`.
 
 Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (waiting for
@@ -15,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ca_server.authn import Authenticator
 from ca_server.config import CaConfig, KubeConfig
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
+from ca_server.jwt_authn import JwtAuthenticator, TrustedIssuer
+from ca_server.kube.bound_tokens import BoundTokenAuthenticator, RemoteClustersOnly
 from ca_server.kube.clients import KubeClients
+from ca_server.kube.issuer_keys import ClusterIssuerKeys
 from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
@@ -45,7 +50,18 @@ class KubernetesMode:
         self._metrics = metrics
         self.clients = KubeClients.from_config(kube)
         self._secret_store: KubeSecretRootStore | None = None
-        self._pods = PodCache(self.clients.local, metrics) if kube.trusted_node_accounts else None
+        self._offline = kube.token_review and kube.token_validation == "offline"
+        self._issuer_keys = (
+            ClusterIssuerKeys(self.clients.local, monotonic=clock.monotonic)
+            if self._offline
+            else None
+        )
+        # The pod informer serves the node authorizer and offline token validation.
+        self._pods = (
+            PodCache(self.clients.local, metrics)
+            if kube.trusted_node_accounts or self._offline
+            else None
+        )
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
         if kube.publish_root:
@@ -87,6 +103,24 @@ class KubernetesMode:
             clock=self._clock,
         )
 
+    def token_authenticators(self) -> list[Authenticator]:
+        """This cluster's tokens: TokenReview, or offline validation (with TokenReview kept for
+        remote clusters, whose pods this CA does not watch); none with `--no-token-review`."""
+        if not self.kube.token_review:
+            return []
+        review = self.token_review_authenticator()
+        if self._issuer_keys is None or self._pods is None:
+            return [review]
+        verifier = JwtAuthenticator(
+            [TrustedIssuer(self._issuer_keys.issuer, self._issuer_keys, self.kube.audiences)],
+            self._config.trust_domain,
+            self._clock,
+        )
+        offline = BoundTokenAuthenticator(verifier, self._pods, self.kube.cluster_id)
+        if not self.clients.remote:
+            return [offline]
+        return [offline, RemoteClustersOnly(review, self.kube.cluster_id)]
+
     def impersonation_policy(self) -> ImpersonationPolicy:
         if self._pods is None:
             return DenyImpersonation()
@@ -100,7 +134,10 @@ class KubernetesMode:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, authority: SigningAuthority) -> None:
-        """Starts the watches and the election; returns once the pod cache is usable."""
+        """Starts the watches and the election; returns once the pod cache (and, for offline
+        token validation, the issuer's keys) are usable."""
+        if self._issuer_keys is not None:
+            await asyncio.to_thread(self._issuer_keys.load)
         if self._secret_store is not None:
             self._secret_store.start_watch()
         if self._publisher is not None and self._elector is not None:
@@ -112,7 +149,8 @@ class KubernetesMode:
             if not await asyncio.to_thread(self._pods.wait_synced, _POD_SYNC_TIMEOUT):
                 raise CaSetupError(
                     f"could not list pods within {_POD_SYNC_TIMEOUT:.0f}s; the node authorizer "
-                    "needs list/watch on pods (check the API server and the CA's RBAC)"
+                    "and offline token validation need list/watch on pods (check the API server "
+                    "and the CA's RBAC)"
                 )
 
     def authority_changed(self, authority: SigningAuthority) -> None:

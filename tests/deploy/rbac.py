@@ -32,15 +32,21 @@ class Rule(NamedTuple):
 
 
 class UnsupportedRbac(ValueError):
-    """A rule this flat model cannot represent (resourceNames, nonResourceURLs, aggregation)."""
+    """A rule this flat model cannot represent (resourceNames, aggregation)."""
 
 
 def _expand(rules: Iterable[dict[str, Any]], scope: Scope, where: str) -> set[Rule]:
+    """Flat rules; a non-resource URL (e.g. ``/openid/v1/jwks``) becomes
+    ``Rule("", url, verb, "cluster")`` — its leading ``/`` keeps it apart from resource names,
+    and the recorded request of such a URL uses the path as its resource."""
     expanded: set[Rule] = set()
     for rule in rules:
-        for unsupported in ("resourceNames", "nonResourceURLs"):
-            if rule.get(unsupported):
-                raise UnsupportedRbac(f"{where}: {unsupported} is not modelled by tests/deploy")
+        if rule.get("resourceNames"):
+            raise UnsupportedRbac(f"{where}: resourceNames is not modelled by tests/deploy")
+        for url in rule.get("nonResourceURLs") or []:
+            if scope != "cluster":
+                raise UnsupportedRbac(f"{where}: nonResourceURLs only work in a ClusterRole")
+            expanded.update(Rule("", url, verb, scope) for verb in rule.get("verbs") or [])
         for group in rule.get("apiGroups") or []:
             for resource in rule.get("resources") or []:
                 for verb in rule.get("verbs") or []:

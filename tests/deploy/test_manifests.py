@@ -467,8 +467,8 @@ def test_rbac_has_no_wildcards_and_binds_only_deploy_accounts() -> None:
     accounts = {(m.namespace, m.name) for m in ALL_MANIFESTS if m.kind == "ServiceAccount"}
     for manifest in ALL_MANIFESTS:
         for rule in manifest.doc.get("rules", []) if manifest.kind.endswith("Role") else []:
-            for key in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[key], f"{manifest}: wildcard in {key}"
+            for key in ("apiGroups", "resources", "nonResourceURLs", "verbs"):
+                assert "*" not in rule.get(key, []), f"{manifest}: wildcard in {key}"
         for subject in (
             manifest.doc.get("subjects", []) if manifest.kind.endswith("Binding") else []
         ):
@@ -484,12 +484,14 @@ def test_rbac_helper_answers_requests() -> None:
         required_rule("", "secrets", "get", home, home),
         required_rule("coordination.k8s.io", "leases", "update", home, home),
         required_rule("", "pods", "watch", None, home),
+        required_rule("", "/openid/v1/jwks", "get", None, home),
     ]
     denied = [
         required_rule("", "secrets", "get", "default", home),
         required_rule("", "secrets", "delete", home, home),
         required_rule("", "configmaps", "delete", "default", home),
         required_rule("", "pods", "create", home, home),
+        required_rule("", "/metrics", "get", None, home),
     ]
     assert [r for r in ok if not is_allowed(granted, r)] == []
     assert [r for r in denied if is_allowed(granted, r)] == []

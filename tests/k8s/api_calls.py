@@ -41,11 +41,18 @@ CA_RBAC: frozenset[Rule] = frozenset(
             Rule("", "configmaps", verb, "cluster")
             for verb in ("list", "watch", "create", "update")
         ),
-        # Namespaces (each gets the root ConfigMap) and pods (node authorizer's cache).
+        # Namespaces (each gets the root ConfigMap) and pods (node authorizer's cache, offline
+        # token validation's bound-pod check).
         *(
             Rule("", resource, verb, "cluster")
             for resource in ("namespaces", "pods")
             for verb in ("list", "watch")
+        ),
+        # Offline token validation: the service-account issuer and its keys (non-resource
+        # URLs, as in the built-in ClusterRole system:service-account-issuer-discovery).
+        *(
+            Rule("", url, "get", "cluster")
+            for url in ("/.well-known/openid-configuration", "/openid/v1/jwks")
         ),
     ]
 )

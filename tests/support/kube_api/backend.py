@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from .issuer import ServiceAccountIssuer
 from .recorder import RequestRecorder
 from .store import Store
 from .tokens import TokenAuthority
@@ -17,6 +18,7 @@ class Backend:
     store: Store
     tokens: TokenAuthority
     recorder: RequestRecorder
+    issuer: ServiceAccountIssuer = field(default_factory=ServiceAccountIssuer)
     auth_token: str | None = None
     watch_timeout: float = 60.0
     # Seconds every list waits before it is answered (a slow API server, for stop tests).

@@ -25,6 +25,7 @@ from . import errors
 from .admin import ADMIN_PREFIX, handle_admin
 from .backend import Backend
 from .errors import ApiError
+from .issuer import DISCOVERY_PATH, JWKS_PATH
 from .recorder import RequestRecord
 from .resources import NAMESPACES, PODS, ResourceType
 from .routes import TOKENREVIEW_PATH, Route, parse_route, verb_for
@@ -178,6 +179,21 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             if url.path == "/version":
                 self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake"})
+                return
+            if url.path in (DISCOVERY_PATH, JWKS_PATH):
+                # Non-resource URLs: RBAC names them by path (nonResourceURLs), so do the records.
+                record = self.backend.recorder.record(
+                    RequestRecord(
+                        method, url.path, "get", url.path, user_agent=self.headers.get("User-Agent")
+                    )
+                )
+                if method != "GET":
+                    raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
+                issuer = self.backend.issuer
+                record.code = 200
+                self._send_json(
+                    200, issuer.discovery() if url.path == DISCOVERY_PATH else issuer.jwks()
+                )
                 return
             if url.path.rstrip("/") == TOKENREVIEW_PATH:
                 record = self.backend.recorder.record(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +20,7 @@ import yaml
 
 from .backend import Backend
 from .handler import KubeApiHTTPServer
+from .issuer import ServiceAccountIssuer
 from .recorder import RequestRecord, RequestRecorder
 from .resources import CONFIGMAPS, NAMESPACES, PODS, SECRETS, ResourceType, by_name
 from .store import DEFAULT_NAMESPACES, Store
@@ -53,10 +55,12 @@ class KubeApiServer:
         self.store.seed_namespaces(tuple(namespaces))
         self.tokens = TokenAuthority(list(api_audiences))
         self.recorder = RequestRecorder()
+        self.issuer = ServiceAccountIssuer()
         self.backend = Backend(
             store=self.store,
             tokens=self.tokens,
             recorder=self.recorder,
+            issuer=self.issuer,
             auth_token=auth_token,
             watch_timeout=watch_timeout,
         )
@@ -213,6 +217,47 @@ class KubeApiServer:
             pod_uid=pod_uid,
             expires_at=expires_at,
         )
+
+    def issue_service_account_token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        audiences: Iterable[str] | None = None,
+        pod_name: str | None = None,
+        pod_uid: str | None = None,
+        lifetime: float = 3600.0,
+    ) -> str:
+        """A signed projected token (a JWT from `issuer`), also known to TokenReview.
+
+        As kubelet would: bound to ``pod_name`` (its stored uid unless ``pod_uid`` is given).
+        ``audiences=None`` means the API server audiences.
+        """
+        if pod_name is not None and pod_uid is None:
+            pod = self.get("pods", pod_name, namespace=namespace, missing_ok=True)
+            if pod is not None:
+                pod_uid = pod["metadata"]["uid"]
+        audience_list = list(audiences) if audiences is not None else self.tokens.api_audiences
+        issued_at = time.time()
+        token = self.issuer.sign(
+            namespace,
+            service_account,
+            audiences=audience_list,
+            pod_name=pod_name,
+            pod_uid=pod_uid,
+            lifetime=lifetime,
+            issued_at=issued_at,
+        )
+        self.tokens.add_service_account(
+            token,
+            namespace,
+            service_account,
+            audiences=audience_list,
+            pod_name=pod_name,
+            pod_uid=pod_uid,
+            expires_at=issued_at + lifetime,
+        )
+        return token
 
     def remove_token(self, token: str) -> None:
         self.tokens.remove(token)

@@ -1,0 +1,109 @@
+"""Offline validation of pod-bound service-account tokens: no API call per certificate.
+
+TokenReview asks the API server, for every new token, what this module works out locally:
+1. the JWT is signed by the cluster's service-account issuer (keys from
+   `ca_server.kube.issuer_keys`), its `iss` is that issuer, its `aud` holds an accepted audience
+   (istio-ca), and `exp`/`nbf` hold — all by `ca_server.jwt_authn.JwtAuthenticator`, whose
+   verified-token cache makes a repeated token cost one digest;
+2. the token is bound to a pod, and that pod — from the CA's pod informer, checked on *every*
+   request, cache hit or not — exists with the token's pod uid (not a deleted pod's namesake),
+   runs as the token's service account and has not finished (`meshca.pods`: phase Succeeded
+   or Failed). Deleting a pod therefore revokes its tokens as soon as the watch delivers the
+   deletion, as TokenReview's bound-object check does.
+
+What TokenReview checks and this does not: that the ServiceAccount object still exists with the
+token's uid (deleting a ServiceAccount while its pods keep running does not revoke their tokens
+here), tokens bound to a Secret or Node rather than a pod, and legacy Secret-based tokens (both
+refused here). `docs/kubernetes.md` weighs this against TokenReview's API cost.
+
+Only tokens of the local cluster are validated here: the pod informer knows only its pods. A
+request naming a remote cluster (`clusterid`) is left to TokenReview (`RemoteClustersOnly`).
+
+Concurrency: runs on the event loop; reads the pod cache (a dictionary lookup under a lock held
+for no I/O) and awaits the key source, which fetches in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ca_server.authn import Authenticator, AuthnRequest, Caller
+from ca_server.errors import AuthenticationError, DependencyUnavailableError
+from ca_server.jwt_authn import JwtAuthenticator
+from ca_server.kube.pod_cache import PodCache
+
+
+class BoundTokenAuthenticator:
+    """Local-cluster bearer tokens, verified against the issuer's keys and the pod informer."""
+
+    name = "kubernetes-offline"
+
+    def __init__(self, verifier: JwtAuthenticator, pods: PodCache, cluster_id: str) -> None:
+        self._verifier = verifier
+        self._pods = pods
+        self._cluster_id = cluster_id
+
+    async def authenticate(self, request: AuthnRequest) -> Caller | None:
+        if request.bearer_token is None:
+            return None
+        if request.cluster_id not in (None, self._cluster_id):
+            return None  # another cluster's token: its pods are not in this informer
+        caller = await self._verifier.authenticate(request)
+        if caller is None:
+            return None
+        self._check_bound_pod(caller)
+        return replace(caller, authenticator=self.name, extra={"cluster_id": self._cluster_id})
+
+    def _check_bound_pod(self, caller: Caller) -> None:
+        namespace, account = caller.identity.namespace, caller.identity.service_account
+        if not caller.pod_name or not caller.pod_uid:
+            raise AuthenticationError(
+                "token-not-pod-bound",
+                f"token of {namespace}/{account} is not bound to a pod; offline validation "
+                "accepts only projected pod-bound tokens (or run the CA with "
+                "--token-validation tokenreview)",
+            )
+        if not self._pods.synced:
+            raise DependencyUnavailableError(
+                "pod-cache-not-synced", "the CA has not finished listing pods yet; retry shortly"
+            )
+        where = f"pod {namespace}/{caller.pod_name}"
+        pod = self._pods.get(namespace, caller.pod_name)
+        if pod is None:
+            raise AuthenticationError(
+                "token-pod-not-found",
+                f"token is bound to {where}, which does not exist (deleted?): send the token "
+                "of a running pod",
+            )
+        if pod.uid != caller.pod_uid:
+            raise AuthenticationError(
+                "token-pod-uid-mismatch",
+                f"token is bound to {where} with uid {caller.pod_uid}, but that pod now has uid "
+                f"{pod.uid} (the token belongs to a deleted pod of the same name)",
+            )
+        if pod.service_account != account:
+            raise AuthenticationError(
+                "token-pod-account-mismatch",
+                f"token is for service account {account}, but {where} runs as "
+                f"{pod.service_account}",
+            )
+        if not pod.live:
+            raise AuthenticationError(
+                "token-pod-finished",
+                f"token is bound to {where}, which has finished (phase {pod.phase})",
+            )
+
+
+class RemoteClustersOnly:
+    """Passes requests that name another cluster to `inner` (TokenReview there); declines the
+    local cluster's, which `BoundTokenAuthenticator` decides without an API call."""
+
+    def __init__(self, inner: Authenticator, local_cluster_id: str) -> None:
+        self._inner = inner
+        self._local_cluster_id = local_cluster_id
+        self.name = inner.name
+
+    async def authenticate(self, request: AuthnRequest) -> Caller | None:
+        if request.cluster_id in (None, self._local_cluster_id):
+            return None
+        return await self._inner.authenticate(request)
