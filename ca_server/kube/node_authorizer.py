@@ -12,6 +12,10 @@ So a compromised node agent can obtain only identities of workloads on its own n
 Denials are UNAUTHENTICATED to the caller (as Istio), with the precise reason in the message,
 the log and the audit line. Before the pod cache has synced, requests get UNAVAILABLE.
 
+Cost: every check is a dictionary lookup in the `PodCache` — the last one in its index on
+(node, namespace, service account) — so a decision costs the same with 10 or 2,000 pods on the
+node (`bench/node_authorizer.py`).
+
 Concurrency: `authorize` runs on the event loop and only reads the `PodCache` (no API calls).
 """
 
@@ -92,15 +96,10 @@ class NodeAuthorizer:
                 "impersonation-trust-domain",
                 f"{prefix}: this CA issues identities in trust domain {self._trust_domain}",
             )
-        if not any(
-            candidate.namespace == target.namespace
-            and candidate.service_account == target.service_account
-            and candidate.live
-            for candidate in self._pods.on_node(pod.node_name)
-        ):
+        if not self._pods.runs_on_node(pod.node_name, target.namespace, target.service_account):
             raise AuthenticationError(
                 "impersonation-no-target-pod-on-node",
-                f"{prefix}: no running pod of service account "
+                f"{prefix}: no live pod of service account "
                 f"{target.namespace}/{target.service_account} is scheduled on node "
                 f"{pod.node_name}",
             )
