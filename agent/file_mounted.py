@@ -37,11 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
-
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver, ObservedWatch
+from typing import TYPE_CHECKING, Protocol, cast
 
 from agent.acceptance import accept_certificate
 from agent.errors import CertificateRefused, FileSecretError, UnknownFileResourceError
@@ -59,6 +55,12 @@ from agent.secrets import (
 )
 from certs import CertsError, load_certs, load_private_key
 from meshca.clock import Clock
+
+if TYPE_CHECKING:
+    # Imported for real only when the first file is watched (`FileWatcher.start`): an agent
+    # that never serves files does not load watchdog at all.
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers.api import BaseObserver, ObservedWatch
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +175,12 @@ class _Watched:
     directories: tuple[str, ...] = field(default=())
 
 
-class _DirectoryEvents(FileSystemEventHandler):
-    """Runs on watchdog's thread: forwards a change in `directory` to the asyncio loop."""
+class _DirectoryEvents:
+    """Runs on watchdog's thread: forwards a change in `directory` to the asyncio loop.
+
+    watchdog's observer only calls `dispatch(event)` on a handler, so this needs no base class
+    from watchdog (which keeps the module importable without loading watchdog).
+    """
 
     def __init__(
         self,
@@ -186,7 +192,7 @@ class _DirectoryEvents(FileSystemEventHandler):
         self._directory = directory
         self._callback = callback
 
-    def on_any_event(self, event: FileSystemEvent) -> None:
+    def dispatch(self, event: FileSystemEvent) -> None:
         if event.event_type not in _CHANGE_EVENTS:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closing
@@ -218,6 +224,8 @@ class FileWatcher:
     def start(self) -> None:
         if self._observer is not None:
             return
+        from watchdog.observers import Observer
+
         self._loop = asyncio.get_running_loop()
         self._observer = Observer()
         self._observer.daemon = True
@@ -283,7 +291,9 @@ class FileWatcher:
             return
         handler = _DirectoryEvents(self._loop, directory, self._on_directory_changed)
         try:
-            self._directories[directory] = self._observer.schedule(handler, directory)
+            # Duck-typed: the observer only ever calls `handler.dispatch(event)`.
+            as_handler = cast("FileSystemEventHandler", handler)
+            self._directories[directory] = self._observer.schedule(as_handler, directory)
         except OSError as exc:
             log.warning(
                 "cannot watch %s (%s); changes there are picked up only by the %ss resync",

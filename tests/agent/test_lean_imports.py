@@ -1,0 +1,46 @@
+"""A sidecar agent loads only what its mode needs (issue 12: a lean agent).
+
+Every module an agent imports costs start-up time and resident memory in every pod. The sidecar
+needs gRPC, the certificate library, SDS and its metrics; it must not pay for the Kubernetes
+client (node mode only), watchdog (only when files are watched) or the CA. Checked in a fresh
+interpreter, since this test process has long imported all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support.processes import child_env
+
+_HEAVY = ("kubernetes", "watchdog", "ca_server", "yaml")
+
+
+def loaded_after(code: str) -> set[str]:
+    """Which of `_HEAVY` a fresh interpreter has in `sys.modules` after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    modules = json.loads(result.stdout.splitlines()[-1])
+    return {name for name in modules if name.split(".")[0] in _HEAVY}
+
+
+def test_the_sidecar_agent_imports_no_kubernetes_watchdog_or_ca() -> None:
+    assert loaded_after("import agent.main") == set()
+
+
+def test_the_probe_sees_what_file_watching_loads() -> None:
+    """The same probe notices watchdog once a file watcher starts, so the check above can fail."""
+    code = (
+        "import asyncio\n"
+        "from agent.file_mounted import FileWatcher\n"
+        "async def main():\n"
+        "    watcher = FileWatcher()\n"
+        "    watcher.start()\n"
+        "    await watcher.stop()\n"
+        "asyncio.run(main())"
+    )
+    assert {name.split(".")[0] for name in loaded_after(code)} == {"watchdog"}
