@@ -142,10 +142,10 @@ def main() -> int:
             samples: dict[tuple[str, int], list[float]] = {key: [] for key in runs}
             # Alternating repetitions, so load from other processes hits every figure alike.
             for _ in range(args.repetitions):
-                for (name, size), run in runs.items():
+                for (name, size), timed in runs.items():
                     # The scan grows with the node; fewer calls keep the bench short.
                     calls = args.decisions if name == "indexed" else max(200, args.decisions // 20)
-                    samples[(name, size)].append(time_us(run, calls))
+                    samples[(name, size)].append(time_us(timed, calls))
         finally:
             cache.stop()
     median = {key: statistics.median(values) for key, values in samples.items()}

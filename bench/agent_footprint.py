@@ -1,0 +1,276 @@
+"""The agent's footprint: start → first SDS secret, and resident memory, sidecar and node mode.
+
+Run: `.venv/bin/python bench/agent_footprint.py [--repetitions 3] [--node-identities 100 1000]`
+
+Everything is real: a `meshca ca` process, `python -m meshca agent ...` processes launched as a
+pod would, and an SDS client (gRPC `FetchSecrets` over the agent's Unix socket) that polls from
+the instant of launch. Figures (medians over `--repetitions`):
+- start → first secret: from `Popen` to the SDS answer holding the certificate (sidecar:
+  `default`; node mode: the first identity of the static list);
+- node mode, start → all: until one `FetchSecrets` returns every identity's certificate;
+- RSS: the agent's resident memory (VmRSS) right after that, its anonymous part (RssAnon: the
+  rest is file-backed, mostly the grpc and cryptography native libraries) and its peak (VmHWM).
+The sidecar is started twice per repetition: through the `meshca agent` CLI, as deployed, and as
+`python -m agent.main` (the agent's own entry), which separates what the CLI imports from what
+the agent itself needs.
+Baseline in the same run: a bare interpreter (`python -c pass`) and one importing the sidecar's
+modules (`import agent.main`), so the ratios show what the agent adds on top of Python itself.
+The project is byte-compiled first (`compileall`, as a wheel install does).
+Node mode needs a CA in Kubernetes mode (its node authorizer): the fake API server holds a pod
+of every listed service account on the node, and the CA trusts the node agent's account.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+from tests.support.ca_process import CaProcess  # noqa: E402
+from tests.support.kube_api import KubeApiServer  # noqa: E402
+from tests.support.processes import child_env, free_port, stop_child  # noqa: E402
+from tests.support.sds_client import fetch_secrets  # noqa: E402
+
+CA_NAMESPACE = "istio-system"
+NODE = "node-a"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    first_secret_ms: float
+    all_secrets_ms: float
+    rss_mib: float
+    anon_mib: float  # RssAnon: the process's own memory (the rest maps shared libraries)
+    peak_rss_mib: float
+
+
+def memory_mib(pid: int) -> tuple[float, float, float]:
+    """(VmRSS, RssAnon, VmHWM) of a live process, in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+
+    def mib(key: str) -> float:
+        return int(fields[key].split()[0]) / 1024
+
+    return mib("VmRSS"), mib("RssAnon"), mib("VmHWM")
+
+
+def wait_for_secrets(socket: Path, names: list[str], deadline: float) -> None:
+    """Polls until one `FetchSecrets` answers with all `names` (the socket may not exist yet)."""
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no SDS answer for {names[:2]}... in time")
+        if socket.exists():
+            try:
+                if len(fetch_secrets(socket, names)) == len(names):
+                    return
+            except grpc.RpcError:
+                pass
+        time.sleep(0.002)
+
+
+# How the agent process is started: the `meshca` CLI as deployed, or the agent's own module.
+CLI = ("meshca", "agent")
+AGENT_MODULE = ("agent.main",)
+
+
+def run_agent(
+    args: list[str],
+    socket: Path,
+    first: list[str],
+    every: list[str],
+    log: Path,
+    entry: tuple[str, ...] = CLI,
+) -> Footprint:
+    with log.open("wb") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *entry, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+        )
+        try:
+            wait_for_secrets(socket, first, started + 60)
+            first_ms = (time.monotonic() - started) * 1000
+            wait_for_secrets(socket, every, started + 300)
+            all_ms = (time.monotonic() - started) * 1000
+            rss, anon, peak = memory_mib(proc.pid)
+        except BaseException:
+            print(log.read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            stop_child(proc)
+    return Footprint(first_ms, all_ms, rss, anon, peak)
+
+
+def common_args(ca: CaProcess, directory: Path, token: str) -> list[str]:
+    (directory / "token").write_text(token)
+    return [
+        "--ca-addr", ca.addr,
+        "--ca-root", str(ca.root_cert_path),
+        "--token-file", str(directory / "token"),
+        "--sds-socket", str(directory / "sds.sock"),
+        "--status-listen", f"127.0.0.1:{free_port()}",
+        "--secret-ttl", "1h",
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+
+
+def sidecar(ca: CaProcess, workdir: Path, name: str, entry: tuple[str, ...]) -> Footprint:
+    directory = workdir / name
+    directory.mkdir()
+    args = common_args(ca, directory, ca.mint_token("default", "bench"))
+    args += ["--namespace", "default", "--service-account", "bench"]
+    socket = directory / "sds.sock"
+    return run_agent(args, socket, ["default"], ["default"], directory / "agent.log", entry)
+
+
+def node_setup(server: KubeApiServer, identities: int) -> list[str]:
+    """Pods of `identities` service accounts on NODE; returns the static list `ns/sa`."""
+    accounts = [f"sa-{index}" for index in range(identities)]
+    for account in accounts:
+        server.create_pod("bench", f"{account}-pod", service_account=account, node_name=NODE)
+    return [f"bench/{account}" for account in accounts]
+
+
+def node_agent(ca: CaProcess, token: str, listed: list[str], workdir: Path, run: int) -> Footprint:
+    directory = workdir / f"node-{len(listed)}-{run}"
+    directory.mkdir()
+    identities_file = directory / "identities"
+    identities_file.write_text("\n".join(listed) + "\n")
+    args = common_args(ca, directory, token)
+    args += ["--node-mode", "--identities-file", str(identities_file)]
+    names = [f"spiffe://cluster.local/ns/{entry.replace('/', '/sa/')}" for entry in listed]
+    socket = directory / "sds.sock"
+    return run_agent(args, socket, names[:1], names, directory / "agent.log")
+
+
+def interpreter_baseline(code: str) -> tuple[float, float]:
+    """(ms, MiB) of a fresh interpreter running `code`: wall time to exit, and its VmRSS after
+    `code` (read from /proc: `ru_maxrss` would report the forking parent's size)."""
+    probe = (
+        f"{code}\nimport os\n"
+        "print(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, check=True
+    )
+    return (time.monotonic() - started) * 1000, int(result.stdout.split()[-1]) / 1024
+
+
+def median_of(runs: list[Footprint], field: Callable[[Footprint], float]) -> float:
+    return statistics.median(field(run) for run in runs)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def precompile() -> None:
+    """Byte-compile the project, as installing its wheel does. Without this, a checkout run
+    with PYTHONDONTWRITEBYTECODE compiles every project module from source at each start (tens
+    of milliseconds that no installed agent pays)."""
+    packages = [str(REPO / name) for name in ("agent", "certs", "meshca", "ca_server", "proto")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--node-identities", type=int, nargs="*", default=[100, 1000])
+    args = parser.parse_args()
+    precompile()
+    results: dict[str, list[Footprint]] = {}
+    baselines: dict[str, list[tuple[float, float]]] = {
+        "python -c pass": [],
+        "import agent.main": [],
+    }
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="fp-") as tmp:
+        workdir = Path(tmp)
+        ca = CaProcess(workdir / "ca")
+        ca.start()
+        try:
+            for run in range(args.repetitions):
+                baselines["python -c pass"].append(interpreter_baseline("pass"))
+                baselines["import agent.main"].append(interpreter_baseline("import agent.main"))
+                results.setdefault("sidecar (meshca agent)", []).append(
+                    sidecar(ca, workdir, f"sidecar-cli-{run}", CLI)
+                )
+                results.setdefault("sidecar (-m agent.main)", []).append(
+                    sidecar(ca, workdir, f"sidecar-module-{run}", AGENT_MODULE)
+                )
+        finally:
+            ca.stop()
+        if args.node_identities:
+            with KubeApiServer() as server:
+                server.create_namespace(CA_NAMESPACE)
+                server.create_namespace("bench")
+                server.create_pod(
+                    CA_NAMESPACE, "node-agent-a", service_account="node-agent", node_name=NODE
+                )
+                token = server.issue_service_account_token(
+                    CA_NAMESPACE, "node-agent", audiences=["istio-ca"], pod_name="node-agent-a"
+                )
+                listed = node_setup(server, max(args.node_identities))
+                kube_ca = CaProcess(
+                    workdir / "kube-ca",
+                    "--kubeconfig", str(server.write_kubeconfig(workdir / "kubeconfig")),
+                    "--no-root-configmaps",
+                    "--trusted-node-accounts", f"{CA_NAMESPACE}/node-agent",
+                )  # fmt: skip
+                kube_ca.start(timeout=60)
+                try:
+                    for run in range(args.repetitions):
+                        for count in args.node_identities:
+                            results.setdefault(f"node, {count} identities", []).append(
+                                node_agent(kube_ca, token, listed[:count], workdir, run)
+                            )
+                finally:
+                    kube_ca.stop()
+
+    floor_ms = statistics.median(ms for ms, _ in baselines["python -c pass"])
+    floor_mib = statistics.median(mib for _, mib in baselines["python -c pass"])
+    header = ("", "start→first", "start→all", "RSS", "anon", "peak RSS")
+    print("{:<28} {:>12} {:>10} {:>10} {:>10} {:>10}".format(*header))
+    row = "{:<28} {:>9.0f} ms {:>10} {:>6.1f} MiB {:>10} {:>10}"
+    for name, samples in baselines.items():
+        ms = statistics.median(ms for ms, _ in samples)
+        mib = statistics.median(mib for _, mib in samples)
+        print(row.format(name, ms, "", mib, "", ""))
+    row = "{:<28} {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB   ÷ bare python: "
+    for name, runs in results.items():
+        first = median_of(runs, lambda r: r.first_secret_ms)
+        every = median_of(runs, lambda r: r.all_secrets_ms)
+        rss = median_of(runs, lambda r: r.rss_mib)
+        anon = median_of(runs, lambda r: r.anon_mib)
+        peak = median_of(runs, lambda r: r.peak_rss_mib)
+        print(
+            row.format(name, first, every, rss, anon, peak)
+            + f"{first / floor_ms:4.1f}x time, {rss / floor_mib:4.1f}x RSS"
+        )
+    for name in ("sidecar (meshca agent)", "sidecar (-m agent.main)"):
+        first = median_of(results[name], lambda r: r.first_secret_ms)
+        rss = median_of(results[name], lambda r: r.rss_mib)
+        print(
+            f"{name} targets: start→first secret {first:.0f} ms (≤ 300: "
+            f"{'met' if first <= 300 else 'NOT met'}), RSS {rss:.1f} MiB (≤ 50: "
+            f"{'met' if rss <= 50 else 'NOT met'})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
