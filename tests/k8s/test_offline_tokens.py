@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.k8s.conftest import CaFactory, audit_lines, issue, rpc_code, spiffe
+from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_api.issuer import DISCOVERY_PATH, JWKS_PATH
@@ -178,3 +178,32 @@ def test_rotated_issuer_key_is_fetched_on_first_use(kube_api: KubeApiServer, kub
     issue(ca, new, identity)
     assert kube_api.count("get", JWKS_PATH) == 1
     assert kube_api.tokenreview_count == 0
+
+
+def test_node_agent_impersonation_with_offline_tokens(kube_api: KubeApiServer, kube_ca: CaFactory):
+    """The node authorizer works the same on offline-validated callers (pod name and uid come
+    from the token's claims instead of the TokenReview's user extra)."""
+    kube_api.create_namespace("shop")
+    kube_api.create_pod(
+        CA_NAMESPACE, "ztunnel-a", service_account="ztunnel", uid="zt-a", node_name="node-a"
+    )
+    kube_api.create_pod("shop", "cart-1", service_account="cart", node_name="node-a")
+    kube_api.create_pod("shop", "payments-1", service_account="payments", node_name="node-b")
+    ztunnel = kube_api.issue_service_account_token(
+        CA_NAMESPACE, "ztunnel", audiences=AUDIENCE, pod_name="ztunnel-a"
+    )
+    ca = kube_ca("ca-0", *OFFLINE, "--trusted-node-accounts", f"{CA_NAMESPACE}/ztunnel")
+    kube_api.reset_counts()
+
+    def impersonate(target: str) -> list[str]:
+        return issue(ca, ztunnel, target, metadata={"ImpersonatedIdentity": target})
+
+    assert len(impersonate(spiffe("shop", "cart"))) == 2
+    code, _ = rpc_code(lambda: impersonate(spiffe("shop", "payments")))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    issued = [line for line in audit_lines(ca) if line["outcome"] == "issued"]
+    assert issued[0]["identity"] == spiffe("shop", "cart")
+    assert issued[0]["authenticator"] == "kubernetes-offline"
+    denied = [line["reason"] for line in audit_lines(ca) if line["outcome"] == "denied"]
+    assert denied == ["impersonation-no-target-pod-on-node"]
+    assert {key: n for key, n in kube_api.request_counts().items() if key[0] != "watch"} == {}
