@@ -138,6 +138,11 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Round]:
             str(args.kube_burst),
         )
         ca.start(timeout=60)
+        # Start-up traffic is not per certificate: let the CA open its long-lived watch of the
+        # root Secret (it does so just after /ready) before counting.
+        deadline = time.monotonic() + 10
+        while server.count("watch", "secrets") == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             rounds = {
                 name: run_round(server, ca, workloads, args.concurrency)
