@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent.ca_client import CaClient
 from agent.config import AgentConfig
 from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
-from agent.node_identities import IdentitySource, identity_source_for
 from agent.scheduler import CertificateScheduler, SingleIdentitySource
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider, IdentityResolver
 from meshca.clock import Clock
+
+if TYPE_CHECKING:
+    # Node mode's identity sources: imported where node mode is chosen, so a pod agent never
+    # loads them (nor, through them, the Kubernetes client).
+    from agent.node_identities import IdentitySource
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +138,8 @@ def certificate_source_for(
     )
     identities: IdentitySource
     if config.node_mode:
+        from agent.node_identities import identity_source_for
+
         identities = identity_source_for(config)
     else:
         identities = SingleIdentitySource(

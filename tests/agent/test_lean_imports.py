@@ -14,7 +14,10 @@ import sys
 
 from tests.support.processes import child_env
 
+# Top-level packages a pod agent must not load, and node mode's identity sources (the road by
+# which the Kubernetes client would come back in).
 _HEAVY = ("kubernetes", "watchdog", "ca_server", "yaml")
+_NODE_MODE = ("agent.node_identities", "meshca.informer")
 
 
 def loaded_after(code: str) -> set[str]:
@@ -25,7 +28,7 @@ def loaded_after(code: str) -> set[str]:
     )
     assert result.returncode == 0, result.stderr
     modules = json.loads(result.stdout.splitlines()[-1])
-    return {name for name in modules if name.split(".")[0] in _HEAVY}
+    return {name for name in modules if name.split(".")[0] in _HEAVY or name in _NODE_MODE}
 
 
 def test_the_sidecar_agent_imports_no_kubernetes_watchdog_or_ca() -> None:
@@ -37,8 +40,9 @@ def test_the_probe_sees_what_file_watching_loads() -> None:
     code = (
         "import asyncio\n"
         "from agent.file_mounted import FileWatcher\n"
+        "from meshca.clock import SystemClock\n"
         "async def main():\n"
-        "    watcher = FileWatcher()\n"
+        "    watcher = FileWatcher(clock=SystemClock())\n"
         "    watcher.start()\n"
         "    await watcher.stop()\n"
         "asyncio.run(main())"
