@@ -35,6 +35,18 @@ def test_the_sidecar_agent_imports_no_kubernetes_watchdog_or_ca() -> None:
     assert loaded_after("import agent.main") == set()
 
 
+def test_meshca_agent_through_the_cli_imports_no_kubernetes_watchdog_or_ca() -> None:
+    """What `meshca agent ...` loads before the agent runs: the CLI, the agent command's flags,
+    then the agent itself."""
+    code = (
+        "from meshca.cli import build_parser\n"
+        "build_parser('agent').parse_args(['agent'])\n"
+        "import meshca.commands.agent\n"
+        "import agent.main"
+    )
+    assert loaded_after(code) == set()
+
+
 def test_the_probe_sees_what_file_watching_loads() -> None:
     """The same probe notices watchdog once a file watcher starts, so the check above can fail."""
     code = (
