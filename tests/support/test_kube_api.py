@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
@@ -620,6 +621,49 @@ def test_token_review_counter_supports_cache_assertions(
     assert server.count("create", "tokenreviews") == 1
     server.reset_counts()
     assert server.tokenreview_count == 0
+
+
+def test_issued_tokens_verify_against_the_served_jwks(
+    server: KubeApiServer, api_client: client.ApiClient
+) -> None:
+    """The issuer's discovery document and JWKS, read with the official client, verify the
+    projected tokens it signs; the same token passes TokenReview; a rotated key is published
+    beside the old one."""
+
+    def get(fetch: Any) -> Any:
+        return json.loads(fetch(_preload_content=False).data)
+
+    discovery = get(
+        client.WellKnownApi(api_client).get_service_account_issuer_open_id_configuration
+    )
+    server.create_pod("default", "app-1", service_account="sa", uid="uid-1")
+    token = server.issue_service_account_token(
+        "default", "sa", audiences=["istio-ca"], pod_name="app-1"
+    )
+    keys = jwt.PyJWKSet.from_dict(
+        get(client.OpenidApi(api_client).get_service_account_issuer_open_id_keyset)
+    )
+    header = jwt.get_unverified_header(token)
+    key = next(key for key in keys.keys if key.key_id == header["kid"])
+    claims = jwt.decode(
+        token, key=key, algorithms=[header["alg"]], audience="istio-ca", issuer=discovery["issuer"]
+    )
+    assert claims["sub"] == "system:serviceaccount:default:sa"
+    assert claims["kubernetes.io"]["pod"] == {"name": "app-1", "uid": "uid-1"}
+    status = review(client.AuthenticationV1Api(api_client), token, ["istio-ca"])
+    assert status.authenticated and status.user.extra[POD_UID_KEY] == ["uid-1"]
+
+    old_kid = header["kid"]
+    new_kid = server.issuer.rotate()
+    published = {
+        key["kid"]
+        for key in get(client.OpenidApi(api_client).get_service_account_issuer_open_id_keyset)[
+            "keys"
+        ]
+    }
+    assert published == {old_kid, new_kid}
+    assert server.count("get", "/openid/v1/jwks") == 2
+    assert server.count("get", "/.well-known/openid-configuration") == 1
 
 
 # -- counters, auth, kubeconfig, subprocess ----------------------------------------------------
