@@ -50,17 +50,13 @@ class KubernetesMode:
         self._metrics = metrics
         self.clients = KubeClients.from_config(kube)
         self._secret_store: KubeSecretRootStore | None = None
-        self._offline = kube.token_review and kube.token_validation == "offline"
+        offline = kube.token_review and kube.token_validation == "offline"
         self._issuer_keys = (
-            ClusterIssuerKeys(self.clients.local, monotonic=clock.monotonic)
-            if self._offline
-            else None
+            ClusterIssuerKeys(self.clients.local, monotonic=clock.monotonic) if offline else None
         )
         # The pod informer serves the node authorizer and offline token validation.
         self._pods = (
-            PodCache(self.clients.local, metrics)
-            if kube.trusted_node_accounts or self._offline
-            else None
+            PodCache(self.clients.local, metrics) if kube.trusted_node_accounts or offline else None
         )
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
@@ -105,7 +101,8 @@ class KubernetesMode:
 
     def token_authenticators(self) -> list[Authenticator]:
         """This cluster's tokens: TokenReview, or offline validation (with TokenReview kept for
-        remote clusters, whose pods this CA does not watch); none with `--no-token-review`."""
+        remote clusters, whose pods this CA does not watch); none with `--no-token-review`.
+        Call after `start`: offline validation needs the issuer it has read."""
         if not self.kube.token_review:
             return []
         review = self.token_review_authenticator()
