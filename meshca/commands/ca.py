@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ca_server.root_store import CaSetupError
     from ca_server.server import run_ca
+    from ca_server.workers import WorkerSupervisor, default_worker_count, worker_argv
 
     configure_logging(args.log_level)
     try:
@@ -25,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"meshca ca: {exc}", file=sys.stderr)
         return 2
+    workers = args.workers or default_worker_count()
+    if workers > 1 and config.worker is None:
+        return WorkerSupervisor(config, workers, worker_argv(args.argv)).run()
     try:
         asyncio.run(run_ca(config))
     except CaSetupError as exc:
