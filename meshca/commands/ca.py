@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workers = args.workers or default_worker_count()
     if workers > 1 and config.worker is None:
-        return WorkerSupervisor(config, workers, worker_argv(args.argv)).run()
+        # Workers run `meshca` with this process's own arguments (`meshca.cli.main` keeps them).
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        return WorkerSupervisor(config, workers, worker_argv(argv)).run()
     try:
         asyncio.run(run_ca(config))
     except CaSetupError as exc:
