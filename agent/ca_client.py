@@ -16,8 +16,11 @@ Node mode: `sign(..., impersonate=id)` adds request metadata `ImpersonatedIdenti
 agent's service account) and asks for a pod identity on its node.
 
 Each call: fresh token read (see `agent.token`), `authorization`, `clusterid` and `CA_HEADER_*`
-headers, a deadline; transient failures (docs/reference.md#status-codes) are retried a few times
-with backoff, and a response is only accepted if `agent.acceptance` accepts it for exactly the
+headers, `x-meshca-renewal: 1` when the caller still holds a valid certificate for the identity
+(a meshca CA sheds those before first certificates when overloaded), a deadline; transient
+failures (docs/reference.md#status-codes) are retried a few times with backoff, or after the
+CA's retry hint (the `grpc-retry-pushback-ms` trailer of a shed request) times a jitter factor
+in [1, 1.5], and a response is only accepted if `agent.acceptance` accepts it for exactly the
 identity and key asked for, verified to the root bundle it carries. Errors: the `CaClientError`
 family of `agent.errors`. Latency is measured on the injected clock's `monotonic()`.
 """
@@ -85,6 +88,28 @@ class SigningRequest:
     key: PrivateKey = field(repr=False)  # ... and certify this key (never sent)
     ttl: timedelta
     impersonate: SpiffeId | None = None  # node mode: ask on behalf of this workload identity
+    renewal: bool = False  # the caller still holds a valid certificate for `identity`
+
+
+# Request header telling a meshca CA that this agent still holds a valid certificate, so the
+# CA may shed this request before first certificates when it is overloaded.
+RENEWAL_HEADER = "x-meshca-renewal"
+RETRY_PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
+# A hinted retry waits the hint times a factor in [1, 1 + this]: never sooner than the CA asked,
+# and spread so the agents it refused together do not come back together.
+PUSHBACK_JITTER = 0.5
+
+
+def retry_pushback(trailers: Sequence[tuple[str, str | bytes]] | None) -> float | None:
+    """The CA's retry hint in seconds, or `None` when it sent none (or an unusable one)."""
+    for key, value in trailers or ():
+        if key == RETRY_PUSHBACK_TRAILER:
+            try:
+                millis = int(value)
+            except ValueError:
+                return None
+            return millis / 1000 if millis >= 0 else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -161,11 +186,14 @@ class CaClient:
                 return await self._sign_once(request)
             except CaRequestError as exc:
                 attempt += 1
-                if exc.code == grpc.StatusCode.UNAVAILABLE:
+                if exc.code == grpc.StatusCode.UNAVAILABLE and exc.retry_after is None:
                     await self._refresh_root_if_changed()
                 if not exc.retryable or attempt >= self._max_attempts:
                     raise
-                delay = self._retry.delay(attempt - 1, self._rng)
+                if exc.retry_after is not None:
+                    delay = exc.retry_after * self._rng.uniform(1.0, 1.0 + PUSHBACK_JITTER)
+                else:
+                    delay = self._retry.delay(attempt - 1, self._rng)
                 log.info("CA call failed (%s); retry %d in %.2fs", exc, attempt, delay)
                 if self._metrics:
                     self._metrics.record_retry()
@@ -173,6 +201,8 @@ class CaClient:
 
     async def _sign_once(self, request: SigningRequest) -> SignedCertificate:
         metadata = self._metadata()  # reads the token: may raise TokenError
+        if request.renewal:
+            metadata += ((RENEWAL_HEADER, "1"),)
         channel = self._get_channel()
         stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
         message = ca_pb2.IstioCertificateRequest(
@@ -187,7 +217,11 @@ class CaClient:
             )
         except grpc.aio.AioRpcError as exc:
             self._record(started, exc.code().name)
-            raise CaRequestError(exc.code(), exc.details() or "") from None
+            raise CaRequestError(
+                exc.code(),
+                exc.details() or "",
+                retry_after=retry_pushback(exc.trailing_metadata()),
+            ) from None
         self._record(started, "OK")
         return self._validate(list(response.cert_chain), request.identity, request.key)
 

@@ -78,12 +78,16 @@ class CaConnectionError(CaClientError):
 
 
 class CaRequestError(CaClientError):
-    """The CA answered with a gRPC error status."""
+    """The CA answered with a gRPC error status. `retry_after`: the CA's hint (seconds, from
+    the `grpc-retry-pushback-ms` trailer of a shed request) of when trying again can succeed."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str, *, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"CA returned {code.name}: {details}", retryable=code in RETRYABLE_CODES)
         self.code = code
         self.details = details
+        self.retry_after = retry_after
 
 
 class CaResponseError(CaClientError):

@@ -400,6 +400,7 @@ class CertificateScheduler:
                     key,
                     self.policy.ttl,
                     impersonate=identity if self._impersonate else None,
+                    renewal=state.valid(self._clock.now()),
                 )
             )
         except asyncio.CancelledError:

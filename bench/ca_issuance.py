@@ -1,6 +1,6 @@
 """CA issuance throughput and latency, end to end over TLS gRPC, against in-process signing.
 
-Run: `.venv/bin/python bench/ca_issuance.py [--requests 400] [--concurrency 1 8 32]`
+Run: `.venv/bin/python bench/ca_issuance.py [--requests 400] [--concurrency 1 8 32] [--workers N]`
 
 It starts a real `meshca ca` process, then measures:
 - baseline: the `certs` library signing a workload leaf in this process (the floor any CA pays);
@@ -87,12 +87,13 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--workers", type=int, default=1, help="CA workers (default 1)")
     args = parser.parse_args()
 
     base = baseline_signing(args.requests)
     print(f"baseline: in-process leaf signing          {base:8.0f} /s")
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        ca = CaProcess(Path(tmp) / "data")
+        ca = CaProcess(Path(tmp) / "data", "--workers", str(args.workers))
         ca.start()
         try:
             token = ca.mint_token(IDENTITY.namespace, IDENTITY.service_account)

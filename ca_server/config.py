@@ -90,6 +90,34 @@ class KubeConfig:
 
 
 @dataclass(frozen=True)
+class AdmissionPolicy:
+    """How many CreateCertificate requests one CA process works on at once (see
+    `ca_server.admission`). First certificates may use all `max_in_flight` slots; renewals
+    (requests with `x-meshca-renewal: 1`) only the first `max_in_flight_renewals`, so under a
+    storm renewals are refused first and pods waiting for their first certificate get through."""
+
+    max_in_flight: int = 128
+    max_in_flight_renewals: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_in_flight_renewals <= self.max_in_flight:
+            raise ValueError(
+                "admission limits must satisfy 0 < renewals <= max in flight "
+                f"(got renewals={self.max_in_flight_renewals}, max={self.max_in_flight})"
+            )
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """Set when this process is worker `slot` of a `meshca ca --workers N` supervisor: it
+    shares the gRPC ports with its siblings (SO_REUSEPORT), leaves the monitoring port to the
+    supervisor, and marks itself ready by creating `ready_file`."""
+
+    slot: int
+    ready_file: Path
+
+
+@dataclass(frozen=True)
 class CaConfig:
     data_dir: Path
     listen: str = "127.0.0.1:15012"
@@ -107,6 +135,8 @@ class CaConfig:
     plugged_ca_poll_interval: timedelta = timedelta(seconds=5)
     shutdown_grace: timedelta = timedelta(seconds=2)
     kube: KubeConfig | None = None
+    admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    worker: WorkerRole | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> CaConfig:
@@ -120,6 +150,10 @@ class CaConfig:
             for issuer, jwks in zip(args.jwt_issuer, args.jwks, strict=True)
         )
         kube = _kube_config(args, environ)
+        worker = _worker_role(args)
+        if kube is not None and worker is not None:
+            # Each worker is a replica: it needs its own name in the leader Lease.
+            kube = replace(kube, instance_id=f"{kube.instance_id}-w{worker.slot}")
         # The development issuer is a local stand-in for the API server: never trusted by
         # default when a real cluster (or real issuer) is configured.
         trust_dev = args.dev_issuer if args.dev_issuer is not None else not (issuers or kube)
@@ -143,10 +177,26 @@ class CaConfig:
             root_lifetime=args.root_ttl,
             plugged_ca_poll_interval=args.ca_reload_interval,
             kube=kube,
+            admission=_admission(args),
+            worker=worker,
         )
         if args.serving_host:
             config = replace(config, serving_hosts=tuple(args.serving_host))
         return config
+
+
+def _admission(args: argparse.Namespace) -> AdmissionPolicy:
+    renewals = args.max_in_flight_renewals or max(1, args.max_in_flight // 2)
+    try:
+        return AdmissionPolicy(args.max_in_flight, min(renewals, args.max_in_flight))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _worker_role(args: argparse.Namespace) -> WorkerRole | None:
+    if args.worker_slot is None or args.worker_ready_file is None:
+        return None
+    return WorkerRole(args.worker_slot, args.worker_ready_file)
 
 
 def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeConfig | None:
@@ -299,7 +349,38 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
         help="DNS name or IP for the CA's TLS certificate (repeatable)",
     )
     _add_kubernetes_flags(ca)
+    _add_capacity_flags(ca)
     ca.add_argument("--log-level", default="INFO")
+
+
+def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
+    capacity = ca.add_argument_group(
+        "capacity", "worker processes and admission control (docs/performance.md)"
+    )
+    capacity.add_argument(
+        "--workers",
+        type=_positive(int),
+        default=None,
+        help="CA processes serving the same ports (SO_REUSEPORT) under one supervisor; "
+        "default: the CPUs available to meshca (within its CPU quota). 1 runs a single process",
+    )
+    capacity.add_argument(
+        "--max-in-flight",
+        type=_positive(int),
+        default=AdmissionPolicy.max_in_flight,
+        help="requests one worker works on at once; beyond it, UNAVAILABLE with a "
+        "grpc-retry-pushback-ms hint (default %(default)s)",
+    )
+    capacity.add_argument(
+        "--max-in-flight-renewals",
+        type=_positive(int),
+        default=None,
+        help="in-flight level above which renewals (x-meshca-renewal: 1) are refused "
+        "(default: half of --max-in-flight), so first certificates get through first",
+    )
+    # Set by the supervisor for its workers only.
+    capacity.add_argument("--worker-slot", type=int, default=None, help=argparse.SUPPRESS)
+    capacity.add_argument("--worker-ready-file", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:

@@ -48,3 +48,14 @@ class DependencyUnavailableError(RequestError):
     """Something the CA depends on (the Kubernetes API server) did not answer; clients retry."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class OverloadedError(RequestError):
+    """Too many requests in flight: refused at once, with a hint of when to retry (gRPC retry
+    pushback, `grpc-retry-pushback-ms`). Clients retry `UNAVAILABLE`."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, reason: str, message: str, *, retry_after_ms: int) -> None:
+        super().__init__(reason, message)
+        self.retry_after_ms = retry_after_ms

@@ -2,13 +2,42 @@
 
 Counters are recorded under meshca's names and re-exported under Istio's exact names by
 `meshca.prometheus_compat.IstioCounterAliases`.
+
+With `meshca ca --workers N` each worker records into prometheus-client's multiprocess files
+(the supervisor sets `PROMETHEUS_MULTIPROC_DIR` for them) and the supervisor serves one view
+(`aggregated_registry`): counters and histograms are summed across workers, dead workers'
+counts kept; each gauge says how to combine (`multiprocess_mode`), which a single process ignores.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pathlib import Path
 
-from meshca.prometheus_compat import IstioCounterAliases
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
+
+# Istio's counter name -> the meshca counter it re-exports.
+ISTIO_COUNTER_ALIASES = {
+    "citadel_server_csr_count": "meshca_ca_csr_requests",
+    "citadel_server_authentication_failure_count": "meshca_ca_authentication_failures",
+    "citadel_server_csr_sign_err_count": "meshca_ca_csr_sign_errors",
+    "citadel_server_success_cert_issuance_count": "meshca_ca_certificates_issued",
+}
+
+
+def aggregated_registry(multiprocess_dir: Path) -> CollectorRegistry:
+    """The supervisor's registry: every worker's metrics summed, plus Istio's aliases."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(multiprocess_dir))
+    workers = MultiProcessCollector(None, path=str(multiprocess_dir))
+    registry.register(
+        IstioCounterAliases(
+            {alias: FamilyOf(workers, name) for alias, name in ISTIO_COUNTER_ALIASES.items()}
+        )
+    )
+    return registry
 
 
 class CaMetrics:
@@ -54,11 +83,14 @@ class CaMetrics:
             "citadel_server_root_cert_expiry_timestamp",
             "Unix time the root certificate expires",
             registry=r,
+            # Across workers: the earliest any live worker still signs under.
+            multiprocess_mode="livemin",
         )
         self.chain_expiry = Gauge(
             "citadel_server_cert_chain_expiry_timestamp",
             "Unix time the CA's signing chain expires (earliest expiry on the path)",
             registry=r,
+            multiprocess_mode="livemin",
         )
         # Kubernetes mode.
         self.tokenreview_requests = Counter(
@@ -82,6 +114,7 @@ class CaMetrics:
             "meshca_ca_root_publisher_leader",
             "1 while this replica holds the root-publisher Lease (and may write ConfigMaps)",
             registry=r,
+            multiprocess_mode="livemax",
         )
         self.kube_watch_restarts = Counter(
             "meshca_ca_kube_watch_restarts",
@@ -89,13 +122,19 @@ class CaMetrics:
             ["resource", "cause"],
             registry=r,
         )
+        self.shed = Counter(
+            "meshca_ca_requests_shed",
+            "Requests refused with UNAVAILABLE and a retry hint because too many were in flight, "
+            "by kind (first certificate or renewal)",
+            ["kind"],
+            registry=r,
+        )
+        counters = {
+            counter._name: counter
+            for counter in (self.csr_requests, self.authn_failures, self.sign_errors, self.issued)
+        }
         r.register(
             IstioCounterAliases(
-                {
-                    "citadel_server_csr_count": self.csr_requests,
-                    "citadel_server_authentication_failure_count": self.authn_failures,
-                    "citadel_server_csr_sign_err_count": self.sign_errors,
-                    "citadel_server_success_cert_issuance_count": self.issued,
-                }
+                {alias: counters[name] for alias, name in ISTIO_COUNTER_ALIASES.items()}
             )
         )

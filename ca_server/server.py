@@ -10,6 +10,11 @@ Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority
 (loading signing material, which may block on files or the API server, runs in a worker thread);
 the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
 Kubernetes mode adds its own threads (see `ca_server.kube`).
+
+As worker `slot` of `meshca ca --workers N` (`CaConfig.worker` set; see `ca_server.workers`)
+the same assembly serves the same ports as its siblings (`SO_REUSEPORT`: the kernel spreads
+connections across the workers), leaves `/metrics` and `/ready` to the supervisor, and tells
+it that it is serving by creating its ready file. A worker dies with its supervisor.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +31,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ca_server.admission import Admission
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
@@ -43,9 +50,10 @@ from ca_server.root_store import (
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
+from ca_server.workers import die_with_parent
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
-from meshca.files import ensure_dir
+from meshca.files import atomic_write, ensure_dir
 from meshca.status_http import StatusServer, metrics_route, text
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
@@ -163,6 +171,8 @@ def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
 async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     """Runs the CA until SIGTERM/SIGINT. Raises `CaSetupError` for unusable configuration."""
     clock = clock or SystemClock()
+    if config.worker is not None:
+        die_with_parent()
     ensure_dir(config.data_dir)
     metrics = CaMetrics()
     kube = KubernetesMode(config, config.kube, metrics, clock) if config.kube is not None else None
@@ -193,13 +203,9 @@ async def _serve(
         ttl_policy=config.ttl,
         metrics=metrics,
         clock=clock,
+        admission=Admission(config.admission, clock.monotonic),
     )
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+    server = grpc.aio.server(options=server_options(config))
     ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -213,15 +219,9 @@ async def _serve(
     if config.mtls_listen:
         mtls = ServingTls(config, signer, clock, require_client_cert=True)
         server.add_secure_port(config.mtls_listen, mtls.credentials())
-    monitoring = StatusServer(
-        config.monitoring_listen,
-        {
-            "/metrics": metrics_route(metrics.registry),
-            "/healthz": lambda: text(200, "ok\n"),
-            "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
-        },
-    )
-    monitoring.start()
+    monitoring = _monitoring(config, metrics, state)
+    if monitoring is not None:
+        monitoring.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -230,6 +230,8 @@ async def _serve(
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     state.ready = True
+    if config.worker is not None:
+        atomic_write(config.worker.ready_file, f"{os.getpid()}\n".encode())
     log.info(
         "CA serving on %s%s; monitoring on %s",
         config.listen,
@@ -245,9 +247,35 @@ async def _serve(
     finally:
         log.info("shutting down")
         state.ready = False
+        if config.worker is not None:
+            config.worker.ready_file.unlink(missing_ok=True)
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await health_servicer.enter_graceful_shutdown()
         await server.stop(config.shutdown_grace.total_seconds())
-        monitoring.stop()
+        if monitoring is not None:
+            monitoring.stop()
+
+
+def server_options(config: CaConfig) -> list[tuple[str, int]]:
+    """A single CA owns its ports (a second one on the same port fails to start, loudly);
+    workers share theirs with their siblings."""
+    return [
+        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 1 if config.worker is not None else 0),
+    ]
+
+
+def _monitoring(config: CaConfig, metrics: CaMetrics, state: CaState) -> StatusServer | None:
+    """`/metrics`, `/healthz`, `/ready` of a single CA; a worker's are served by its supervisor."""
+    if config.worker is not None:
+        return None
+    return StatusServer(
+        config.monitoring_listen,
+        {
+            "/metrics": metrics_route(metrics.registry),
+            "/healthz": lambda: text(200, "ok\n"),
+            "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
+        },
+    )

@@ -3,6 +3,8 @@
 This is the only place where internal errors become gRPC statuses, metrics and audit lines.
 Concurrency: runs on the `grpc.aio` event loop; every step is CPU-light (one ECDSA/RSA
 signature), and blocking I/O (JWKS URL fetch) is pushed to threads by the authenticators.
+Admission control (`ca_server.admission`) runs first: a request beyond the in-flight limit is
+refused with `UNAVAILABLE` and a `grpc-retry-pushback-ms` trailer before any work is done.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import grpc
 from cryptography import x509
 from google.protobuf import struct_pb2
 
+from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
 from ca_server.authz import authorize_csr
-from ca_server.config import TtlPolicy
+from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import (
     AuthenticationError,
     CaUnavailableError,
     InvalidRequestError,
+    OverloadedError,
     RequestError,
 )
 from ca_server.impersonation import ImpersonationPolicy
@@ -47,7 +51,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         ttl_policy: TtlPolicy,
         metrics: CaMetrics,
         clock: Clock,
+        admission: Admission | None = None,
     ) -> None:
+        self._admission = admission or Admission(AdmissionPolicy(), clock.monotonic)
         self._authenticators = authenticators
         self._impersonation = impersonation
         self._signer = signer
@@ -56,6 +62,23 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._clock = clock
 
     async def CreateCertificate(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+    ) -> ca_pb2.IstioCertificateResponse:
+        """Admission control, then the request itself (`_create_certificate`)."""
+        renewal = is_renewal(context.invocation_metadata() or ())
+        try:
+            ticket = self._admission.admit(renewal=renewal)
+        except OverloadedError as exc:
+            self._metrics.csr_requests.inc()
+            self._metrics.shed.labels("renewal" if renewal else "first").inc()
+            await self._refuse(context, exc, None, context.peer())
+            raise AssertionError("unreachable: context.abort raises") from exc
+        try:
+            return await self._create_certificate(request, context)
+        finally:
+            ticket.release()
+
+    async def _create_certificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> ca_pb2.IstioCertificateResponse:
         started = self._clock.monotonic()
@@ -129,6 +152,8 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     ) -> None:
         if isinstance(error, AuthenticationError):
             self._metrics.authn_failures.labels(error.reason).inc()
+        elif isinstance(error, OverloadedError):  # shedding load is not a signing error
+            context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, str(error.retry_after_ms)),))
         else:
             self._metrics.sign_errors.labels(error.reason).inc()
         self._metrics.denials.labels(error.reason, error.code.name).inc()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from cryptography import x509
 
@@ -27,6 +28,9 @@ class SigningAuthority:
     - `cert`/`key`: the issuing CA certificate and its private key.
     - `intermediates`: certificates between `cert` and a root, nearest first (excluding roots).
     - `roots`: the trust bundle published to workloads (may hold several roots while rotating).
+
+    Immutable, so what is derived from it (expiry bound, PEM of the chain and bundle) is
+    computed once per authority rather than once per signed certificate.
     """
 
     cert: x509.Certificate
@@ -38,7 +42,7 @@ class SigningAuthority:
     def is_self_signed_root(self) -> bool:
         return not self.intermediates and self.cert in self.roots
 
-    @property
+    @cached_property
     def not_after(self) -> datetime:
         """The latest NotAfter a leaf may have: the earliest expiry along the chain to the root.
 
@@ -72,15 +76,19 @@ class SigningAuthority:
 
         For a self-signed root the issuing cert *is* the root and appears only in the bundle.
         """
-        return [cert_to_pem(leaf), *map(cert_to_pem, self.ca_chain), self.root_bundle_pem]
+        return [cert_to_pem(leaf), *self._ca_chain_pems, self.root_bundle_pem]
 
-    @property
+    @cached_property
+    def _ca_chain_pems(self) -> tuple[str, ...]:
+        return tuple(map(cert_to_pem, self.ca_chain))
+
+    @cached_property
     def ca_chain(self) -> tuple[x509.Certificate, ...]:
         """The CA certificates from the issuer up to (not including) the roots: what a leaf or
         serving certificate presents after itself."""
         return tuple(c for c in (self.cert, *self.intermediates) if c not in self.roots)
 
-    @property
+    @cached_property
     def root_bundle_pem(self) -> str:
         return certs_to_pem(self.roots)
 

@@ -8,7 +8,7 @@ Istio peers do not accept it for workload certificates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -102,11 +102,35 @@ def load_private_key(pem: bytes | str) -> PrivateKey:
 def public_key_of(cert: x509.Certificate | x509.CertificateSigningRequest) -> PublicKey:
     """The certificate's or CSR's public key, refused if not ECDSA or RSA."""
     key = cert.public_key()
-    if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
+    if key_family(key) is None:
         raise KeyMaterialError(
             f"unsupported public key type {type(key).__name__}; use ECDSA or RSA"
         )
-    return key
+    return cast(PublicKey, key)
+
+
+def key_family(key: Any) -> KeyFamily | None:
+    """ "ec" or "rsa" for a supported public or private key, else `None`.
+
+    Why not `isinstance`: against cryptography's ABCs it runs a Python-level
+    `__instancecheck__` on every call, on the CA's per-request path. The answer depends only on
+    the concrete type, of which there are a handful, so it is memoised per type (a pure
+    function of the type: the memo holds no state that could differ between callers)."""
+    kind = type(key)
+    try:
+        return _FAMILY_BY_TYPE[kind]
+    except KeyError:
+        family: KeyFamily | None = None
+        if issubclass(kind, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey):
+            family = "ec"
+        elif issubclass(kind, rsa.RSAPublicKey | rsa.RSAPrivateKey):
+            family = "rsa"
+        _FAMILY_BY_TYPE[kind] = family
+        return family
+
+
+KeyFamily = Literal["ec", "rsa"]
+_FAMILY_BY_TYPE: dict[type, KeyFamily | None] = {}
 
 
 def public_key_bytes(key: PrivateKey | PublicKey) -> bytes:
@@ -126,7 +150,7 @@ def key_matches_certificate(key: PrivateKey, cert: x509.Certificate) -> bool:
 
 def signature_hash_for(key: PrivateKey) -> hashes.SHA256 | hashes.SHA384:
     """SHA-384 for P-384 keys (matching strength), SHA-256 for everything else."""
-    if isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.key_size >= 384:
+    if key_family(key) == "ec" and cast(ec.EllipticCurvePrivateKey, key).curve.key_size >= 384:
         return hashes.SHA384()
     return hashes.SHA256()
 

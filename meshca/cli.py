@@ -59,4 +59,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = args_list[0] if args_list and args_list[0] in COMMANDS else ""
     args = build_parser(chosen).parse_args(args_list)
+    args.argv = args_list  # `meshca ca` starts its worker processes with the same arguments
     return int(_load(args.command).run(args))

@@ -3,27 +3,56 @@
 
 Nothing logged anywhere may contain a token or key: callers pass identities, serials and reasons,
 never request bodies or headers.
+
+The audit line is on the CA's per-certificate path, so `audit()` skips the generic machinery
+(LogRecord, caller lookup by stack walk, formatter dispatch) when every audit handler is the
+`AuditStreamHandler` installed here: it formats the same JSON and writes it with one `write`
+and a flush, under the handler's lock. One line per decision, none held in a buffer, so a
+SIGTERM (or SIGKILL) loses none already decided. Handlers of other kinds get ordinary records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 AUDIT_LOGGER = "meshca.audit"
+
+
+def _audit_json(created: float, event: str, pid: int | None, fields: dict[str, Any]) -> str:
+    # `pid` tells apart the workers of `meshca ca --workers N`, which share stdout.
+    return json.dumps(
+        {"ts": _utc_iso(created), "msg": event, "pid": pid, **fields},
+        sort_keys=True,
+        default=str,
+    )
 
 
 class _AuditFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, "audit", {}) or {}
-        return json.dumps(
-            {"ts": _utc_iso(record.created), "msg": record.getMessage(), **fields},
-            sort_keys=True,
-            default=str,
-        )
+        return _audit_json(record.created, record.getMessage(), record.process, fields)
+
+
+class AuditStreamHandler(logging.StreamHandler):
+    """Writes audit lines to a stream; `write_audit` is the direct path `audit()` takes."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.setFormatter(_AuditFormatter())
+        self._pid = os.getpid()
+
+    def write_audit(self, event: str, fields: dict[str, Any]) -> None:
+        line = _audit_json(time.time(), event, self._pid, fields) + self.terminator
+        with self.lock or contextlib.nullcontext():
+            self.stream.write(line)
+            self.stream.flush()
 
 
 def _utc_iso(created: float) -> str:
@@ -41,13 +70,23 @@ def configure_logging(level: str = "INFO", audit_stream: Any = None) -> None:
     root.setLevel(level.upper())
     audit = logging.getLogger(AUDIT_LOGGER)
     audit.handlers.clear()
-    audit_handler = logging.StreamHandler(audit_stream or sys.stdout)
-    audit_handler.setFormatter(_AuditFormatter())
-    audit.addHandler(audit_handler)
+    audit.addHandler(AuditStreamHandler(audit_stream or sys.stdout))
     audit.setLevel(logging.INFO)
     audit.propagate = False
 
 
+_audit_logger = logging.getLogger(AUDIT_LOGGER)
+
+
 def audit(event: str, **fields: Any) -> None:
     """Emits one JSON audit line: `{"msg": event, ...fields}`."""
-    logging.getLogger(AUDIT_LOGGER).info(event, extra={"audit": fields})
+    handlers = _audit_logger.handlers
+    if (
+        handlers
+        and _audit_logger.isEnabledFor(logging.INFO)
+        and all(type(h) is AuditStreamHandler for h in handlers)
+    ):
+        for handler in handlers:
+            cast(AuditStreamHandler, handler).write_audit(event, fields)
+        return
+    _audit_logger.info(event, extra={"audit": fields})

@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ca_server.root_store import CaSetupError
     from ca_server.server import run_ca
+    from ca_server.workers import WorkerSupervisor, default_worker_count, worker_argv
 
     configure_logging(args.log_level)
     try:
@@ -25,6 +26,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"meshca ca: {exc}", file=sys.stderr)
         return 2
+    workers = args.workers or default_worker_count()
+    if workers > 1 and config.worker is None:
+        # Workers run `meshca` with this process's own arguments (`meshca.cli.main` keeps them).
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        return WorkerSupervisor(config, workers, worker_argv(argv)).run()
     try:
         asyncio.run(run_ca(config))
     except CaSetupError as exc:

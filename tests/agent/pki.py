@@ -30,12 +30,14 @@ class FakeSigner:
         self.fail_always: Exception | None = None
         self.calls = 0
         self.impersonated: list[SpiffeId | None] = []
+        self.renewals: list[bool] = []  # SigningRequest.renewal of each call
 
     async def sign(self, request: SigningRequest) -> SignedCertificate:
         from certs import load_cert
 
         self.calls += 1
         self.impersonated.append(request.impersonate)
+        self.renewals.append(request.renewal)
         if self.fail_always is not None:
             raise self.fail_always
         if self.failures:

@@ -17,7 +17,12 @@ from tests.support.processes import (
 
 
 class CaProcess(MeshcaProcess):
-    """`meshca ca --data-dir D` on free loopback ports; `start()` returns once `/ready` is 200."""
+    """`meshca ca --data-dir D` on free loopback ports; `start()` returns once `/ready` is 200.
+
+    One worker unless `extra_args` say `--workers`: most tests are about what one CA process
+    does (and a reload reaches all workers only within a poll interval, like replicas);
+    `tests/ca_server/test_workers.py` covers the supervisor and its workers.
+    """
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None):
         self.data_dir = data_dir
@@ -34,6 +39,7 @@ class CaProcess(MeshcaProcess):
             f"127.0.0.1:{self.monitoring_port}",
             "--min-workload-cert-ttl",
             "1s",
+            *([] if "--workers" in extra_args else ["--workers", "1"]),
             *extra_args,
         ]
         data_dir.parent.mkdir(parents=True, exist_ok=True)

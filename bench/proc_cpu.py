@@ -1,0 +1,37 @@
+"""CPU time of a process and all its descendants, from /proc (Linux), for the benchmarks.
+
+A `meshca ca --workers N` supervisor does little itself: its workers are its children, so the
+CA's cost is the sum over the tree. Descendants that already exited are not counted; the
+benchmarks keep their servers alive for the whole measurement.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    found = [pid]
+    for parent in found:
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        found.extend(int(child) for child in children)
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of `pid` and its living descendants."""
+    total = 0
+    for each in _descendants(pid):
+        try:
+            stat = Path(f"/proc/{each}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / _TICKS

@@ -1,0 +1,136 @@
+"""Where one CA worker spends its time under load: a GIL profile split by request step.
+
+Run: `.venv/bin/python bench/profile_ca.py [--duration 6] [--concurrency 8]`
+
+Needs `py-spy` (`.venv/bin/pip install py-spy`; not a project dependency) and h2load (see
+`bench/vs_cfssl.py`). It starts `meshca ca --workers 1` with a plugged-in P-256 root, drives it
+with h2load exactly as `bench/vs_cfssl.py` does, samples the worker with
+`py-spy record --gil` (only samples holding the GIL: the CPU the process spends), and prints the
+share of samples under each step of a request, attributed to the innermost step on the stack.
+Run it before and after a change to see what the change bought.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parents[1] / "proto"),
+]
+
+from bench.proc_cpu import cpu_seconds  # noqa: E402
+from bench.vs_cfssl import Meshca, ensure_tools, write_pki  # noqa: E402
+
+# (step, substrings of a py-spy frame "function (file:line)"); the innermost match wins.
+STEPS: list[tuple[str, tuple[str, ...]]] = [
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("audit line", ("meshca/logs.py", "logging/__init__.py", "json/")),
+    ("CSR parse + verify", ("load_csr (",)),
+    ("leaf build + sign + PEM", ("sign (ca_server/signer.py", "response_chain (")),
+    ("strict checks (authz)", ("authorize_csr (",)),
+    ("authentication", ("authenticate (",)),
+    ("TTL / not_after", ("grant_validity (", "not_after (")),
+    ("admission control", ("ca_server/admission.py",)),
+    ("handler (rest)", ("CreateCertificate (", "_issue (ca_server/service.py", "_refuse (")),
+]
+MACHINERY = "gRPC + asyncio machinery"
+
+
+def categorize(stack: list[str]) -> str:
+    for frame in reversed(stack):  # innermost first
+        for step, needles in STEPS:
+            if any(needle in frame for needle in needles):
+                return step
+    return MACHINERY
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--keep", type=Path, default=None, help="copy py-spy's raw stacks here")
+    parser.add_argument("--native", action="store_true", help="include C/C++/Rust frames")
+    args = parser.parse_args()
+    ensure_tools()
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        raise SystemExit("needs py-spy: .venv/bin/pip install py-spy")
+    with tempfile.TemporaryDirectory(prefix="meshca-profile-") as tmp:
+        workdir = Path(tmp)
+        write_pki(workdir)
+        ca = Meshca(workdir, "meshca-1w", 1)
+        try:
+            load = threading.Thread(
+                target=subprocess.run,
+                args=(
+                    [
+                        "h2load",
+                        "-c",
+                        str(args.concurrency),
+                        "-m",
+                        "1",
+                        "-D",
+                        str(args.duration + 2),
+                        *ca.h2load_args(args.concurrency),
+                    ],
+                ),
+                kwargs={"stdout": subprocess.DEVNULL},
+            )
+            load.start()
+            raw = workdir / "profile.txt"
+            issued_before, cpu_before = ca.successes(), cpu_seconds(ca.pid)
+            subprocess.run(
+                [
+                    py_spy,
+                    "record",
+                    "--gil",
+                    *(["--native"] if args.native else []),
+                    "--format",
+                    "raw",
+                    "--duration",
+                    str(args.duration),
+                    "--rate",
+                    "250",
+                    "--pid",
+                    str(ca.pid),
+                    "--output",
+                    str(raw),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            issued, cpu = ca.successes() - issued_before, cpu_seconds(ca.pid) - cpu_before
+            load.join()
+        finally:
+            ca.stop()
+        if args.keep:
+            shutil.copy(raw, args.keep)
+        counts: collections.Counter[str] = collections.Counter()
+        for line in raw.read_text().splitlines():
+            stack_text, _, count = line.rpartition(" ")
+            counts[categorize(stack_text.split(";"))] += int(count)
+    total = sum(counts.values()) or 1
+    per_cert_us = cpu / issued * 1e6 if issued else float("nan")
+    print(
+        f"one worker at concurrency {args.concurrency}: {issued:.0f} certificates in "
+        f"{args.duration} s, {per_cert_us:.0f} µs CPU each; {total} GIL samples"
+    )
+    print(f"  {'step':30} {'share':>7} {'µs/cert':>8}")
+    for step, _ in [*STEPS, (MACHINERY, ())]:
+        share = counts[step] / total
+        print(f"  {step:30} {100 * share:6.1f}% {share * per_cert_us:8.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Admission control: the in-flight limit, renewals shed first, and the retry hint on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import generate_latest
+
+from agent.ca_client import CaClient, SigningRequest
+from agent.metrics import AgentMetrics
+from agent.token import FileTokenProvider
+from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
+from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
+from ca_server.config import AdmissionPolicy, CaConfig, TtlPolicy
+from ca_server.errors import OverloadedError
+from ca_server.impersonation import DenyImpersonation
+from ca_server.metrics import CaMetrics
+from ca_server.service import CertificateService
+from ca_server.serving_tls import ServingTls
+from ca_server.signer import LocalSigner
+from certs import KeySpec, SpiffeId, build_csr, generate_private_key, new_self_signed_authority
+from meshca.clock import SystemClock
+from meshca_proto import ca_pb2, ca_pb2_grpc
+from tests.support.metrics import sample_value
+
+
+class _Ticks:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_first_certificates_may_use_every_slot_renewals_only_their_share():
+    admission = Admission(AdmissionPolicy(max_in_flight=3, max_in_flight_renewals=1), _Ticks())
+    renewal = admission.admit(renewal=True)
+    with pytest.raises(OverloadedError) as refused:
+        admission.admit(renewal=True)
+    assert refused.value.reason == "overloaded-renewal"
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    first = [admission.admit(renewal=False), admission.admit(renewal=False)]
+    with pytest.raises(OverloadedError) as full:
+        admission.admit(renewal=False)
+    assert full.value.reason == "overloaded"
+    assert "3 requests in flight, limit 3" in full.value.message
+    for ticket in (renewal, *first):
+        ticket.release()
+        ticket.release()  # idempotent: a slot is returned once
+    assert admission.in_flight == 0
+    admission.admit(renewal=True).release()
+
+
+def test_the_retry_hint_is_the_time_to_drain_the_queue_at_the_observed_rate():
+    ticks = _Ticks()
+    admission = Admission(AdmissionPolicy(max_in_flight=5000, max_in_flight_renewals=10), ticks)
+    tickets = [admission.admit(renewal=False) for _ in range(400)]
+    for ticket in tickets[:200]:  # one completion every 10 ms: 100 per second
+        ticks.now += 0.01
+        ticket.release()
+    # 200 left at 100/s: about 2 s; renewals are told to wait four times longer.
+    assert 1_800 <= admission.retry_hint_ms(renewal=False) <= 2_200
+    assert 7_200 <= admission.retry_hint_ms(renewal=True) <= 8_800
+    for ticket in tickets[200:]:
+        ticket.release()
+    assert admission.retry_hint_ms(renewal=False) == 50  # nothing queued: the floor
+
+    # An idle hour does not count as slow draining: the rate is measured over busy time.
+    ticks.now += 3600
+    more = [admission.admit(renewal=False) for _ in range(100)]
+    ticks.now += 0.01
+    more[0].release()
+    assert 800 <= admission.retry_hint_ms(renewal=False) <= 1_200
+    # A huge queue is capped: a client should not idle long after the queue has drained.
+    huge = [admission.admit(renewal=False) for _ in range(4000)]
+    assert admission.retry_hint_ms(renewal=False) == 30_000
+    for ticket in more[1:] + huge:
+        ticket.release()
+
+
+def test_clients_already_told_to_wait_lengthen_the_hint():
+    """10 in flight draining at 100/s is 0.1 s of queue; but 2,000 refusals a second mean many
+    clients are waiting outside, and all of them will be back: the hint must cover them too."""
+    ticks = _Ticks()
+    admission = Admission(AdmissionPolicy(max_in_flight=10, max_in_flight_renewals=5), ticks)
+    tickets = [admission.admit(renewal=False) for _ in range(10)]
+    hints = []
+    for _ in range(300):  # 3 s at a steady 100 completions/s
+        ticks.now += 0.01
+        tickets.pop(0).release()
+        tickets.append(admission.admit(renewal=False))
+        for _ in range(20):
+            with pytest.raises(OverloadedError) as refused:
+                admission.admit(renewal=False)
+            hints.append(refused.value.retry_after_ms)
+    assert hints[0] == 50  # nothing known yet: the floor
+    assert hints[-1] >= 2_000, hints[-1]  # in flight alone would say 100 ms
+    for ticket in tickets:
+        ticket.release()
+
+
+def test_only_an_explicit_renewal_header_marks_a_renewal():
+    assert is_renewal([("authorization", "Bearer x"), ("x-meshca-renewal", "1")])
+    assert is_renewal([("x-meshca-renewal", "true")])
+    assert not is_renewal([])
+    assert not is_renewal([("x-meshca-renewal", "0")])
+    assert not is_renewal([("x-meshca-renewal", b"1")])
+
+
+IDENTITY = SpiffeId("cluster.local", "default", "storm")
+
+
+class _ReviewLikeAuthenticator:
+    """Accepts every caller after a wait, as a TokenReview does under a busy API server: the
+    situation where requests pile up inside the CA (while the CPU is free). Keeps the headers
+    it saw, to check what clients send."""
+
+    name = "slow-review"
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str]] = []
+
+    async def authenticate(self, request: AuthnRequest) -> Caller:
+        self.seen.append(dict(request.headers))
+        await asyncio.sleep(0.2)
+        return Caller(identity=IDENTITY, authenticator=self.name, subject="system:test")
+
+
+async def _serve(
+    policy: AdmissionPolicy,
+    authenticator: _ReviewLikeAuthenticator | None = None,
+    tls_dir: Path | None = None,
+) -> tuple[grpc.aio.Server, int, CaMetrics]:
+    """The real CertificateService on a real gRPC server (TLS when `tls_dir` is given: the
+    agent's client insists on it; the root lands in `tls_dir/root-cert.pem`)."""
+    now = datetime.now(UTC)
+    authority = new_self_signed_authority(
+        KeySpec(), "cluster.local", now=now, lifetime=timedelta(days=1)
+    )
+    metrics = CaMetrics()
+    signer = LocalSigner(authority)
+    service = CertificateService(
+        authenticators=AuthenticatorChain([authenticator or _ReviewLikeAuthenticator()]),
+        impersonation=DenyImpersonation(),
+        signer=signer,
+        ttl_policy=TtlPolicy(),
+        metrics=metrics,
+        clock=SystemClock(),
+        admission=Admission(policy, time.monotonic),
+    )
+    server = grpc.aio.server()
+    ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(service, server)
+    if tls_dir is None:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        (tls_dir / "root-cert.pem").write_text(authority.root_bundle_pem)
+        tls = ServingTls(
+            CaConfig(data_dir=tls_dir), signer, SystemClock(), require_client_cert=False
+        )
+        port = server.add_secure_port("127.0.0.1:0", tls.credentials())
+    await server.start()
+    return server, port, metrics
+
+
+async def _burst(port: int, renewal: bool, count: int) -> list[object]:
+    headers = [("x-meshca-renewal", "1")] if renewal else []
+    request = ca_pb2.IstioCertificateRequest(csr=build_csr(generate_private_key(), IDENTITY))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
+
+        async def one() -> object:
+            try:
+                return await stub.CreateCertificate(request, metadata=headers, timeout=20)
+            except grpc.aio.AioRpcError as exc:
+                return exc
+
+        return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+def test_a_real_server_sheds_excess_load_with_a_retry_hint_renewals_first():
+    async def scenario() -> tuple[list[object], list[object], CaMetrics]:
+        server, port, metrics = await _serve(
+            AdmissionPolicy(max_in_flight=20, max_in_flight_renewals=5)
+        )
+        try:
+            first, renewals = await asyncio.gather(_burst(port, False, 60), _burst(port, True, 60))
+        finally:
+            await server.stop(None)
+        return first, renewals, metrics
+
+    first, renewals, metrics = asyncio.run(scenario())
+    refused = [r for r in first + renewals if isinstance(r, grpc.aio.AioRpcError)]
+    assert refused, "120 requests at once must exceed a limit of 20"
+    for error in refused:
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+        assert "retry after the grpc-retry-pushback-ms hint" in (error.details() or "")
+        hints = dict(error.trailing_metadata() or ())
+        assert 50 <= int(hints[RETRY_PUSHBACK_TRAILER]) <= 10_000
+    first_ok = sum(not isinstance(r, grpc.aio.AioRpcError) for r in first)
+    renewals_ok = sum(not isinstance(r, grpc.aio.AioRpcError) for r in renewals)
+    assert renewals_ok <= 5 < first_ok, (first_ok, renewals_ok)
+
+    text = generate_latest(metrics.registry).decode()
+    shed = sample_value(text, "meshca_ca_requests_shed_total")
+    assert shed == len(refused)
+    assert sample_value(text, "meshca_ca_certificates_issued_total") == 120 - len(refused)
+    # Shed load is not a signing error on Istio's dashboards.
+    assert sample_value(text, "citadel_server_csr_sign_err_count") == 0
+
+
+def test_the_agent_client_honours_the_retry_hint_and_says_when_it_renews(tmp_path: Path):
+    """Two agents ask at once of a CA that takes one request at a time: one is shed, waits the
+    hinted time and gets its certificate; a renewal says so in its headers."""
+    (tmp_path / "token").write_text("token-of-the-pod")
+    authenticator = _ReviewLikeAuthenticator()
+
+    async def scenario() -> tuple[CaMetrics, list[AgentMetrics]]:
+        server, port, metrics = await _serve(
+            AdmissionPolicy(max_in_flight=1, max_in_flight_renewals=1), authenticator, tmp_path
+        )
+        clock = SystemClock()
+        agent_metrics = [AgentMetrics(clock), AgentMetrics(clock)]
+        clients = [
+            CaClient(
+                f"localhost:{port}",
+                tmp_path / "root-cert.pem",
+                FileTokenProvider(tmp_path / "token"),
+                clock,
+                metrics=m,
+                max_attempts=5,
+            )
+            for m in agent_metrics
+        ]
+
+        async def sign(client: CaClient, renewal: bool = False) -> None:
+            key = generate_private_key()
+            csr = build_csr(key, IDENTITY)
+            await client.sign(
+                SigningRequest(csr, IDENTITY, key, timedelta(hours=1), renewal=renewal)
+            )
+
+        try:
+            await asyncio.gather(*(sign(client) for client in clients))
+            await sign(clients[0], renewal=True)
+        finally:
+            for client in clients:
+                await client.close()
+            await server.stop(None)
+        return metrics, agent_metrics
+
+    metrics, agent_metrics = asyncio.run(scenario())
+    text = generate_latest(metrics.registry).decode()
+    assert sample_value(text, "meshca_ca_requests_shed_total", {"kind": "first"}) >= 1
+    assert sample_value(text, "meshca_ca_certificates_issued_total") == 3
+    retries = sum(
+        sample_value(generate_latest(m.registry).decode(), "num_outgoing_retries")
+        for m in agent_metrics
+    )
+    assert retries >= 1
+    # Only the last request (a renewal) says it is one.
+    renewal_flags = [headers.get("x-meshca-renewal") for headers in authenticator.seen]
+    assert renewal_flags[-1] == "1"
+    assert renewal_flags[:-1] == [None] * (len(renewal_flags) - 1)

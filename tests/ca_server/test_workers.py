@@ -1,0 +1,183 @@
+"""`meshca ca --workers N`: several real CA processes on one port under one supervisor.
+
+Each test starts its own supervisor on fresh ports; workers are found as the supervisor's
+children in /proc, and told apart in the audit lines by their `pid` field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from ca_server.workers import default_worker_count
+from certs import SpiffeId, build_csr, generate_private_key, private_key_to_pem
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_process import CaProcess
+from tests.support.metrics import sample_value
+from tests.support.processes import http_status, wait_for
+
+SLEEP = SpiffeId("cluster.local", "default", "sleep")
+
+
+def _children(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(child) for child in text.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status  # a zombie has exited; PID 1 may never reap it here
+
+
+def _issue_on_new_connections(ca: CaProcess, count: int) -> None:
+    """One channel (so one TCP connection) per request: the kernel picks a worker per connection."""
+    token = ca.mint_token(SLEEP.namespace, SLEEP.service_account)
+    key = generate_private_key()
+    for _ in range(count):
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            assert len(create_certificate(stub, build_csr(key, SLEEP), token=token)) >= 2
+
+
+def _issuing_pids(ca: CaProcess) -> list[int]:
+    lines = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
+    return [int(line["pid"]) for line in lines if line["outcome"] == "issued"]
+
+
+def test_two_workers_share_one_port_and_one_metrics_view(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--workers", "2")
+    ca.start()
+    try:
+        assert ca.proc is not None
+        workers = _children(ca.proc.pid)
+        assert len(workers) == 2
+        _issue_on_new_connections(ca, 40)
+        pids = _issuing_pids(ca)
+        assert len(pids) == 40
+        assert set(pids) == workers, "both workers must serve the shared port"
+
+        metrics = ca.metrics()
+        assert sample_value(metrics, "meshca_ca_certificates_issued_total") == 40
+        assert sample_value(metrics, "citadel_server_success_cert_issuance_count") == 40
+        assert sample_value(metrics, "citadel_server_csr_count") == 40
+        assert sample_value(metrics, "meshca_ca_issuance_latency_seconds_count") == 40
+        # One expiry gauge for the whole CA, not one per worker.
+        expiry = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("citadel_server_root_cert_expiry_timestamp")
+        ]
+        assert len(expiry) == 1 and float(expiry[0].split()[-1]) > time.time()
+    finally:
+        ca.stop()
+
+
+def test_a_killed_worker_is_replaced_and_counts_survive(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--workers", "2")
+    ca.start()
+    try:
+        assert ca.proc is not None
+        _issue_on_new_connections(ca, 6)
+        supervisor = ca.proc.pid
+        first = _children(supervisor)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: http_status(f"{ca.monitoring_url}/ready") == 503, 5, "/ready to drop")
+        wait_for(
+            lambda: (
+                len(_children(supervisor) - first) == 1
+                and http_status(f"{ca.monitoring_url}/ready") == 200
+            ),
+            20,
+            "a replacement worker serving",
+        )
+        assert "exited with status -9; restarting it" in ca.log()
+        _issue_on_new_connections(ca, 6)
+        # The dead worker's issuances stay counted.
+        assert sample_value(ca.metrics(), "citadel_server_success_cert_issuance_count") == 12
+    finally:
+        ca.stop()
+
+
+def test_sigterm_stops_the_supervisor_and_every_worker(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--workers", "2")
+    ca.start()
+    assert ca.proc is not None
+    workers = _children(ca.proc.pid)
+    started = time.monotonic()
+    assert ca.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - started < 6, "SIGTERM must stop the supervisor within seconds"
+    assert not any(_alive(pid) for pid in workers)
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_status(tmp_path: Path):
+    (tmp_path / "cacerts").mkdir()
+    (tmp_path / "cacerts" / "ca-cert.pem").write_text("incomplete")
+    ca = CaProcess(tmp_path / "data", "--workers", "2", "--cacerts-dir", str(tmp_path / "cacerts"))
+    ca.launch()
+    assert ca.proc is not None
+    assert ca.proc.wait(30) == 2
+    assert "before serving; stopping" in ca.log()
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--workers", "2")
+    ca.start()
+    assert ca.proc is not None
+    workers = _children(ca.proc.pid)
+    ca.kill()
+    wait_for(lambda: not any(_alive(pid) for pid in workers), 10, "orphaned workers to exit")
+
+
+def test_the_default_worker_count_respects_a_container_cpu_limit(tmp_path: Path):
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cpu.max").write_text("150000 100000\n")  # limit: 1.5 CPUs
+    assert default_worker_count(tmp_path / "v2") == min(affinity, 1)
+    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")
+    assert default_worker_count(tmp_path / "v2") == affinity
+    v1 = tmp_path / "v1" / "cpu,cpuacct"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert default_worker_count(tmp_path / "v1") == min(affinity, 4)
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert default_worker_count(tmp_path / "v1") == affinity
+    assert default_worker_count(tmp_path / "absent") == affinity
+
+
+def test_workers_share_a_port_0_and_the_mtls_port(tmp_path: Path):
+    """Port 0 is resolved once by the supervisor, so both workers serve the same port; the
+    mTLS renewal port is shared the same way."""
+    ca = CaProcess(tmp_path / "data", "--workers", "2", "--mtls-listen", "127.0.0.1:0")
+    ca.start()
+    try:
+        assert ca.proc is not None
+        match = re.search(r"supervising 2 CA workers on \S+ and (127\.0\.0\.1:\d+)", ca.log())
+        assert match, ca.log()
+        mtls_addr = match.group(1)
+        token = ca.mint_token(SLEEP.namespace, SLEEP.service_account)
+        root = ca.root_cert_path.read_bytes()
+        key = generate_private_key()
+        with ca_stub(ca.addr, root) as stub:
+            chain = create_certificate(stub, build_csr(key, SLEEP), token=token)
+        before = len(_issuing_pids(ca))
+        for _ in range(20):
+            with ca_stub(
+                mtls_addr,
+                root,
+                client_key_pem=private_key_to_pem(key),
+                client_chain_pem=chain[0].encode(),
+            ) as stub:
+                create_certificate(stub, build_csr(generate_private_key(), SLEEP))
+        renewals = _issuing_pids(ca)[before:]
+        assert len(renewals) == 20
+        assert set(renewals) == _children(ca.proc.pid), "both workers serve the mTLS port"
+    finally:
+        ca.stop()
