@@ -43,10 +43,11 @@ from ca_server.root_store import (
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
+from ca_server.status import ca_document
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
-from meshca.status_http import StatusServer, metrics_route, text
+from meshca.status_http import StatusServer, json_response, metrics_route, text
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,7 @@ async def _reload_if_changed(
 
 
 def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
-    metrics.root_expiry.set(min(r.not_valid_after_utc for r in authority.roots).timestamp())
-    metrics.chain_expiry.set(authority.not_after.timestamp())
+    metrics.record_authority(authority)
 
 
 async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
@@ -183,6 +183,7 @@ async def _serve(
         await kube.start(authority)
 
     _record_expiry(metrics, authority)
+    started = clock.now()
     signer = LocalSigner(authority)
     state = CaState()
     service = CertificateService(
@@ -218,6 +219,9 @@ async def _serve(
             "/metrics": metrics_route(metrics.registry),
             "/healthz": lambda: text(200, "ok\n"),
             "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
+            "/debug/ca": lambda: json_response(
+                ca_document(signer.authority, metrics.leaves, started, clock.now())
+            ),
         },
     )
     monitoring.start()

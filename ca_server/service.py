@@ -23,6 +23,7 @@ from ca_server.errors import (
     RequestError,
 )
 from ca_server.impersonation import ImpersonationPolicy
+from ca_server.issued_leaves import IssuedLeaf
 from ca_server.metrics import CaMetrics
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
@@ -58,6 +59,12 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     async def CreateCertificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> ca_pb2.IstioCertificateResponse:
+        with self._metrics.in_flight.track_inprogress():
+            return await self._create_certificate(request, context)
+
+    async def _create_certificate(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+    ) -> ca_pb2.IstioCertificateResponse:
         started = self._clock.monotonic()
         self._metrics.csr_requests.inc()
         caller: Caller | None = None
@@ -88,6 +95,14 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.issued.inc()
         self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
+        self._metrics.leaves.record(
+            IssuedLeaf(
+                identity.uri,
+                format(issued.leaf.serial_number, "x"),
+                self._clock.now(),
+                issued.leaf.not_valid_after_utc,
+            )
+        )
         audit(
             "issued",
             outcome="issued",
