@@ -37,6 +37,9 @@ def short_dir() -> Iterator[Path]:
 
 
 def current_leaf(agent: AgentProcess) -> Any:
+    """The leaf of the output directory's current generation (waiting for the first one: the
+    files are written just after the agent reports ready)."""
+    wait_for(lambda: agent.file_serial() is not None, 10, "the certificate files")
     generation = Path(os.path.realpath(agent.output_dir / "..data"))
     return load_cert((generation / "cert-chain.pem").read_bytes())
 

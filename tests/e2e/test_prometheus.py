@@ -3,9 +3,9 @@
 Prometheus (Debian's package) scrapes both every second and evaluates a copy of
 deploy/monitoring/rules/alerts.yaml every second, with every `for:` cut to 2 s so the test runs
 in well under 90 s; the expressions are the shipped ones. The agent's certificates live 10 s.
-Stopping the CA must take the renewal alerts through pending to firing, read through
-Prometheus's HTTP API, and restarting it must resolve them. Then every dashboard query must
-return data from the same Prometheus.
+Stopping the CA must take the renewal and CA-unreachable alerts through pending to firing,
+read through Prometheus's HTTP API, and restarting it must resolve them. Then every dashboard
+query must return data from the same Prometheus.
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from tests.support.prometheus import PrometheusProcess, ScrapeTarget
 from tests.support.sds_client import stream_and_nack
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
-RENEWAL_ALERTS = {"MeshcaCertificateRenewalsFailing", "MeshcaCertificateNotRenewed"}
+OUTAGE_ALERTS = {
+    "MeshcaCertificateRenewalsFailing",
+    "MeshcaCertificateNotRenewed",
+    "MeshcaCaUnreachable",
+}
 AGENT_LABELS = {"namespace": "default", "pod": "sleep-7d9f"}
 CA_LABELS = {"namespace": "istio-system", "pod": "meshca-0"}
 RATE_INTERVAL = "1m"  # what Grafana would put in for $__rate_interval
@@ -109,28 +113,28 @@ def test_alerts_fire_and_resolve_and_every_panel_has_data(short_dir: Path) -> No
         # Healthy: renewals every ~5 s, nothing pending or firing about them.
         wait_for(lambda: len(prometheus.query("meshca_agent_cert_lifetime_seconds")) == 1, 10, "")
         time.sleep(3)
-        assert not RENEWAL_ALERTS & set(log.poll())
+        assert not OUTAGE_ALERTS & set(log.poll())
 
         # Envoy rejecting a secret (the panels and MeshcaSdsNack need one).
         stream_and_nack(agent.sds_socket, "default")
 
         ca.stop()
         log.wait(
-            lambda states: all(states.get(name) == "firing" for name in RENEWAL_ALERTS),
+            lambda states: all(states.get(name) == "firing" for name in OUTAGE_ALERTS),
             40,
-            "the renewal alerts to fire while the CA is down",
+            "the outage alerts to fire while the CA is down",
         )
-        for name in RENEWAL_ALERTS:
+        for name in OUTAGE_ALERTS:
             assert log.seen[name][:2] == ["pending", "firing"], log.seen
         assert log.poll().get("MeshcaSdsNack") == "firing"  # the NACK above
 
         ca.start()
         log.wait(
-            lambda states: not RENEWAL_ALERTS & set(states),
+            lambda states: not OUTAGE_ALERTS & set(states),
             45,
-            "the renewal alerts to resolve once the CA is back",
+            "the outage alerts to resolve once the CA is back",
         )
-        assert all(log.seen[name] == ["pending", "firing"] for name in RENEWAL_ALERTS)
+        assert all(log.seen[name] == ["pending", "firing"] for name in OUTAGE_ALERTS)
 
         # A refused CSR on the restarted CA (its counters started again from zero).
         with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:

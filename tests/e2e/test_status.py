@@ -27,7 +27,7 @@ from meshca.status_command import CLEAR_SCREEN
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
-from tests.support.processes import child_env, free_port, stop_child
+from tests.support.processes import child_env, free_port, stop_child, wait_for
 
 AGENT_COLUMNS = [
     "RESOURCE NAME", "TYPE", "STATUS", "VALID CERT", "SERIAL NUMBER", "NOT BEFORE", "NOT AFTER",
@@ -52,6 +52,9 @@ def meshca_status(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def current_leaf(agent: AgentProcess) -> Any:
+    """The leaf of the output directory's current generation (waiting for the first one: the
+    files are written just after the agent reports ready)."""
+    wait_for(lambda: agent.file_serial() is not None, 10, "the certificate files")
     generation = Path(os.path.realpath(agent.output_dir / "..data"))
     return load_cert((generation / "cert-chain.pem").read_bytes())
 
