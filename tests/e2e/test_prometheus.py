@@ -3,9 +3,9 @@
 Prometheus (Debian's package) scrapes both every second and evaluates a copy of
 deploy/monitoring/rules/alerts.yaml every second, with every `for:` cut to 2 s so the test runs
 in well under 90 s; the expressions are the shipped ones. The agent's certificates live 10 s.
-Stopping the CA must take the renewal and CA-unreachable alerts through pending to firing,
-read through Prometheus's HTTP API, and restarting it must resolve them. Then every dashboard
-query must return data from the same Prometheus.
+Stopping the CA must take the lifetime, renewal and CA-unreachable alerts through pending to
+firing, read through Prometheus's HTTP API, and restarting it must resolve them. Then every
+dashboard query must return data from the same Prometheus.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.support.sds_client import stream_and_nack
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 OUTAGE_ALERTS = {
+    "MeshcaCertificatePastRenewalPoint",
     "MeshcaCertificateRenewalsFailing",
     "MeshcaCertificateNotRenewed",
     "MeshcaCaUnreachable",
