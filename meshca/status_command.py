@@ -2,15 +2,20 @@
 
 Pointed at an agent's status address it prints one row per secret, like `istioctl proxy-config
 secret` plus the rotation columns (time left, next rotation, last error), from the agent's
-`/debug/secrets`. Pointed at a CA's monitoring address it prints the signing chain and roots with
-their expiry (`/debug/ca`), issuance and refusal rates by reason (from `/metrics`, the counters
-Prometheus scrapes) and the soonest-expiring leaves the CA knows of. The kind of daemon is found
-by asking: an agent answers `/debug/secrets`, a CA `/debug/ca`.
+`/debug/secrets`. Pointed at an agent's SDS socket (`unix:PATH`) it asks what a proxy would
+(`FetchSecrets` for `default` and `ROOTCA`, or `--resource` names) and prints the same rows from
+the certificates themselves; rotation state is not on the SDS wire, so those columns stay empty.
+
+Pointed at a CA's monitoring address it prints the signing chain and roots with their expiry
+(`/debug/ca`), issuance and refusal rates by reason (from `/metrics`, the counters Prometheus
+scrapes) and the soonest-expiring leaves the CA knows of. Which daemon answers is found by
+asking: an agent answers `/debug/secrets`, a CA `/debug/ca`.
 
 Rates: a single run divides each counter by the CA's uptime; `--watch` redraws in place every
 `--interval` and shows the rate over the last interval instead.
 
-This module talks HTTP and JSON only, so it imports neither `agent` nor `ca_server`.
+This module talks HTTP, JSON and (via `meshca.sds_fetch`) SDS only: it imports neither `agent`
+nor `ca_server`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +39,8 @@ from meshca.durations import parse_duration
 AGENT_PATH = "/debug/secrets"
 CA_PATH = "/debug/ca"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+SDS_PREFIX = "unix:"
+SDS_DEFAULT_RESOURCES = ("default", "ROOTCA")
 TYPE_NAMES = {"cert_chain": "Cert Chain", "ca": "CA"}
 
 
@@ -69,7 +76,11 @@ class Snapshot:
     taken_at: float  # time.monotonic(), for rates between two snapshots
 
 
-def fetch(address: str, timeout: float = 5.0) -> Snapshot:
+def fetch(address: str, timeout: float = 5.0, resources: tuple[str, ...] = ()) -> Snapshot:
+    if address.startswith(SDS_PREFIX):
+        socket = address[len(SDS_PREFIX) :]
+        document = sds_document(socket, resources or SDS_DEFAULT_RESOURCES, timeout)
+        return Snapshot("agent", document, {}, time.monotonic())
     base = _base_url(address)
     status, body = _get(base + AGENT_PATH, timeout)
     if status == 200:
@@ -95,6 +106,44 @@ def parse_counters(exposition: str) -> dict[str, dict[tuple[tuple[str, str], ...
             labels = tuple(sorted(sample.labels.items()))
             values.setdefault(sample.name, {})[labels] = sample.value
     return values
+
+
+def sds_document(socket: str, names: tuple[str, ...], timeout: float) -> dict[str, Any]:
+    """An agent-shaped document from one `FetchSecrets` on the SDS socket (no key is kept)."""
+    from meshca.sds_fetch import SdsFetchError, fetch_certificates
+
+    now = datetime.now(UTC)
+    try:
+        served = fetch_certificates(socket, names, timeout)
+    except SdsFetchError as exc:
+        raise StatusError(str(exc)) from None
+    entries = []
+    for name in sorted(served):
+        kind, certificate, count = served[name]
+        not_before, not_after = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+        valid = not_before <= now < not_after
+        entries.append(
+            {
+                "resource_name": name,
+                "type": kind,
+                "status": "ACTIVE"
+                if valid
+                else ("EXPIRED" if now >= not_after else "NOT_YET_VALID"),
+                "valid": valid,
+                "serial": f"{certificate.serial_number:x}",
+                "not_before": not_before.isoformat(),
+                "not_after": not_after.isoformat(),
+                "time_left_seconds": (not_after - now).total_seconds(),
+                "certificates": count,
+                "lifetime_seconds": None,
+                "last_renewal": None,
+                "next_rotation": None,
+                "consecutive_failures": 0,
+                "last_error": None,
+                "last_error_at": None,
+            }
+        )
+    return {"kind": "agent", "source": "sds", "now": now.isoformat(), "secrets": entries}
 
 
 # -- agent -------------------------------------------------------------------------------------
@@ -278,8 +327,15 @@ def render(current: Snapshot, previous: Snapshot | None, output: str) -> str:
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "address",
-        help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020) or a CA's "
-        "monitoring address (--monitoring-listen, e.g. 127.0.0.1:15014)",
+        help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020), its SDS socket "
+        "(unix:PATH), or a CA's monitoring address (--monitoring-listen, e.g. 127.0.0.1:15014)",
+    )
+    parser.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        help="with unix:PATH, an SDS resource name to ask for (repeatable; default: default and "
+        "ROOTCA; in node mode the workloads' SPIFFE IDs)",
     )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -304,7 +360,7 @@ def run_status_command(
         while True:
             current: Snapshot | None = None
             try:
-                current = fetch(args.address)
+                current = fetch(args.address, resources=tuple(args.resource))
                 text = render(current, previous, args.output)
             except StatusError as exc:
                 if not args.watch:

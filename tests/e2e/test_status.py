@@ -1,6 +1,7 @@
-"""`meshca status` against a running agent and a running CA (real processes), as an operator
-runs it: the tables, the JSON field by field against the certificates on disk, and `--watch`
-in a pseudo-terminal redrawing after a rotation. Node mode: tests/agent/test_node_agent.py."""
+"""`meshca status` against a running agent (its status address and its SDS socket) and a running
+CA (real processes), as an operator runs it: the tables, the JSON field by field against the
+certificates on disk, and `--watch` in a pseudo-terminal redrawing after a rotation. Node mode:
+tests/agent/test_node_agent.py."""
 
 from __future__ import annotations
 
@@ -122,6 +123,19 @@ def test_status_of_an_agent_and_of_a_ca(short_dir: Path) -> None:
         assert default["consecutive_failures"] == 0
         assert default["last_error"] is None and default["last_error_at"] is None
 
+        # The same agent through its SDS socket, as a proxy sees it: the same certificates.
+        result = meshca_status("-o", "json", f"unix:{agent.sds_socket}")
+        assert result.returncode == 0, result.stderr
+        over_sds = {e["resource_name"]: e for e in json.loads(result.stdout)["secrets"]}
+        assert set(over_sds) == {"ROOTCA", "default"}
+        for name, entry in (("ROOTCA", ca_entry), ("default", default)):
+            for field in ("type", "status", "valid", "serial", "not_before", "not_after"):
+                assert over_sds[name][field] == entry[field], (name, field)
+            assert over_sds[name]["next_rotation"] is None  # not on the SDS wire
+        table = meshca_status(f"unix:{agent.sds_socket}")
+        assert table.returncode == 0 and f"{leaf.serial_number:x}" in table.stdout
+        assert "PRIVATE KEY" not in table.stdout + result.stdout
+
         # The CA: one issuance (the agent's), one refusal, and the leaf it knows of.
         token = ca.mint_token("default", "sleep")
         with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub, pytest.raises(grpc.RpcError):
@@ -161,11 +175,14 @@ def test_status_of_an_agent_and_of_a_ca(short_dir: Path) -> None:
         ca.stop()
 
 
-def test_status_says_what_to_fix_when_nothing_answers() -> None:
+def test_status_says_what_to_fix_when_nothing_answers(short_dir: Path) -> None:
     result = meshca_status(f"127.0.0.1:{free_port()}")
     assert result.returncode == 1
     assert "cannot reach http://127.0.0.1:" in result.stderr
     assert result.stdout == ""
+    result = meshca_status(f"unix:{short_dir / 'no-such.sock'}")
+    assert result.returncode == 1
+    assert "is it the agent's SDS socket" in result.stderr
 
 
 def _default_serials(screen: str) -> list[str]:
