@@ -31,7 +31,7 @@ from certs import (
     load_private_key,
 )
 from meshca.clock import SystemClock
-from meshca.status_command import add_status_arguments, run_status_command
+from meshca.commands.status import add_arguments, run
 from tests.agent.pki import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import status, until
 from tests.agent.wiring import scheduler_of
@@ -171,8 +171,8 @@ def test_status_in_node_mode_and_an_identity_that_leaves_has_no_series() -> None
     async def status_command(*args: str) -> str:
         out = io.StringIO()
         parsed = argparse.ArgumentParser()
-        add_status_arguments(parsed)
-        code = await asyncio.to_thread(run_status_command, parsed.parse_args([*args]), out)
+        add_arguments(parsed)
+        code = await asyncio.to_thread(run, parsed.parse_args([*args]), out)
         assert code == 0
         return out.getvalue()
 

@@ -14,10 +14,10 @@ from agent.metrics import AgentMetrics
 from agent.secret_status import SecretStatus
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from agent.status import secret_entry, secrets_document
-from certs import SpiffeId, build_csr, generate_private_key, load_cert, private_key_to_pem
+from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
-from tests.agent.pki import Pki
 from tests.support.metrics import sample_value
+from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 IDENTITY = SpiffeId("cluster.local", "default", "sleep")
@@ -31,10 +31,8 @@ PER_CERTIFICATE = (
 )
 
 
-def leaf(pki: Pki, now: datetime, ttl: timedelta, name: str = "default") -> TlsSecret:
-    key = generate_private_key()
-    chain = pki.issue(build_csr(key, IDENTITY), ttl, now)
-    return TlsSecret(name, chain[0], private_key_to_pem(key).decode())
+def leaf(pki: TestCa, now: datetime, ttl: timedelta, name: str = "default") -> TlsSecret:
+    return pki.issue(IDENTITY, ttl=ttl, now=now).tls_secret(name)
 
 
 def serial_of(secret: TlsSecret) -> str:
@@ -55,7 +53,7 @@ def value(metrics: AgentMetrics, name: str, resource: str) -> float | None:
 def test_time_left_is_computed_at_scrape_time() -> None:
     clock = FakeClock(START)
     metrics = AgentMetrics(clock)
-    pki = Pki(START)
+    pki = TestCa(START)
     secret = leaf(pki, START, timedelta(hours=1))
     metrics.on_secret(secret)
     assert value(metrics, "cert_expiry_seconds", "default") == 3600
@@ -65,11 +63,11 @@ def test_time_left_is_computed_at_scrape_time() -> None:
     assert value(metrics, "meshca_agent_cert_expiry_timestamp_seconds", "default") == expiry
 
 
-def renewed_hour_long_leaf() -> tuple[FakeClock, AgentMetrics, Pki]:
+def renewed_hour_long_leaf() -> tuple[FakeClock, AgentMetrics, TestCa]:
     """An agent's metrics after obtaining a one-hour leaf at START, rotation due at 30 min."""
     clock = FakeClock(START)
     metrics = AgentMetrics(clock)
-    pki = Pki(START)
+    pki = TestCa(START)
     first = leaf(pki, START, timedelta(hours=1))
     metrics.on_secret(first)
     metrics.secrets.renewed("default", serial_of(first), START, START + timedelta(minutes=30))
@@ -117,7 +115,7 @@ def test_a_secret_no_longer_served_has_no_series() -> None:
         cache = SecretCache()
         cache.add_listener(metrics.on_secret)
         cache.add_removal_listener(metrics.on_secret_removed)
-        pki = Pki(START)
+        pki = TestCa(START)
         gone = leaf(pki, START, timedelta(hours=1), name=IDENTITY.uri)
         await cache.publish(RootSecret("ROOTCA", pki.root_pem))
         await cache.publish(gone)
@@ -148,7 +146,7 @@ def test_failures_before_the_first_certificate_are_reported_and_forgotten() -> N
 
 def test_debug_document_fields() -> None:
     board = SecretStatus()
-    pki = Pki(START)
+    pki = TestCa(START)
     secret = leaf(pki, START, timedelta(hours=1))
     board.on_secret(secret)
     board.on_secret(RootSecret("ROOTCA", pki.root_pem))

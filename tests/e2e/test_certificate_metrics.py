@@ -24,7 +24,7 @@ from certs import load_cert
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
-from tests.support.pki import TestAuthority
+from tests.support.pki import TestCa
 from tests.support.processes import MeshcaProcess, free_port, http_text, wait_for
 
 EXPIRY = "meshca_agent_cert_expiry_timestamp_seconds"
@@ -107,7 +107,7 @@ def test_rotation_and_restore_show_the_new_certificate_at_the_next_scrape(
 
 
 def test_a_file_mounted_reload_shows_the_new_certificate(short_dir: Path) -> None:
-    authority = TestAuthority(now=datetime.now(UTC))
+    authority = TestCa(datetime.now(UTC))
     certs_dir = short_dir / "etc" / "certs"
     certs_dir.mkdir(parents=True)
 

@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from certs import load_cert
-from meshca.status_command import CLEAR_SCREEN
+from meshca.commands.status import CLEAR_SCREEN
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess

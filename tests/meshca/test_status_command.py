@@ -8,14 +8,14 @@ import argparse
 import io
 from datetime import timedelta
 
-from meshca.status_command import (
+from meshca.commands.status import (
     CLEAR_SCREEN,
     Snapshot,
-    add_status_arguments,
+    add_arguments,
     ca_rates,
     parse_counters,
     render_agent,
-    run_status_command,
+    run,
 )
 from tests.support.processes import free_port
 
@@ -98,7 +98,7 @@ def test_failing_and_pending_rows_show_the_error_and_no_certificate() -> None:
 
 def test_watch_keeps_redrawing_while_nothing_answers() -> None:
     parser = argparse.ArgumentParser()
-    add_status_arguments(parser)
+    add_arguments(parser)
     args = parser.parse_args(["--watch", "--interval", "10ms", f"127.0.0.1:{free_port()}"])
     assert args.interval == timedelta(milliseconds=10)
     naps: list[float] = []
@@ -109,7 +109,7 @@ def test_watch_keeps_redrawing_while_nothing_answers() -> None:
             raise KeyboardInterrupt  # Ctrl-C
 
     out = io.StringIO()
-    assert run_status_command(args, out, sleep) == 0
+    assert run(args, out, sleep) == 0
     frames = out.getvalue().split(CLEAR_SCREEN)[1:]
     assert len(frames) == 3 and naps == [0.01] * 3
     assert all("cannot reach" in frame and "(retrying)" in frame for frame in frames)
