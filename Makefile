@@ -3,12 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test lint proto
+.PHONY: up test lint proto prometheus-tools
 
 up: $(VENV)/.installed
 	$(BIN)/meshca up $(UP_ARGS)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test prometheus-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -32,3 +32,11 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 $(VENV)/.installed-test: $(VENV)/bin/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.installed
+
+# The monitoring tests run Debian's Prometheus (promtool for the alert rules, a live server for the
+# end-to-end test). Installed once, when either binary is missing (CI runs as root).
+prometheus-tools:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  echo "installing Debian's prometheus package (prometheus, promtool) for the tests"; \
+	  apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }

@@ -324,6 +324,9 @@ class FileWatcher:
             self._refuse(watched, str(exc))
             return
         watched.last_error = None
+        if self.metrics is not None:
+            # At 0 from the first load, so Prometheus's increase() counts the first refusal.
+            self.metrics.file_reload_failures.labels(resource_name=name)
         if await watched.cache.publish(secret):
             log.info(
                 "loaded %s from %s (version %s)",

@@ -6,8 +6,10 @@ as they are (docs/reference.md#metrics) so existing dashboards work: they are re
 `meshca_agent_*` Counters and re-exported under Istio's exact names (no `_total`) by
 `meshca.prometheus_compat.IstioCounterAliases`, as the CA does.
 
-`cert_expiry_seconds` is computed at scrape time from the recorded NotAfter and the injected
-clock, so it can never go stale between rotations.
+The per-certificate gauges (`cert_expiry_seconds`, expiry/renewal timestamps, consecutive
+failures) are read from one `agent.secret_status.SecretStatus` board at scrape time: time left
+is computed from NotAfter and the injected clock then, so it can never go stale, and a secret no
+longer served has no series.
 
 Thread-safety: prometheus_client metrics are thread-safe; the status server scrapes from its
 own thread while the event loop updates them.
@@ -15,16 +17,15 @@ own thread while the event loop updates them.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.secrets import Secret, not_after
+from agent.secret_status import CERT_CHAIN, SecretStatus
+from agent.secrets import Secret
 from meshca.clock import Clock
 from meshca.prometheus_compat import IstioCounterAliases
 
@@ -134,8 +135,9 @@ class AgentMetrics:
             self.ca_latency_ms,
         ):
             family.labels(CSR_REQUEST)  # exposed as 0 before the first request
-        self._expiry = _ExpiryCollector(clock)
-        reg.register(self._expiry)
+        # Per-resource state, shared with the status server's /debug/secrets.
+        self.secrets = SecretStatus()
+        reg.register(_SecretStatusCollector(self.secrets, clock))
 
     def record_ca_request(self, seconds: float, outcome: str) -> None:
         self.ca_requests.labels(CSR_REQUEST).inc()
@@ -147,52 +149,70 @@ class AgentMetrics:
     def record_retry(self) -> None:
         self.ca_retries.labels(CSR_REQUEST).inc()
 
-    def record_expiry(self, resource_name: str, not_after: datetime) -> None:
-        """Remembers when `resource_name`'s certificate expires (called on every change)."""
-        self._expiry.set(resource_name, not_after)
-
     def on_secret(self, secret: Secret) -> None:
-        """Cache listener: every published secret, from any source, updates its expiry."""
-        self.record_expiry(secret.name, not_after(secret))
+        """Cache listener: every published secret, from any source, replaces its entry."""
+        self.secrets.on_secret(secret)
 
     def on_secret_removed(self, resource_name: str) -> None:
-        """Cache removal listener: a removed secret no longer has an expiry to report."""
-        self._expiry.discard(resource_name)
+        """Cache removal listener: a removed secret loses its entry and so its series."""
+        self.secrets.on_secret_removed(resource_name)
 
 
-class _ExpiryCollector(Collector):
-    """`cert_expiry_seconds{resource_name}` = NotAfter - now at scrape time, plus the absolute
-    `meshca_agent_cert_expiry_timestamp_seconds` for alerting on a fixed point in time."""
+class _SecretStatusCollector(Collector):
+    """Per-resource gauges read from the `SecretStatus` board at scrape time.
 
-    def __init__(self, clock: Clock) -> None:
+    Time left is `NotAfter - now` on the injected clock when scraped, so it never goes stale;
+    a resource that stops being served leaves the board and so has no series at the next
+    scrape. Renewal gauges exist only for resources the scheduler renews (not file-mounted).
+    """
+
+    def __init__(self, board: SecretStatus, clock: Clock) -> None:
+        self._board = board
         self._clock = clock
-        self._lock = threading.Lock()
-        self._not_after: dict[str, datetime] = {}
-
-    def set(self, resource_name: str, not_after: datetime) -> None:
-        with self._lock:
-            self._not_after[resource_name] = not_after
-
-    def discard(self, resource_name: str) -> None:
-        with self._lock:
-            self._not_after.pop(resource_name, None)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        with self._lock:
-            items = sorted(self._not_after.items())
+        reports = self._board.reports()
         now = self._clock.now()
-        remaining = GaugeMetricFamily(
-            "cert_expiry_seconds",
-            "Seconds until the certificate expires (Istio-compatible).",
-            labels=["resource_name"],
+
+        def family(name: str, help_text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, help_text, labels=["resource_name"])
+
+        remaining = family(
+            "cert_expiry_seconds", "Seconds until the certificate expires (Istio-compatible)."
         )
-        absolute = GaugeMetricFamily(
+        expiry = family(
             "meshca_agent_cert_expiry_timestamp_seconds",
-            "Unix time at which the certificate expires.",
-            labels=["resource_name"],
+            "Unix time at which the certificate (or the first root of a bundle) expires.",
         )
-        for name, expires in items:
-            remaining.add_metric([name], (expires - now).total_seconds())
-            absolute.add_metric([name], expires.timestamp())
-        yield remaining
-        yield absolute
+        lifetime = family(
+            "meshca_agent_cert_lifetime_seconds",
+            "Lifetime of the served leaf, from when it was obtained (NotBefore if unknown).",
+        )
+        last_renewal = family(
+            "meshca_agent_cert_last_renewal_timestamp_seconds",
+            "Unix time the certificate now served was obtained (or restored from disk).",
+        )
+        next_rotation = family(
+            "meshca_agent_cert_next_rotation_timestamp_seconds",
+            "Unix time the next rotation of this certificate is scheduled.",
+        )
+        failures = family(
+            "meshca_agent_cert_consecutive_renewal_failures",
+            "Failed attempts to renew this certificate since the last success.",
+        )
+        for report in reports:
+            labels = [report.resource_name]
+            served, renewal = report.served, report.renewal
+            if served is not None:
+                remaining.add_metric(labels, (served.not_after - now).total_seconds())
+                expiry.add_metric(labels, served.not_after.timestamp())
+                served_for = report.lifetime_seconds()
+                if served.type == CERT_CHAIN and served_for is not None:
+                    lifetime.add_metric(labels, served_for)
+            if renewal is not None:
+                failures.add_metric(labels, renewal.consecutive_failures)
+                if renewal.last_renewal is not None:
+                    last_renewal.add_metric(labels, renewal.last_renewal.timestamp())
+                if renewal.next_rotation is not None:
+                    next_rotation.add_metric(labels, renewal.next_rotation.timestamp())
+        yield from (remaining, expiry, lifetime, last_renewal, next_rotation, failures)

@@ -274,6 +274,8 @@ class CertificateScheduler:
         state.cancel_timer()
         self.queue.discard(identity)
         log.info("identity %s is gone; no longer rotating its certificate", identity)
+        if self._metrics:
+            self._metrics.secrets.forget(state.name)  # also if no certificate was served yet
         task = asyncio.get_running_loop().create_task(self._cache.remove(state.name))
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
@@ -445,6 +447,9 @@ class CertificateScheduler:
         if self._metrics:
             counter = self._metrics.restores if restored_from else self._metrics.rotations
             counter.inc()
+            self._metrics.secrets.renewed(
+                state.name, signed.serial_hex, signed.received_at, state.next_rotation_at
+            )
         log.info(
             "certificate serial %s for %s %s; expires %s, rotating in %.1fs",
             signed.serial_hex,
@@ -462,6 +467,7 @@ class CertificateScheduler:
         state.last_failure = FailureRecord(message, now, state.failures)
         if self._metrics:
             self._metrics.rotation_failures.inc()
+            self._metrics.secrets.renewal_failed(state.name, message, now)
         expires = state.current.not_after if state.current else None
         delay = self.policy.retry_delay(state.failures - 1, now, expires, self._rng)
         log.warning(

@@ -335,6 +335,8 @@ class _Stream:
         for name in names:
             if metrics is not None:
                 metrics.sds_pushes.labels(resource_name=name).inc()
+                # At 0 from the first push, so Prometheus's increase() counts the first NACK.
+                metrics.sds_nacks.labels(resource_name=name)
         self._server.pushes += len(names)
 
     def _on_request(self, request: Any) -> None:

@@ -1,4 +1,5 @@
-"""The agent's HTTP status endpoint: `/healthz/ready` for the kubelet, `/metrics` for Prometheus.
+"""The agent's HTTP status endpoint: `/healthz/ready` for the kubelet, `/metrics` for Prometheus,
+`/debug/secrets` (JSON, one entry per served secret) for `meshca status`.
 
 Concurrency: `meshca.status_http.StatusServer`, a stdlib HTTP server on its own daemon
 thread, so a slow scrape never stalls the event loop that serves SDS and rotates certificates.
@@ -13,14 +14,16 @@ the body says why (the last error), so `kubectl describe pod` shows something ac
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.metrics import AgentMetrics
+from agent.secret_status import SecretReport, SecretStatus
 from meshca.clock import Clock
-from meshca.status_http import Response, StatusServer, metrics_route, text
+from meshca.status_http import Response, StatusServer, json_response, metrics_route, text
 
 READY_PATH = "/healthz/ready"
 METRICS_PATH = "/metrics"
+SECRETS_PATH = "/debug/secrets"
 
 
 class ReadinessSource(Protocol):
@@ -44,6 +47,41 @@ def readiness_report(source: ReadinessSource, now: datetime) -> tuple[bool, str]
     return False, f"not ready: {reason}\n"
 
 
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def secret_entry(report: SecretReport, now: datetime) -> dict[str, Any]:
+    """One `/debug/secrets` entry; the field names are what `meshca status -o json` prints."""
+    served, renewal = report.served, report.renewal
+    return {
+        "resource_name": report.resource_name,
+        "type": served.type if served else None,
+        "status": report.status(now),
+        "valid": report.valid(now),
+        "serial": served.serial_hex if served else None,
+        "not_before": _iso(served.not_before if served else None),
+        "not_after": _iso(served.not_after if served else None),
+        "time_left_seconds": (served.not_after - now).total_seconds() if served else None,
+        "certificates": served.certificates if served else 0,
+        "lifetime_seconds": report.lifetime_seconds(),
+        "last_renewal": _iso(renewal.last_renewal if renewal else None),
+        "next_rotation": _iso(renewal.next_rotation if renewal else None),
+        "consecutive_failures": renewal.consecutive_failures if renewal else 0,
+        "last_error": renewal.last_error if renewal else None,
+        "last_error_at": _iso(renewal.last_error_at if renewal else None),
+    }
+
+
+def secrets_document(board: SecretStatus, now: datetime) -> dict[str, Any]:
+    """The `/debug/secrets` body: the time it was taken and one entry per resource name."""
+    return {
+        "kind": "agent",
+        "now": now.isoformat(),
+        "secrets": [secret_entry(report, now) for report in board.reports()],
+    }
+
+
 def build_status_server(
     host: str,
     port: int,
@@ -51,14 +89,22 @@ def build_status_server(
     metrics: AgentMetrics,
     clock: Clock,
 ) -> StatusServer:
-    """`/healthz/ready` and `/metrics` on `host:port` (port 0 picks a free one); not started."""
+    """`/healthz/ready`, `/metrics` and `/debug/secrets` on `host:port` (port 0 picks a free
+    one); not started. The secrets endpoint holds no key material: serials and dates only."""
 
     def ready() -> Response:
         is_ready, body = readiness_report(readiness, clock.now())
         return text(200 if is_ready else 503, body)
 
+    def secrets() -> Response:
+        return json_response(secrets_document(metrics.secrets, clock.now()))
+
     return StatusServer(
         f"{host}:{port}",
-        {READY_PATH: ready, METRICS_PATH: metrics_route(metrics.registry)},
+        {
+            READY_PATH: ready,
+            METRICS_PATH: metrics_route(metrics.registry),
+            SECRETS_PATH: secrets,
+        },
         name="agent",
     )

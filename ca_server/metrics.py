@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from ca_server.issued_leaves import IssuedLeaves
+from certs import SigningAuthority
 from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
 
 # Istio's counter name -> the meshca counter it re-exports.
@@ -92,6 +95,28 @@ class CaMetrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        # Lifetimes, so alerts can say "less than a sixth of its life left" instead of a fixed
+        # number of days that misfires when lifetimes change.
+        self.root_lifetime = Gauge(
+            "meshca_ca_root_cert_lifetime_seconds",
+            "NotAfter - NotBefore of the root that expires first",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.chain_lifetime = Gauge(
+            "meshca_ca_cert_chain_lifetime_seconds",
+            "NotAfter - NotBefore of the signing certificate",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.in_flight = Gauge(
+            "meshca_ca_requests_in_flight",
+            "CreateCertificate requests being handled right now",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        # Not a metric (unbounded labels): the latest leaf per identity, for `meshca status`.
+        self.leaves = IssuedLeaves()
         # Kubernetes mode.
         self.tokenreview_requests = Counter(
             "meshca_ca_tokenreview_requests",
@@ -138,3 +163,16 @@ class CaMetrics:
                 {alias: counters[name] for alias, name in ISTIO_COUNTER_ALIASES.items()}
             )
         )
+
+    def record_authority(self, authority: SigningAuthority) -> None:
+        """Expiry and lifetime gauges for `authority`; called at start and on every reload so
+        they never describe material the CA no longer signs with."""
+        first_root = min(authority.roots, key=lambda root: root.not_valid_after_utc)
+        self.root_expiry.set(first_root.not_valid_after_utc.timestamp())
+        self.root_lifetime.set(_lifetime_seconds(first_root))
+        self.chain_expiry.set(authority.not_after.timestamp())
+        self.chain_lifetime.set(_lifetime_seconds(authority.cert))
+
+
+def _lifetime_seconds(cert: x509.Certificate) -> float:
+    return (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds()

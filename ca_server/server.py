@@ -26,6 +26,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -50,11 +51,12 @@ from ca_server.root_store import (
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
+from ca_server.status import ca_document
 from ca_server.workers import die_with_parent
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import atomic_write, ensure_dir
-from meshca.status_http import StatusServer, metrics_route, text
+from meshca.status_http import StatusServer, json_response, metrics_route, text
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -164,8 +166,7 @@ async def _reload_if_changed(
 
 
 def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
-    metrics.root_expiry.set(min(r.not_valid_after_utc for r in authority.roots).timestamp())
-    metrics.chain_expiry.set(authority.not_after.timestamp())
+    metrics.record_authority(authority)
 
 
 async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
@@ -194,6 +195,7 @@ async def _serve(
         await kube.start(authority)
 
     _record_expiry(metrics, authority)
+    started = clock.now()
     signer = LocalSigner(authority)
     state = CaState()
     service = CertificateService(
@@ -219,7 +221,7 @@ async def _serve(
     if config.mtls_listen:
         mtls = ServingTls(config, signer, clock, require_client_cert=True)
         server.add_secure_port(config.mtls_listen, mtls.credentials())
-    monitoring = _monitoring(config, metrics, state)
+    monitoring = _monitoring(config, metrics, state, signer, started, clock)
     if monitoring is not None:
         monitoring.start()
     stop = asyncio.Event()
@@ -267,8 +269,16 @@ def server_options(config: CaConfig) -> list[tuple[str, int]]:
     ]
 
 
-def _monitoring(config: CaConfig, metrics: CaMetrics, state: CaState) -> StatusServer | None:
-    """`/metrics`, `/healthz`, `/ready` of a single CA; a worker's are served by its supervisor."""
+def _monitoring(
+    config: CaConfig,
+    metrics: CaMetrics,
+    state: CaState,
+    signer: LocalSigner,
+    started: datetime,
+    clock: Clock,
+) -> StatusServer | None:
+    """`/metrics`, `/healthz`, `/ready` and `/debug/ca` of a single CA; a worker's are served by
+    its supervisor."""
     if config.worker is not None:
         return None
     return StatusServer(
@@ -277,5 +287,8 @@ def _monitoring(config: CaConfig, metrics: CaMetrics, state: CaState) -> StatusS
             "/metrics": metrics_route(metrics.registry),
             "/healthz": lambda: text(200, "ok\n"),
             "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
+            "/debug/ca": lambda: json_response(
+                ca_document(signer.authority, metrics.leaves, started, clock.now())
+            ),
         },
     )

@@ -27,6 +27,7 @@ from ca_server.errors import (
     RequestError,
 )
 from ca_server.impersonation import ImpersonationPolicy
+from ca_server.issued_leaves import IssuedLeaf
 from ca_server.metrics import CaMetrics
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
@@ -74,7 +75,8 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             await self._refuse(context, exc, None, context.peer())
             raise AssertionError("unreachable: context.abort raises") from exc
         try:
-            return await self._create_certificate(request, context)
+            with self._metrics.in_flight.track_inprogress():
+                return await self._create_certificate(request, context)
         finally:
             ticket.release()
 
@@ -111,6 +113,14 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.issued.inc()
         self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
+        self._metrics.leaves.record(
+            IssuedLeaf(
+                identity.uri,
+                format(issued.leaf.serial_number, "x"),
+                self._clock.now(),
+                issued.leaf.not_valid_after_utc,
+            )
+        )
         audit(
             "issued",
             outcome="issued",

@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("meshca.commands.inspect", "describe PEM certificates"),
     "agent": ("meshca.commands.agent", "run the per-pod agent (certificates, SDS, files)"),
     "up": ("meshca.commands.up", "run a local CA and one agent, for trying meshca"),
+    "status": (
+        "meshca.commands.status",
+        "certificates an agent serves, or a CA's expiry, rates and leaves",
+    ),
 }
 
 

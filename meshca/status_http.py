@@ -6,6 +6,7 @@ event loop, and the handlers only read state that the daemons update atomically.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +19,10 @@ Route = Callable[[], Response]
 
 def text(status: int, body: str) -> Response:
     return status, "text/plain; charset=utf-8", body.encode()
+
+
+def json_response(document: object) -> Response:
+    return 200, "application/json", json.dumps(document, indent=1).encode()
 
 
 def metrics_route(registry: CollectorRegistry) -> Route:

@@ -23,6 +23,7 @@ SPAWNING_MODULES = (
     "tests.support.agent_process",
     "tests.support.envoy",
     "tests.support.kube_api",
+    "tests.support.prometheus",
 )
 
 

@@ -5,9 +5,13 @@ Identities come from the static list, so no API server is involved."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
+import io
+import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,7 +31,8 @@ from certs import (
     load_private_key,
 )
 from meshca.clock import SystemClock
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
+from meshca.commands.status import add_arguments, run
+from tests.agent.pki import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import status, until
 from tests.agent.wiring import scheduler_of
 from tests.support.pki import TestCa
@@ -111,25 +116,39 @@ def test_node_agent_serves_100_identities_with_at_most_8_csrs_in_flight() -> Non
         asyncio.run(main(Path(tmp)))
 
 
+@contextlib.asynccontextmanager
+async def static_node_agent(
+    tmp: Path, identities: str
+) -> AsyncIterator[tuple[Agent, FakeCaServicer]]:
+    """A started node-mode Agent whose identities come from a static file (`identities`), with
+    an in-process CA that signs impersonated identities; both stopped on exit."""
+    clock = SystemClock()
+    ca = node_ca(TestCa(datetime.now(UTC)), clock, delay=0)
+    server, addr = await start_fake_ca(ca, tmp, clock.now())
+    (tmp / "token").write_text(NODE_TOKEN)
+    (tmp / "identities").write_text(identities)
+    config = AgentConfig(
+        ca_addr=addr,
+        ca_root_ca=tmp / "root-cert.pem",
+        token_path=tmp / "token",
+        sds_socket=tmp / "sds" / "socket",
+        status_port=0,
+        node_mode=True,
+        identities_file=tmp / "identities",
+    )
+    agent = Agent(config, clock=clock)
+    await agent.start()
+    try:
+        yield agent, ca
+    finally:
+        await agent.stop()
+        await server.stop(None)
+
+
 def test_static_identities_file_without_an_api_server() -> None:
     async def main(tmp: Path) -> None:
-        clock = SystemClock()
-        ca = node_ca(TestCa(datetime.now(UTC)), clock, delay=0)
-        server, addr = await start_fake_ca(ca, tmp, clock.now())
-        (tmp / "token").write_text(NODE_TOKEN)
-        (tmp / "identities").write_text("# this node's workloads\nshop/cart\nshop/pay, web/front\n")
-        config = AgentConfig(
-            ca_addr=addr,
-            ca_root_ca=tmp / "root-cert.pem",
-            token_path=tmp / "token",
-            sds_socket=tmp / "sds" / "socket",
-            status_port=0,
-            node_mode=True,
-            identities_file=tmp / "identities",
-        )
-        agent = Agent(config, clock=SystemClock())
-        await agent.start()
-        try:
+        identities = "# this node's workloads\nshop/cart\nshop/pay, web/front\n"
+        async with static_node_agent(tmp, identities) as (agent, ca):
             await until(lambda: scheduler_of(agent).has_valid_certificate())
             assert sorted(ca.issued) == [
                 "spiffe://cluster.local/ns/shop/sa/cart",
@@ -137,12 +156,59 @@ def test_static_identities_file_without_an_api_server() -> None:
                 "spiffe://cluster.local/ns/web/sa/front",
             ]
             secrets = await fetch_secrets(
-                config.sds_socket, ["spiffe://cluster.local/ns/web/sa/front"]
+                agent.config.sds_socket, ["spiffe://cluster.local/ns/web/sa/front"]
             )
             assert secrets
-        finally:
-            await agent.stop()
-            await server.stop(None)
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+def test_status_in_node_mode_and_an_identity_that_leaves_has_no_series() -> None:
+    """`meshca status` lists one row per identity on the node (plus ROOTCA); when an identity
+    leaves the node, its row and every series labelled with it are gone at the next read."""
+
+    async def status_command(*args: str) -> str:
+        out = io.StringIO()
+        parsed = argparse.ArgumentParser()
+        add_arguments(parsed)
+        code = await asyncio.to_thread(run, parsed.parse_args([*args]), out)
+        assert code == 0
+        return out.getvalue()
+
+    async def main(tmp: Path) -> None:
+        async with static_node_agent(tmp, "shop/cart\nshop/pay\n") as (agent, _):
+            await check(agent)
+
+    async def check(agent: Agent) -> None:
+        cart, pay = (SpiffeId("cluster.local", "shop", sa) for sa in ("cart", "pay"))
+        address = f"{agent.status.host}:{agent.status.port}"
+        manager = scheduler_of(agent)
+        await until(lambda: manager.has_valid_certificate())
+        table = await status_command(address)
+        rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+        assert set(rows) == {"ROOTCA", cart.uri, pay.uri}
+        assert "Cert Chain  ACTIVE  true" in rows[cart.uri]
+        document = json.loads(await status_command("-o", "json", address))
+        entries = {entry["resource_name"]: entry for entry in document["secrets"]}
+        served = await fetch_secrets(agent.config.sds_socket, [cart.uri, pay.uri])
+        for identity in (cart, pay):
+            chain = served[identity.uri].tls_certificate.certificate_chain.inline_bytes
+            leaf = load_cert(chain)
+            entry = entries[identity.uri]
+            assert entry["serial"] == f"{leaf.serial_number:x}"
+            assert entry["not_after"] == leaf.not_valid_after_utc.isoformat()
+            assert entry["type"] == "cert_chain" and entry["status"] == "ACTIVE"
+            assert entry["consecutive_failures"] == 0 and entry["next_rotation"]
+        metrics = await asyncio.to_thread(http_text, f"{agent.status.url}/metrics")
+        assert metrics.count(f'resource_name="{pay.uri}"') >= 6  # every per-cert series
+
+        manager.set_identities(frozenset({cart}))  # the last pod of shop/pay left
+        await until(lambda: agent.cache.get(pay.uri) is None)
+        metrics = await asyncio.to_thread(http_text, f"{agent.status.url}/metrics")
+        assert pay.uri not in metrics and cart.uri in metrics
+        table = await status_command(address)
+        assert pay.uri not in table and cart.uri in table
 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         asyncio.run(main(Path(tmp)))

@@ -20,9 +20,9 @@ NOW = datetime(2030, 1, 1, tzinfo=UTC)
 POLL = timedelta(seconds=5)
 
 
-def _authority() -> SigningAuthority:
+def _authority(lifetime: timedelta = timedelta(days=365)) -> SigningAuthority:
     key = generate_private_key()
-    cert = build_root_certificate(key, "cluster.local", now=NOW, lifetime=timedelta(days=365))
+    cert = build_root_certificate(key, "cluster.local", now=NOW, lifetime=lifetime)
     return SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
 
 
@@ -62,7 +62,8 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
-    original, broken_meanwhile, replacement = _authority(), _authority(), _authority()
+    original, broken_meanwhile = _authority(), _authority()
+    replacement = _authority(timedelta(days=30))
     source = ScriptedSource(
         [
             (PermissionError("cacerts/ca-key.pem: permission denied"), None),
@@ -77,10 +78,23 @@ def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
     config = CaConfig(data_dir=tmp_path, plugged_ca_poll_interval=POLL)
     clock = FakeClock(NOW)
     reloaded: list[SigningAuthority] = []
+    metrics = CaMetrics()
+
+    def gauges() -> tuple[float | None, ...]:
+        return tuple(
+            metrics.registry.get_sample_value(name)
+            for name in (
+                "citadel_server_root_cert_expiry_timestamp",
+                "citadel_server_cert_chain_expiry_timestamp",
+                "meshca_ca_root_cert_lifetime_seconds",
+                "meshca_ca_cert_chain_lifetime_seconds",
+            )
+        )
 
     async def scenario() -> None:
+        metrics.record_authority(original)  # as _serve does at start
         watcher = asyncio.create_task(
-            watch_authority(source, signer, config, CaMetrics(), clock, reloaded.append)
+            watch_authority(source, signer, config, metrics, clock, reloaded.append)
         )
         await _until(lambda: source.polls == 1)
         for poll in range(2, 6):
@@ -89,10 +103,21 @@ def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
             await asyncio.sleep(0.05)  # let a load in a worker thread finish
             assert not watcher.done(), watcher.exception()
             assert signer.authority is original
+            assert gauges() == _expected_gauges(original)
         clock.advance(POLL)
         await _until(lambda: signer.authority is replacement)
         assert reloaded == [replacement]
+        # Istio's gauges went stale after a reload (istio#55464); these are set with it.
+        assert gauges() == _expected_gauges(replacement)
         assert (tmp_path / "root-cert.pem").read_text() == replacement.root_bundle_pem
         watcher.cancel()
 
     asyncio.run(scenario())
+
+
+def _expected_gauges(authority: SigningAuthority) -> tuple[float, ...]:
+    """Root expiry, chain expiry, root lifetime, chain lifetime, from the certificates."""
+    cert = authority.cert
+    expiry = cert.not_valid_after_utc.timestamp()
+    lifetime = (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds()
+    return (expiry, expiry, lifetime, lifetime)

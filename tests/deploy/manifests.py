@@ -38,8 +38,18 @@ class Manifest:
         return f"{self.path.relative_to(DEPLOY_DIR.parent)}[{self.index}] {self.kind}/{self.name}"
 
 
+# Prometheus's own files (a rule file and promtool unit tests), not Kubernetes objects.
+PROMETHEUS_FILE_DIRS = (DEPLOY_DIR / "monitoring" / "rules", DEPLOY_DIR / "monitoring" / "tests")
+
+
 def yaml_files(root: Path = DEPLOY_DIR) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix in (".yaml", ".yml")
+        and p.is_file()
+        and not any(p.is_relative_to(d) for d in PROMETHEUS_FILE_DIRS)
+    )
 
 
 def kustomization_files(root: Path = DEPLOY_DIR) -> list[Path]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -19,6 +20,7 @@ import yaml
 from agent.config import add_agent_arguments
 from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC
 
+from . import prometheus_operator
 from .manifests import (
     CLUSTER_SCOPED_KINDS,
     DEPLOY_DIR,
@@ -61,6 +63,14 @@ def _id(value: Any) -> str:
 
 
 def _validate(doc: dict[str, Any], what: str) -> None:
+    if prometheus_operator.is_prometheus_operator_object(doc):
+        # CRDs: not in the bundled Kubernetes schemas, checked against our strict subset.
+        try:
+            prometheus_operator.validate(doc)
+        except jsonschema.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.absolute_path)
+            pytest.fail(f"{what}: {exc.message} (at {path or 'top level'})", pytrace=False)
+        return
     try:
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:

@@ -1,0 +1,381 @@
+"""`meshca status ADDRESS`: what an agent serves, or how a CA is doing, as a table or JSON.
+
+Pointed at an agent's status address it prints one row per secret, like `istioctl proxy-config
+secret` plus the rotation columns (time left, next rotation, last error), from the agent's
+`/debug/secrets`. Pointed at an agent's SDS socket (`unix:PATH`) it asks what a proxy would
+(`FetchSecrets` for `default` and `ROOTCA`, or `--resource` names) and prints the same rows from
+the certificates themselves; rotation state is not on the SDS wire, so those columns stay empty.
+
+Pointed at a CA's monitoring address it prints the signing chain and roots with their expiry
+(`/debug/ca`), issuance and refusal rates by reason (from `/metrics`, the counters Prometheus
+scrapes) and the soonest-expiring leaves the CA knows of. Which daemon answers is found by
+asking: an agent answers `/debug/secrets`, a CA `/debug/ca`.
+
+Rates: a single run divides each counter by the CA's uptime; `--watch` redraws in place every
+`--interval` and shows the rate over the last interval instead.
+
+It talks HTTP, JSON and (via `meshca.sds_fetch`) SDS only: it imports neither `agent` nor
+`ca_server`, only their wire formats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from certs import format_duration
+from meshca.durations import parse_duration
+
+AGENT_PATH = "/debug/secrets"
+CA_PATH = "/debug/ca"
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+SDS_PREFIX = "unix:"
+SDS_DEFAULT_RESOURCES = ("default", "ROOTCA")
+TYPE_NAMES = {"cert_chain": "Cert Chain", "ca": "CA"}
+
+
+class StatusError(Exception):
+    """The address did not answer like a meshca agent or CA; the message says what to check."""
+
+
+# -- fetching ----------------------------------------------------------------------------------
+
+
+def _base_url(address: str) -> str:
+    return address.rstrip("/") if "://" in address else f"http://{address.rstrip('/')}"
+
+
+def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(f"cannot reach {url}: {reason}") from None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One reading of a daemon: its JSON document and, for a CA, its counters."""
+
+    kind: str  # "agent" or "ca"
+    document: dict[str, Any]
+    counters: dict[str, dict[tuple[tuple[str, str], ...], float]]
+    taken_at: float  # time.monotonic(), for rates between two snapshots
+
+
+def fetch(address: str, timeout: float = 5.0, resources: tuple[str, ...] = ()) -> Snapshot:
+    if address.startswith(SDS_PREFIX):
+        socket = address[len(SDS_PREFIX) :]
+        document = sds_document(socket, resources or SDS_DEFAULT_RESOURCES, timeout)
+        return Snapshot("agent", document, {}, time.monotonic())
+    base = _base_url(address)
+    status, body = _get(base + AGENT_PATH, timeout)
+    if status == 200:
+        return Snapshot("agent", json.loads(body), {}, time.monotonic())
+    status_ca, body_ca = _get(base + CA_PATH, timeout)
+    if status_ca != 200:
+        raise StatusError(
+            f"{base} is neither a meshca agent ({AGENT_PATH}: HTTP {status}) nor a meshca CA "
+            f"({CA_PATH}: HTTP {status_ca}); give the agent's --status-listen or the CA's "
+            "--monitoring-listen address"
+        )
+    status_metrics, metrics = _get(base + "/metrics", timeout)
+    if status_metrics != 200:
+        raise StatusError(f"{base}/metrics answered HTTP {status_metrics}")
+    return Snapshot("ca", json.loads(body_ca), parse_counters(metrics.decode()), time.monotonic())
+
+
+def parse_counters(exposition: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Counter and gauge samples by name and sorted label pairs (`_total` names kept)."""
+    values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            values.setdefault(sample.name, {})[labels] = sample.value
+    return values
+
+
+def sds_document(socket: str, names: tuple[str, ...], timeout: float) -> dict[str, Any]:
+    """An agent-shaped document from one `FetchSecrets` on the SDS socket (no key is kept)."""
+    from meshca.sds_fetch import SdsFetchError, fetch_certificates
+
+    now = datetime.now(UTC)
+    try:
+        served = fetch_certificates(socket, names, timeout)
+    except SdsFetchError as exc:
+        raise StatusError(str(exc)) from None
+    entries = []
+    for name in sorted(served):
+        kind, certificate, count = served[name]
+        not_before, not_after = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+        valid = not_before <= now < not_after
+        entries.append(
+            {
+                "resource_name": name,
+                "type": kind,
+                "status": "ACTIVE"
+                if valid
+                else ("EXPIRED" if now >= not_after else "NOT_YET_VALID"),
+                "valid": valid,
+                "serial": f"{certificate.serial_number:x}",
+                "not_before": not_before.isoformat(),
+                "not_after": not_after.isoformat(),
+                "time_left_seconds": (not_after - now).total_seconds(),
+                "certificates": count,
+                "lifetime_seconds": None,
+                "last_renewal": None,
+                "next_rotation": None,
+                "consecutive_failures": 0,
+                "last_error": None,
+                "last_error_at": None,
+            }
+        )
+    return {"kind": "agent", "source": "sds", "now": now.isoformat(), "secrets": entries}
+
+
+# -- agent -------------------------------------------------------------------------------------
+
+
+def _time(text: str | None) -> str:
+    if text is None:
+        return "-"
+    return datetime.fromisoformat(text).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _left(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return "EXPIRED" if seconds <= 0 else format_duration(timedelta(seconds=seconds))
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in [headers, *rows]]  # fmt: skip
+    return "\n".join(lines)
+
+
+def render_agent(document: dict[str, Any]) -> str:
+    headers = [
+        "RESOURCE NAME", "TYPE", "STATUS", "VALID CERT", "SERIAL NUMBER", "NOT BEFORE",
+        "NOT AFTER", "TIME LEFT", "NEXT ROTATION", "LAST ERROR",
+    ]  # fmt: skip
+    rows = [
+        [
+            entry["resource_name"],
+            TYPE_NAMES.get(entry["type"], "-"),
+            entry["status"],
+            "true" if entry["valid"] else "false",
+            entry["serial"] or "-",
+            _time(entry["not_before"]),
+            _time(entry["not_after"]),
+            _left(entry["time_left_seconds"]),
+            _time(entry["next_rotation"]),
+            _error(entry),
+        ]
+        for entry in document["secrets"]
+    ]
+    if not rows:
+        return "the agent serves no secrets yet"
+    return _table(headers, rows)
+
+
+def _error(entry: dict[str, Any]) -> str:
+    error = entry.get("last_error")
+    if not error:
+        return "-"
+    failures = entry.get("consecutive_failures", 0)
+    return f"({failures} in a row) {error}" if failures else error
+
+
+# -- CA ----------------------------------------------------------------------------------------
+
+ISSUED = "meshca_ca_certificates_issued_total"
+REQUESTS = "meshca_ca_csr_requests_total"
+DENIALS = "meshca_ca_denials_total"
+IN_FLIGHT = "meshca_ca_requests_in_flight"
+
+
+def ca_rates(current: Snapshot, previous: Snapshot | None) -> dict[str, Any]:
+    """Totals and per-second rates, over the last interval (`previous`) or since the CA started."""
+    if previous is not None:
+        window = max(current.taken_at - previous.taken_at, 1e-9)
+        before = previous.counters
+        over = "last interval"
+    else:
+        started = datetime.fromisoformat(current.document["started"])
+        now = datetime.fromisoformat(current.document["now"])
+        window = max((now - started).total_seconds(), 1e-9)
+        before = {}
+        over = "since start"
+
+    def total(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+        return current.counters.get(name, {}).get(labels, 0.0)
+
+    def rate(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
+        return (total(name, labels) - before.get(name, {}).get(labels, 0.0)) / window
+
+    refusals = []
+    for labels in sorted(current.counters.get(DENIALS, {})):
+        label_map = dict(labels)
+        refusals.append(
+            {
+                "reason": label_map.get("reason", ""),
+                "code": label_map.get("code", ""),
+                "total": total(DENIALS, labels),
+                "per_second": rate(DENIALS, labels),
+            }
+        )
+    return {
+        "over": over,
+        "window_seconds": window,
+        "requests": {"total": total(REQUESTS), "per_second": rate(REQUESTS)},
+        "issued": {"total": total(ISSUED), "per_second": rate(ISSUED)},
+        "in_flight": total(IN_FLIGHT),
+        "refusals": refusals,
+    }
+
+
+def ca_json(current: Snapshot, previous: Snapshot | None) -> dict[str, Any]:
+    return {**current.document, "rates": ca_rates(current, previous)}
+
+
+def render_ca(document: dict[str, Any]) -> str:
+    rates = document["rates"]
+    parts = [
+        f"CA started {_time(document['started'])}; leaves may last until the chain expires "
+        f"{_time(document['chain_not_after'])}; "
+        f"first root expires {_time(document['root_not_after'])}",
+        "",
+        _table(
+            ["ROLE", "SERIAL NUMBER", "NOT BEFORE", "NOT AFTER", "TIME LEFT", "SUBJECT"],
+            [
+                [
+                    c["role"],
+                    c["serial"],
+                    _time(c["not_before"]),
+                    _time(c["not_after"]),
+                    _left(c["time_left_seconds"]),
+                    c["subject"],
+                ]
+                for c in document["certificates"]
+            ],
+        ),
+        "",
+        f"requests {rates['requests']['total']:.0f} ({rates['requests']['per_second']:.2f}/s), "
+        f"issued {rates['issued']['total']:.0f} ({rates['issued']['per_second']:.2f}/s), "
+        f"in flight {rates['in_flight']:.0f}  [rates {rates['over']}]",
+    ]
+    if rates["refusals"]:
+        parts += [
+            "",
+            _table(
+                ["REFUSED FOR", "CODE", "TOTAL", "PER SECOND"],
+                [
+                    [r["reason"], r["code"], f"{r['total']:.0f}", f"{r['per_second']:.2f}"]
+                    for r in rates["refusals"]
+                ],
+            ),
+        ]
+    else:
+        parts += ["no requests refused"]
+    leaves = document["soonest_expiring_leaves"]
+    parts += ["", f"soonest-expiring leaves ({len(leaves)} of {document['leaves_known']} known):"]
+    if leaves:
+        parts.append(
+            _table(
+                ["IDENTITY", "SERIAL NUMBER", "ISSUED", "NOT AFTER", "TIME LEFT"],
+                [
+                    [
+                        leaf["identity"],
+                        leaf["serial"],
+                        _time(leaf["issued_at"]),
+                        _time(leaf["not_after"]),
+                        _left(leaf["time_left_seconds"]),
+                    ]
+                    for leaf in leaves
+                ],
+            )
+        )
+    return "\n".join(parts)
+
+
+# -- command -----------------------------------------------------------------------------------
+
+
+def render(current: Snapshot, previous: Snapshot | None, output: str) -> str:
+    if current.kind == "agent":
+        document = current.document
+        return json.dumps(document, indent=2) if output == "json" else render_agent(document)
+    ca = ca_json(current, previous)
+    return json.dumps(ca, indent=2) if output == "json" else render_ca(ca)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "address",
+        help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020), its SDS socket "
+        "(unix:PATH), or a CA's monitoring address (--monitoring-listen, e.g. 127.0.0.1:15014)",
+    )
+    parser.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        help="with unix:PATH, an SDS resource name to ask for (repeatable; default: default and "
+        "ROOTCA; in node mode the workloads' SPIFFE IDs)",
+    )
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "-w", "--watch", action="store_true", help="redraw in place until interrupted"
+    )
+    parser.add_argument(
+        "--interval",
+        type=parse_duration,
+        default=timedelta(seconds=2),
+        help="time between redraws with --watch (default 2s)",
+    )
+
+
+def run(
+    args: argparse.Namespace,
+    out: TextIO | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    out = out or sys.stdout
+    previous: Snapshot | None = None
+    try:
+        while True:
+            current: Snapshot | None = None
+            try:
+                current = fetch(args.address, resources=tuple(args.resource))
+                text = render(current, previous, args.output)
+            except StatusError as exc:
+                if not args.watch:
+                    print(f"meshca status: {exc}", file=sys.stderr)
+                    return 1
+                text = f"meshca status: {exc} (retrying)"
+            if not args.watch:
+                print(text, file=out)
+                return 0
+            stamp = datetime.now().astimezone().strftime("%H:%M:%S")
+            every = format_duration(args.interval)
+            out.write(f"{CLEAR_SCREEN}meshca status {args.address} every {every} - {stamp}\n\n")
+            out.write(text + "\n")
+            out.flush()
+            previous = current or previous
+            sleep(args.interval.total_seconds())
+    except KeyboardInterrupt:
+        return 0
