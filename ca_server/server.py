@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
+from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
@@ -35,10 +37,15 @@ from ca_server.metrics import CaMetrics
 from ca_server.root_store import (
     AuthoritySource,
     CaSetupError,
-    SelfSignedRootStore,
     data_dir_lock,
     detect_plugged_ca,
     publish_root_bundle,
+)
+from ca_server.rotation import (
+    AuthorityRotator,
+    RotationSettings,
+    cap_leaf_lifetimes,
+    rotation_policy_for,
 )
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
@@ -55,9 +62,12 @@ SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].ful
 _MAX_MESSAGE_BYTES = 1024 * 1024
 
 
-def authority_source_for(config: CaConfig, kube: KubernetesMode | None = None) -> AuthoritySource:
+def authority_source_for(
+    config: CaConfig, kube: KubernetesMode | None = None
+) -> AuthoritySource | None:
     """Plugged-in CA when `--cacerts-dir` holds a complete layout; else the root shared through
-    Secret `istio-ca-secret` in Kubernetes mode; else a self-signed root in `--data-dir`."""
+    Secret `istio-ca-secret` in Kubernetes mode; else `None`: self-signed authority slots in
+    `--data-dir`, rotated by `ca_server.rotation`."""
     if config.cacerts_dir is not None:
         plugged = detect_plugged_ca(config.cacerts_dir)
         if plugged is not None:
@@ -65,9 +75,18 @@ def authority_source_for(config: CaConfig, kube: KubernetesMode | None = None) -
         log.info("no plugged-in CA files in %s; using a self-signed root", config.cacerts_dir)
     if kube is not None:
         return kube.secret_root_store()
-    return SelfSignedRootStore(
-        config.data_dir, config.trust_domain, config.root_key, config.root_lifetime
+    return None
+
+
+def rotator_for(config: CaConfig, metrics: CaMetrics, clock: Clock) -> AuthorityRotator:
+    """Self-signed authorities in `--data-dir`, shared by every process using it."""
+    factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
+    store = LocalAuthorityStateStore(config.data_dir, factory, clock.now)
+    policy = rotation_policy_for(config.root_lifetime, config.plugged_ca_poll_interval)
+    settings = RotationSettings(
+        config.data_dir, f"ca-{os.getpid()}", config.plugged_ca_poll_interval.total_seconds()
     )
+    return AuthorityRotator(store, policy, factory, metrics, clock, settings)
 
 
 def build_authenticators(
@@ -79,7 +98,9 @@ def build_authenticators(
         with data_dir_lock(config.data_dir):
             issuers.append(ensure_dev_issuer(config.data_dir).trust_config())
     chain: list[Authenticator] = [
-        ClientCertificateAuthenticator(config.trust_domain, lambda: signer.authority.roots, clock),
+        ClientCertificateAuthenticator(
+            config.trust_domain, lambda: signer.trusted_client_roots, clock
+        ),
     ]
     if issuers:
         chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock))
@@ -176,20 +197,29 @@ async def _serve(
     config: CaConfig, clock: Clock, metrics: CaMetrics, kube: KubernetesMode | None
 ) -> None:
     source = authority_source_for(config, kube)
-    authority = await asyncio.to_thread(source.load, clock.now())
-    publish_root_bundle(config.data_dir, authority)
-    log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+    rotator: AuthorityRotator | None = None
+    ttl_policy = config.ttl
+    if source is None:
+        rotator = rotator_for(config, metrics, clock)
+        signer: LocalSigner = await rotator.start()
+        authority = signer.authority
+        ttl_policy = cap_leaf_lifetimes(config.ttl, rotator.policy)
+        log.info("signing with self-signed authority slots in %s", config.data_dir)
+    else:
+        authority = await asyncio.to_thread(source.load, clock.now())
+        publish_root_bundle(config.data_dir, authority)
+        log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+        _record_expiry(metrics, authority)
+        signer = LocalSigner(authority)
     if kube is not None:
         await kube.start(authority)
 
-    _record_expiry(metrics, authority)
-    signer = LocalSigner(authority)
     state = CaState()
     service = CertificateService(
         authenticators=build_authenticators(config, signer, clock, kube),
         impersonation=impersonation_policy_for(kube),
         signer=signer,
-        ttl_policy=config.ttl,
+        ttl_policy=ttl_policy,
         metrics=metrics,
         clock=clock,
     )
@@ -236,9 +266,14 @@ async def _serve(
         config.monitoring_listen,
     )
     on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
-    watcher = asyncio.create_task(
-        watch_authority(source, signer, config, metrics, clock, on_reload)
-    )
+    if rotator is not None:
+        rotator.on_change = on_reload
+        watcher = asyncio.create_task(rotator.run())
+    else:
+        assert source is not None
+        watcher = asyncio.create_task(
+            watch_authority(source, signer, config, metrics, clock, on_reload)
+        )
     try:
         await stop.wait()
     finally:
