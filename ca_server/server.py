@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
+from ca_server.authority_state import AuthorityStateStore, LocalAuthorityStateStore, SlotFactory
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
@@ -65,26 +65,31 @@ _MAX_MESSAGE_BYTES = 1024 * 1024
 def authority_source_for(
     config: CaConfig, kube: KubernetesMode | None = None
 ) -> AuthoritySource | None:
-    """Plugged-in CA when `--cacerts-dir` holds a complete layout; else the root shared through
-    Secret `istio-ca-secret` in Kubernetes mode; else `None`: self-signed authority slots in
-    `--data-dir`, rotated by `ca_server.rotation`."""
+    """Plugged-in CA when `--cacerts-dir` holds a complete layout; else `None`: self-signed
+    authority slots, rotated by `ca_server.rotation` (`rotator_for`)."""
     if config.cacerts_dir is not None:
         plugged = detect_plugged_ca(config.cacerts_dir)
         if plugged is not None:
             return plugged
         log.info("no plugged-in CA files in %s; using a self-signed root", config.cacerts_dir)
-    if kube is not None:
-        return kube.secret_root_store()
     return None
 
 
-def rotator_for(config: CaConfig, metrics: CaMetrics, clock: Clock) -> AuthorityRotator:
-    """Self-signed authorities in `--data-dir`, shared by every process using it."""
+def rotator_for(
+    config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None
+) -> AuthorityRotator:
+    """Self-signed authorities shared by every CA process: in Secret `istio-ca-secret` in
+    Kubernetes mode, else in `--data-dir`."""
     factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
-    store = LocalAuthorityStateStore(config.data_dir, factory, clock.now)
+    store: AuthorityStateStore = (
+        kube.authority_state_store(factory, clock.now)
+        if kube is not None
+        else LocalAuthorityStateStore(config.data_dir, factory, clock.now)
+    )
+    instance = config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
     policy = rotation_policy_for(config.root_lifetime, config.plugged_ca_poll_interval)
     settings = RotationSettings(
-        config.data_dir, f"ca-{os.getpid()}", config.plugged_ca_poll_interval.total_seconds()
+        config.data_dir, instance, config.plugged_ca_poll_interval.total_seconds()
     )
     return AuthorityRotator(store, policy, factory, metrics, clock, settings)
 
@@ -200,7 +205,7 @@ async def _serve(
     rotator: AuthorityRotator | None = None
     ttl_policy = config.ttl
     if source is None:
-        rotator = rotator_for(config, metrics, clock)
+        rotator = rotator_for(config, metrics, clock, kube)
         signer: LocalSigner = await rotator.start()
         authority = signer.authority
         ttl_policy = cap_leaf_lifetimes(config.ttl, rotator.policy)

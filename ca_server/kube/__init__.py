@@ -6,7 +6,7 @@ because the node agent watches pods with it too):
   `meshca.kube_client`, the one builder the agent uses too).
 - `ratelimit`: the token bucket in front of TokenReview calls.
 - `tokenreview`: the TokenReview authenticator (its cache is `ca_server.token_cache`).
-- `secret_root`: the shared root in Secret `istio-ca-secret` (an `AuthoritySource`).
+- `secret_root`: the authority slots in Secret `istio-ca-secret` (an `AuthorityStateStore`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel).
@@ -23,6 +23,6 @@ client is synchronous. So:
 - Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
 
 Every API call made here is listed in `tests/k8s/api_calls.py`, which the deploy RBAC mirrors:
-TokenReview create; Secrets and Leases in the CA's namespace; ConfigMaps in all namespaces;
-Pods and Namespaces list/watch.
+TokenReview create; Secrets (get/list/watch/create/update) and Leases in the CA's namespace;
+ConfigMaps in all namespaces; Pods and Namespaces list/watch.
 """

@@ -29,8 +29,12 @@ CA_RBAC: frozenset[Rule] = frozenset(
     [
         # TokenReview authenticator.
         Rule("authentication.k8s.io", "tokenreviews", "create", "cluster"),
-        # Shared root (Secret istio-ca-secret, CA namespace): read, create once, watch.
-        *(Rule("", "secrets", verb, "namespace") for verb in ("get", "list", "watch", "create")),
+        # Authority slots (Secret istio-ca-secret, CA namespace): read, create once, watch,
+        # update on each rotation step or `meshca authority` command.
+        *(
+            Rule("", "secrets", verb, "namespace")
+            for verb in ("get", "list", "watch", "create", "update")
+        ),
         # Root-publisher Lease (CA namespace).
         *(
             Rule("coordination.k8s.io", "leases", verb, "namespace")
