@@ -178,7 +178,7 @@ class AuthorityState:
             raise AuthorityCommandError(f"{ident!r} {what}; the authorities are: {known}")
         return matches[0]
 
-    def _ranked(self) -> tuple[Slot, ...]:
+    def ranked(self) -> tuple[Slot, ...]:
         """Active first, then prepared, then the old ones (newest first)."""
         order = {Phase.ACTIVE: 0, Phase.PREPARED: 1, Phase.OLD: 2}
         return tuple(sorted(self.slots, key=lambda s: (order[s.phase], -s.issued_at.timestamp())))
@@ -186,13 +186,13 @@ class AuthorityState:
     @property
     def bundle(self) -> tuple[x509.Certificate, ...]:
         """The trust bundle workloads verify with: every slot's certificate."""
-        return tuple(s.cert for s in self._ranked())
+        return tuple(s.cert for s in self.ranked())
 
     @property
     def untainted_roots(self) -> tuple[x509.Certificate, ...]:
         """Anchors a client certificate may chain to (renewal over mTLS): a tainted authority
         is no longer trusted to vouch for anyone."""
-        return tuple(s.cert for s in self._ranked() if not s.tainted)
+        return tuple(s.cert for s in self.ranked() if not s.tainted)
 
     def signing_authority(self) -> SigningAuthority:
         """What the CA signs with: the active authority, presenting the whole bundle."""

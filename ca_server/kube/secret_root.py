@@ -150,6 +150,10 @@ class KubeAuthorityStateStore:
     def read(self) -> AuthorityState:
         return self.transact(lambda state: None)
 
+    def exists(self) -> bool:
+        """Whether the Secret exists (`meshca authority` refuses to create a CA)."""
+        return self._read() is not None
+
     def transact(self, change: StateChange) -> AuthorityState:
         for _ in range(_ATTEMPTS):
             secret = self._read()

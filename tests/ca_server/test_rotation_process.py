@@ -1,0 +1,201 @@
+"""Done means (CA side): a real `meshca ca` with a one-minute root rotates by itself — prepared,
+active, old dropped — with every leaf verifying against the published bundle throughout; and a
+CA SIGKILLed between prepare and activate resumes with the same prepared key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+
+from ca_server.authority_slots import authority_id
+from certs import (
+    CLOCK_SKEW_BACKDATE,
+    SpiffeId,
+    build_csr,
+    generate_private_key,
+    load_cert,
+    load_certs,
+    verify_chain,
+)
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_process import CaProcess
+from tests.support.metrics import sample_value
+from tests.support.processes import child_env, wait_for
+
+SLEEP = SpiffeId("cluster.local", "default", "sleep")
+
+
+def authority(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshca", "authority", *args, "--data-dir", str(data_dir)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def show(data_dir: Path) -> list[dict[str, Any]]:
+    result = authority(data_dir, "show", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, Any]] = json.loads(result.stdout)["authorities"]
+    return rows
+
+
+def phases(rows: list[dict[str, Any]]) -> dict[str, str]:
+    return {row["id"]: row["state"] for row in rows}
+
+
+def issuer_id(leaf: x509.Certificate) -> str:
+    aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert aki.key_identifier is not None
+    return aki.key_identifier.hex()
+
+
+def issue(ca: CaProcess, token: str, ttl_seconds: int = 0) -> list[str]:
+    with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+        return create_certificate(
+            stub, build_csr(generate_private_key(), SLEEP), token=token, ttl_seconds=ttl_seconds
+        )
+
+
+@dataclass
+class Observed:
+    """What the test saw, in order: bundles published, who signed each leaf, the phases."""
+
+    bundles: list[tuple[str, ...]] = field(default_factory=list)
+    signers: list[str] = field(default_factory=list)
+    phase_sets: list[dict[str, str]] = field(default_factory=list)
+    leaves: list[x509.Certificate] = field(default_factory=list)
+
+    def note(self, seq: list[Any], item: Any) -> None:
+        if not seq or seq[-1] != item:
+            seq.append(item)
+
+
+def test_a_one_minute_root_rotates_by_itself_and_every_leaf_keeps_verifying(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--root-ttl", "60s", "--ca-reload-interval", "1s")
+    ca.start()
+    try:
+        first = show(ca.data_dir)
+        assert [row["state"] for row in first] == ["active"]
+        first_id = first[0]["id"]
+        token = ca.mint_token("default", "sleep", ttl="10m")
+        seen = Observed()
+        deadline = time.monotonic() + 110
+        while time.monotonic() < deadline:
+            bundle_certs = load_certs(ca.root_cert_path.read_bytes())
+            bundle = tuple(authority_id(c) for c in bundle_certs)
+            seen.note(seen.bundles, bundle)
+            now = datetime.now(UTC)
+            # Every unexpired leaf issued so far verifies against what is published now.
+            for leaf in seen.leaves:
+                if leaf.not_valid_after_utc > now:
+                    verify_chain([leaf], bundle_certs, now=now)
+            chain = issue(ca, token, ttl_seconds=3600)
+            leaf = load_cert(chain[0].encode())
+            verify_chain([leaf], load_certs(chain[-1].encode()), now=now)
+            seen.leaves.append(leaf)
+            seen.note(seen.signers, issuer_id(leaf))
+            seen.note(seen.phase_sets, phases(show(ca.data_dir)))
+            if first_id not in bundle and len(seen.bundles) >= 3:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"no full cycle within the deadline: {seen}\n{ca.log()}")
+
+        # Bundles: {A} → {A, B} (prepared, published at once) → {B} (A dropped).
+        second_id = next(i for b in seen.bundles for i in b if i != first_id)
+        assert seen.bundles[0] == (first_id,)
+        assert set(seen.bundles[1]) == {first_id, second_id}
+        assert first_id not in seen.bundles[-1] and second_id in seen.bundles[-1]
+        # Signers: A until activation, then B; never A again.
+        assert seen.signers[:2] == [first_id, second_id], seen.signers
+        # Phases as `meshca authority show` reported them, in order.
+        wanted = [
+            {first_id: "active"},
+            {first_id: "active", second_id: "prepared"},
+            {second_id: "active", first_id: "old"},
+        ]
+        observed = [p for p in seen.phase_sets if set(p) <= {first_id, second_id}]
+        assert observed[:3] == wanted, seen.phase_sets
+        assert first_id not in seen.phase_sets[-1]
+        # Leaves were capped at the activation lead (60 s / 6), so none was cut short.
+        lifetimes = {
+            (leaf.not_valid_after_utc - leaf.not_valid_before_utc - CLOCK_SKEW_BACKDATE)
+            for leaf in seen.leaves
+        }
+        assert max(lifetimes) <= timedelta(seconds=10), lifetimes
+        # Each phase change is an audit line, and the gauges follow.
+        audit = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
+        events = [
+            (a["msg"], a.get("authority")) for a in audit if a["msg"].startswith("authority-")
+        ]
+        for event in (
+            ("authority-prepared", second_id),
+            ("authority-activated", second_id),
+            ("authority-retired", first_id),
+            ("authority-dropped", first_id),
+        ):
+            assert event in events, events
+        metrics = ca.metrics()
+        assert (
+            sample_value(
+                metrics, "meshca_ca_authority_phase", {"authority": second_id, "phase": "active"}
+            )
+            == 1
+        )
+        assert (
+            sample_value(
+                metrics, "meshca_ca_authority_not_after_timestamp", {"authority": first_id}
+            )
+            == 0
+        )
+        active_not_after = datetime.fromisoformat(
+            next(r["not_after"] for r in show(ca.data_dir) if r["state"] == "active")
+        )
+        assert (
+            sample_value(metrics, "citadel_server_root_cert_expiry_timestamp")
+            == active_not_after.timestamp()
+        )
+    finally:
+        ca.stop()
+
+
+def test_sigkill_between_prepare_and_activate_resumes_with_the_same_prepared_key(
+    tmp_path: Path,
+):
+    args = ("--root-ttl", "30s", "--ca-reload-interval", "1s")
+    ca = CaProcess(tmp_path / "data", *args)
+    ca.start()
+    try:
+        wait_for(lambda: len(show(ca.data_dir)) == 2, 40, "a prepared authority")
+        rows = phases(show(ca.data_dir))
+        prepared = next(i for i, state in rows.items() if state == "prepared")
+        key_before = (ca.data_dir / "authorities.json").read_text()
+    finally:
+        ca.kill()
+    assert "prepared" in key_before
+
+    again = CaProcess(tmp_path / "data", *args)
+    again.start()
+    try:
+        assert phases(show(again.data_dir)).get(prepared) in ("prepared", "active")
+        wait_for(
+            lambda: phases(show(again.data_dir)).get(prepared) == "active",
+            30,
+            "the prepared authority to become active",
+        )
+        token = again.mint_token("default", "sleep")
+        leaf = load_cert(issue(again, token)[0].encode())
+        assert issuer_id(leaf) == prepared, "the same prepared key signs after the restart"
+    finally:
+        again.stop()
