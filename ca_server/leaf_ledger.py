@@ -2,9 +2,9 @@
 
 A leaf stays live until its NotAfter whether or not the process that signed it is still running,
 so the ledger records expiries, not events: per authority, a count per expiry bucket. Buckets are
-rounded *up* (to a minute for leaves ending within the hour, else to an hour), so a count can be
-slightly high for up to one bucket, never low, and the size stays bounded (at most 60 + 24 * 90
-buckets per authority for the longest TTL).
+rounded *up* (to 5 s for leaves ending within 10 minutes, a minute within the hour, else an
+hour), so a count can be slightly high for up to one bucket, never low, and the size stays
+bounded (at most 120 + 60 + 24 * 90 buckets per authority for the longest TTL).
 
 Each CA process keeps its own `LeafLedger` (the signer records into it on the event loop) and
 saves a snapshot as `leaves/<instance>.json` in the data directory; `live_leaves_in` sums every
@@ -31,12 +31,14 @@ from meshca.files import atomic_write, ensure_dir
 log = logging.getLogger(__name__)
 
 LEDGER_DIR = "leaves"
-_FINE, _COARSE = 60, 3600
-_FINE_HORIZON = timedelta(hours=1)
+# (leaves ending within, bucket width in seconds): finer near expiry, where it matters.
+_STEPS = ((timedelta(minutes=10), 5), (timedelta(hours=1), 60))
+_COARSE = 3600
 
 
 def _bucket(not_after: datetime, now: datetime) -> int:
-    step = _FINE if not_after - now <= _FINE_HORIZON else _COARSE
+    left = not_after - now
+    step = next((width for horizon, width in _STEPS if left <= horizon), _COARSE)
     return math.ceil(not_after.timestamp() / step) * step
 
 

@@ -33,7 +33,9 @@ from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
+from ca_server.leaf_ledger import LeafLedger
 from ca_server.metrics import CaMetrics
+from ca_server.plugged_rotation import PluggedChangeGuard, RecordingSigner, StrandingChangeError
 from ca_server.root_store import (
     AuthoritySource,
     CaSetupError,
@@ -131,10 +133,12 @@ async def watch_authority(
     metrics: CaMetrics,
     clock: Clock,
     on_reload: Callable[[SigningAuthority], None] = lambda authority: None,
+    guard: PluggedChangeGuard | None = None,
 ) -> None:
     """Re-reads the signing material when it changes (files, or the shared Secret); a broken
     update is refused and the current authority kept, so an operator's half-copied `cacerts`
-    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher).
+    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher);
+    `guard` refuses a change that would strand workloads (see `ca_server.plugged_rotation`).
 
     Runs until cancelled: nothing the source or the reload steps raise may end it, or the CA
     would silently stop following its authority. Unusable material is logged once per change;
@@ -144,7 +148,11 @@ async def watch_authority(
     while True:
         await clock.sleep(config.plugged_ca_poll_interval.total_seconds())
         try:
-            seen = await _reload_if_changed(source, seen, signer, config, metrics, clock, on_reload)
+            if guard is not None:
+                await asyncio.to_thread(guard.save, clock.now())
+            seen = await _reload_if_changed(
+                source, seen, signer, config, metrics, clock, on_reload, guard
+            )
         except Exception:
             log.exception(
                 "keeping the current CA: checking %s for changes failed; retrying",
@@ -160,6 +168,7 @@ async def _reload_if_changed(
     metrics: CaMetrics,
     clock: Clock,
     on_reload: Callable[[SigningAuthority], None],
+    guard: PluggedChangeGuard | None = None,
 ) -> str:
     """One poll: reloads if the fingerprint moved from `seen`; returns the fingerprint handled."""
     current = await asyncio.to_thread(source.fingerprint)
@@ -167,6 +176,13 @@ async def _reload_if_changed(
         return seen
     try:
         authority = await asyncio.to_thread(source.load, clock.now())
+        if guard is not None:
+            await asyncio.to_thread(guard.check, signer.authority, authority, clock.now())
+    except StrandingChangeError as exc:
+        # Checked again at every poll: waiting (for leaves to expire) can make it acceptable.
+        if guard is not None and guard.first_refusal(current, exc.reason):
+            log.error("keeping the current CA: %s", exc)
+        return seen
     except (CaSetupError, CertsError) as exc:
         log.error("keeping the current CA: the changed %s is unusable: %s", source.description, exc)
         return current
@@ -203,6 +219,7 @@ async def _serve(
 ) -> None:
     source = authority_source_for(config, kube)
     rotator: AuthorityRotator | None = None
+    guard: PluggedChangeGuard | None = None
     ttl_policy = config.ttl
     if source is None:
         rotator = rotator_for(config, metrics, clock, kube)
@@ -215,7 +232,9 @@ async def _serve(
         publish_root_bundle(config.data_dir, authority)
         log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
         _record_expiry(metrics, authority)
-        signer = LocalSigner(authority)
+        ledger = LeafLedger()
+        guard = PluggedChangeGuard(ledger, config.data_dir)
+        signer = RecordingSigner(authority, ledger, clock.now)
     if kube is not None:
         await kube.start(authority)
 
@@ -277,7 +296,7 @@ async def _serve(
     else:
         assert source is not None
         watcher = asyncio.create_task(
-            watch_authority(source, signer, config, metrics, clock, on_reload)
+            watch_authority(source, signer, config, metrics, clock, on_reload, guard)
         )
     try:
         await stop.wait()

@@ -1,0 +1,128 @@
+"""Changing a plugged-in CA (`--cacerts-dir`) without stranding a workload.
+
+The operator's steps for a new root B replacing A are: `root-cert.pem` holding A+B (signing
+material still under A), then the signing material under B, then `root-cert.pem` holding B
+alone. A new intermediate under the same root is a single step (a hot swap). Each reload is
+checked against what workloads already have — the bundle this CA last published — before the
+CA uses it:
+
+- the new signing certificate must chain to a root *already* distributed (else workloads would
+  receive leaves they cannot verify yet: publish the new root first);
+- a root may leave the bundle only once no unexpired leaf this CA signed chains to it (else
+  those workloads' peers would reject them: wait until they expire).
+
+A refused change is logged (once) with what to do, the current authority kept, and the change
+checked again at every poll, so it is taken as soon as it becomes safe. A restart accepts
+the directory as it is (the emergency path when the old root is compromised).
+
+`RecordingSigner` keeps the per-root leaf ledger the second rule needs; the ledger is saved in
+the data directory so CA processes sharing it see each other's leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from cryptography import x509
+
+from ca_server.authority_slots import authority_id
+from ca_server.leaf_ledger import LeafLedger, live_leaves_in
+from ca_server.root_store import CaSetupError
+from ca_server.signer import IssuedCertificate, LocalSigner
+from ca_server.ttl import Validity
+from certs import ChainError, PublicKey, SigningAuthority, SpiffeId, verify_chain
+from certs.chain import issued_by
+
+log = logging.getLogger(__name__)
+
+
+class StrandingChangeError(CaSetupError):
+    """A plugged-in CA change that would leave workloads unable to verify each other."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # "signer-not-distributed" | "root-still-in-use"
+
+
+def anchor_of(authority: SigningAuthority) -> x509.Certificate | None:
+    """The root the signing chain ends at (what a leaf from this authority verifies to)."""
+    top = (authority.cert, *authority.intermediates)[-1]
+    for root in authority.roots:
+        if root == top or issued_by(top, root):
+            return root
+    return None
+
+
+class RecordingSigner(LocalSigner):
+    """A `LocalSigner` that records each leaf under the ID of the root it chains to."""
+
+    def __init__(
+        self, authority: SigningAuthority, ledger: LeafLedger, now: Callable[[], datetime]
+    ) -> None:
+        super().__init__(authority)
+        self._ledger = ledger
+        self._now = now
+
+    def sign(
+        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+    ) -> IssuedCertificate:
+        authority = self.authority
+        issued = super().sign(public_key, identity, validity)
+        anchor = anchor_of(authority)
+        if anchor is not None:
+            self._ledger.record(authority_id(anchor), issued.leaf.not_valid_after_utc, self._now())
+        return issued
+
+
+class PluggedChangeGuard:
+    def __init__(self, ledger: LeafLedger, data_dir: Path, instance: str | None = None) -> None:
+        self._ledger = ledger
+        self._data_dir = data_dir
+        self._instance = instance or f"ca-{os.getpid()}"
+        self._last_refusal: tuple[str, str] | None = None
+
+    def first_refusal(self, fingerprint: str, reason: str) -> bool:
+        """True the first time this change is refused for this reason (log once, not at
+        every poll)."""
+        key = (fingerprint, reason)
+        if key == self._last_refusal:
+            return False
+        self._last_refusal = key
+        return True
+
+    def save(self, now: datetime) -> None:
+        self._ledger.save(self._data_dir, self._instance, now)
+
+    def check(self, current: SigningAuthority, new: SigningAuthority, now: datetime) -> None:
+        """Raises `CaSetupError` (saying what to do) if `new` would strand a workload."""
+        distributed = [root for root in new.roots if root in current.roots]
+        try:
+            verify_chain([new.cert, *new.intermediates], distributed, now=now)
+        except ChainError as exc:
+            raise StrandingChangeError(
+                "signer-not-distributed",
+                "the new signing certificate does not chain to a root workloads already have "
+                f"({exc}); first add its root to root-cert.pem beside the current one, keeping "
+                "the current ca-cert.pem/ca-key.pem, wait until workloads have the new bundle, "
+                "then switch the signing material",
+            ) from exc
+        dropped = [root for root in current.roots if root not in new.roots]
+        if not dropped:
+            return
+        self.save(now)
+        live = live_leaves_in(self._data_dir, now)
+        for root in dropped:
+            root_id = authority_id(root)
+            count = max(live.get(root_id, 0), self._ledger.live(now).get(root_id, 0))
+            if count:
+                raise StrandingChangeError(
+                    "root-still-in-use",
+                    f"root {root_id} would leave root-cert.pem while {count} "
+                    "unexpired leaves signed under it are in use; keep it in root-cert.pem "
+                    "until they have expired (at most the maximum workload TTL after the "
+                    "signing material moved to the new root), then remove it",
+                )
