@@ -5,11 +5,12 @@ Every CA process (worker, replica) runs an `AuthorityRotator` over the shared
 
 1. applies whatever `authority_slots.scheduled_step` says is due, inside a store transaction
    (so when several processes wake at once, exactly one performs the step and the others find
-   it done), one persisted step at a time, each audited by the process that made it;
+   it done), one persisted step at a time;
 2. converges: if the stored state differs from what this process signs with (its own step,
-   another process's, or `meshca authority`), it swaps the signer's authority, rewrites
-   `root-cert.pem`, refreshes the expiry gauges and per-slot gauges, and tells Kubernetes
-   mode (root ConfigMaps);
+   another process's, or `meshca authority`), it writes one audit line per change it has not
+   seen yet (so every process's audit stream shows when *it* applied a change), swaps the
+   signer's authority, rewrites `root-cert.pem`, refreshes the expiry gauges and per-slot
+   gauges, and tells Kubernetes mode (root ConfigMaps);
 3. sleeps until the next step is due or the poll interval passes, whichever is first.
 
 Nothing signs with an authority that is not active: the signer only ever holds the active
@@ -152,7 +153,8 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 
 
 def audit_events(events: tuple[HistoryEvent, ...], source: str) -> None:
-    """One audit line per phase change, taint or revoke."""
+    """One audit line per phase change, taint or revoke; `by` names who wrote the line (a CA
+    process applying it, or the `meshca authority` command making it)."""
     for event in events:
         audit(
             f"authority-{event.event}",
@@ -191,10 +193,13 @@ class AuthorityRotator:
         self.ledger = LeafLedger()
         self._gauges = AuthorityGauges(metrics)
         self._converged_digest = ""
+        self._audited: set[HistoryEvent] = set()
         self.signer: SlotSigner | None = None
 
     async def start(self) -> SlotSigner:
         """Brings the shared state up to date and returns the signer that follows it."""
+        before = await asyncio.to_thread(self._store.read)
+        self._audited = set(before.history)
         state = await asyncio.to_thread(self._advance)
         self.signer = SlotSigner(state, self.ledger, self._clock.now)
         self._converge(state)
@@ -226,24 +231,19 @@ class AuthorityRotator:
         """Applies every due step, each in its own transaction (blocking: worker thread)."""
         state = self._store.read()
         for _ in range(_MAX_STEPS_PER_ROUND):
-            made: list[HistoryEvent] = []
-            state = self._store.transact(functools.partial(self._scheduled, made))
-            if not made:
+            changed: list[bool] = []
+            state = self._store.transact(functools.partial(self._scheduled, changed))
+            if not any(changed):
                 return state
-            audit_events(tuple(made), self._settings.instance)
         return state
 
-    def _scheduled(
-        self, made: list[HistoryEvent], current: AuthorityState
-    ) -> AuthorityState | None:
-        """The store transaction's body: the due step, its new history events put in `made`."""
+    def _scheduled(self, changed: list[bool], current: AuthorityState) -> AuthorityState | None:
+        """The store transaction's body: the due step, if any (noted in `changed`)."""
         now = self._clock.now()
         updated = scheduled_step(
             current, self.policy, now, lambda: self._factory.new(now, Phase.PREPARED)
         )
-        if updated is not None:
-            before = set(current.history)
-            made[:] = [e for e in updated.history if e not in before]
+        changed[:] = [updated is not None]
         return updated
 
     def _converge(self, state: AuthorityState) -> None:
@@ -251,6 +251,9 @@ class AuthorityRotator:
         if digest == self._converged_digest or self.signer is None:
             self._gauges.update(state, self.ledger.live(self._clock.now()))
             return
+        fresh = tuple(e for e in state.history if e not in self._audited)
+        audit_events(fresh, self._settings.instance)
+        self._audited.update(fresh)
         previous = self.signer.state
         if previous.active.id != state.active.id or previous.bundle != state.bundle:
             log.info(

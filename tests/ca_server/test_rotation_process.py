@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import grpc
 from cryptography import x509
 
 from ca_server.authority_slots import authority_id
@@ -23,12 +24,13 @@ from certs import (
     generate_private_key,
     load_cert,
     load_certs,
+    private_key_to_pem,
     verify_chain,
 )
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
-from tests.support.processes import child_env, wait_for
+from tests.support.processes import child_env, free_port, wait_for
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
@@ -199,3 +201,76 @@ def test_sigkill_between_prepare_and_activate_resumes_with_the_same_prepared_key
         assert issuer_id(leaf) == prepared, "the same prepared key signs after the restart"
     finally:
         again.stop()
+
+
+def test_forced_rotation_and_taint_reach_a_running_ca(tmp_path: Path):
+    """prepare + activate + taint through `meshca authority` while the CA runs: it signs with
+    the new authority, and once the old one is tainted a client certificate it signed no longer
+    authenticates a renewal over mTLS; revoke removes it from root-cert.pem."""
+    mtls_port = free_port()
+    ca = CaProcess(
+        tmp_path / "data",
+        "--mtls-listen",
+        f"127.0.0.1:{mtls_port}",
+        "--ca-reload-interval",
+        "200ms",
+    )
+    ca.start()
+    try:
+        token = ca.mint_token("default", "sleep")
+        old_key = generate_private_key()
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            old_chain = create_certificate(stub, build_csr(old_key, SLEEP), token=token)
+        (old,) = show(ca.data_dir)
+
+        def renew(key: Any, chain: list[str]) -> list[str]:
+            with ca_stub(
+                f"127.0.0.1:{mtls_port}",
+                ca.root_cert_path.read_bytes(),
+                client_key_pem=private_key_to_pem(key),
+                client_chain_pem=chain[0].encode(),
+            ) as stub:
+                return create_certificate(stub, build_csr(generate_private_key(), SLEEP))
+
+        assert authority(ca.data_dir, "prepare").returncode == 0
+        new = next(r["id"] for r in show(ca.data_dir) if r["state"] == "prepared")
+        assert authority(ca.data_dir, "activate", new).returncode == 0
+        wait_for(
+            lambda: issuer_id(load_cert(issue(ca, token)[0].encode())) == new,
+            5,
+            "the CA to sign with the activated authority",
+        )
+        assert issuer_id(load_cert(renew(old_key, old_chain)[0].encode())) == new, (
+            "an untainted old authority still vouches for its leaves"
+        )
+
+        assert authority(ca.data_dir, "taint", old["id"]).returncode == 0
+
+        def refused() -> bool:
+            try:
+                renew(old_key, old_chain)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAUTHENTICATED, exc
+                return True
+            return False
+
+        wait_for(refused, 5, "the tainted authority's client certificate to be refused")
+        new_key = generate_private_key()
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            new_chain = create_certificate(stub, build_csr(new_key, SLEEP), token=token)
+        assert issuer_id(load_cert(renew(new_key, new_chain)[0].encode())) == new
+
+        assert old["id"] in {authority_id(c) for c in load_certs(ca.root_cert_path.read_bytes())}
+        assert authority(ca.data_dir, "revoke", old["id"]).returncode == 0
+        wait_for(
+            lambda: {authority_id(c) for c in load_certs(ca.root_cert_path.read_bytes())} == {new},
+            5,
+            "root-cert.pem without the revoked authority",
+        )
+        audit = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
+        assert any(
+            a.get("reason") == "client-certificate-untrusted" or a.get("outcome") == "denied"
+            for a in audit
+        )
+    finally:
+        ca.stop()
