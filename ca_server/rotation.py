@@ -30,7 +30,7 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from cryptography import x509
@@ -45,7 +45,7 @@ from ca_server.authority_slots import (
     scheduled_step,
 )
 from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_state, state_digest
-from ca_server.config import TtlPolicy
+from ca_server.config import CaConfig, TtlPolicy
 from ca_server.leaf_ledger import LeafLedger
 from ca_server.metrics import CaMetrics
 from ca_server.root_store import publish_root_bundle
@@ -218,6 +218,8 @@ class AuthorityRotator:
                     state = await asyncio.to_thread(self._advance)
                     self._converge(state)
                     seen = await asyncio.to_thread(self._store.fingerprint)
+                elif self.signer is not None:
+                    self._gauges.update(self.signer.state, self.ledger.live(self._clock.now()))
                 await asyncio.to_thread(self._save_ledger)
             except Exception:
                 log.exception(
@@ -310,7 +312,13 @@ def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:
     return capped
 
 
-def rotation_policy_for(lifetime: timedelta, poll_interval: timedelta) -> RotationPolicy:
-    """The default schedule for a CA lifetime: replicas notice a change within one poll, so
+def rotation_policy_for(config: CaConfig) -> RotationPolicy:
+    """The schedule from the CA's configuration. Replicas notice a change within one poll, so
     three polls is a safe convergence margin before an old root may leave the bundle."""
-    return RotationPolicy(lifetime=lifetime, convergence=poll_interval * 3)
+    return RotationPolicy(
+        lifetime=config.root_lifetime,
+        prepare_cap=config.root_prepare_cap,
+        activate_cap=config.root_activate_cap,
+        convergence=config.plugged_ca_poll_interval * 3,
+        automatic=config.root_rotation,
+    )

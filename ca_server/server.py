@@ -89,7 +89,7 @@ def rotator_for(
         else LocalAuthorityStateStore(config.data_dir, factory, clock.now)
     )
     instance = config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
-    policy = rotation_policy_for(config.root_lifetime, config.plugged_ca_poll_interval)
+    policy = rotation_policy_for(config)
     settings = RotationSettings(
         config.data_dir, instance, config.plugged_ca_poll_interval.total_seconds()
     )
