@@ -85,6 +85,22 @@ class LeafLedger:
         self.prune(now)
         directory = ensure_dir(data_dir / LEDGER_DIR)
         atomic_write(directory / f"{instance}.json", json.dumps(self.snapshot(), sort_keys=True))
+        sweep_spent(directory, now, keep=f"{instance}.json")
+
+
+def sweep_spent(directory: Path, now: datetime, keep: str) -> None:
+    """Deletes snapshots left by processes that are gone and whose leaves have all expired (an
+    empty snapshot of a live process is rewritten, and re-created at its next signature)."""
+    for path in directory.glob("*.json"):
+        if path.name == keep:
+            continue
+        try:
+            buckets = json.loads(path.read_text())
+            spent = all(int(e) <= now.timestamp() for b in buckets.values() for e in b)
+            if spent:
+                path.unlink()
+        except (OSError, ValueError, AttributeError):
+            continue
 
 
 def live_leaves_in(data_dir: Path, now: datetime) -> dict[str, int]:

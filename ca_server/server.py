@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
+from ca_server.authority_slots import authority_id
 from ca_server.authority_state import AuthorityStateStore, LocalAuthorityStateStore, SlotFactory
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
@@ -35,7 +36,12 @@ from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
 from ca_server.leaf_ledger import LeafLedger
 from ca_server.metrics import CaMetrics
-from ca_server.plugged_rotation import PluggedChangeGuard, RecordingSigner, StrandingChangeError
+from ca_server.plugged_rotation import (
+    PluggedChangeGuard,
+    RecordingSigner,
+    StrandingChangeError,
+    anchor_of,
+)
 from ca_server.root_store import (
     AuthoritySource,
     CaSetupError,
@@ -55,6 +61,7 @@ from ca_server.signer import LocalSigner
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
+from meshca.logs import audit
 from meshca.status_http import StatusServer, metrics_route, text
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
@@ -182,6 +189,7 @@ async def _reload_if_changed(
         # Checked again at every poll: waiting (for leaves to expire) can make it acceptable.
         if guard is not None and guard.first_refusal(current, exc.reason):
             log.error("keeping the current CA: %s", exc)
+            audit("authority-change-refused", outcome="refused", reason=exc.reason)
         return seen
     except (CaSetupError, CertsError) as exc:
         log.error("keeping the current CA: the changed %s is unusable: %s", source.description, exc)
@@ -192,6 +200,14 @@ async def _reload_if_changed(
     on_reload(authority)
     log.info(
         "reloaded %s; now signing with serial %x", source.description, authority.cert.serial_number
+    )
+    anchor = anchor_of(authority)
+    audit(
+        "authority-reloaded",
+        outcome="reloaded",
+        authority=authority_id(authority.cert),
+        root=authority_id(anchor) if anchor is not None else None,
+        bundle=[authority_id(root) for root in authority.roots],
     )
     return current
 

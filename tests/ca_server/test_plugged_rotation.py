@@ -5,6 +5,7 @@ and the CA keeps serving; the refused step is taken once it becomes safe."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -140,5 +141,20 @@ def test_root_change_in_steps_refuses_what_would_strand_workloads(tmp_path: Path
         assert datetime.now(UTC) >= live_under_a.not_valid_after_utc
         assert signed_by(ca, ib)
         assert ca.log().count("unexpired leaves signed under it") == 1, "logged once"
+        audit = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
+        changes = [
+            (a["msg"], a.get("reason") or a.get("root"))
+            for a in audit
+            if a["msg"].startswith("authority-")
+        ]
+        a_id, b_id = authority_id(a.cert), authority_id(b.cert)
+        assert changes == [
+            ("authority-reloaded", a_id),  # new intermediate under A
+            ("authority-change-refused", "signer-not-distributed"),
+            ("authority-reloaded", a_id),  # bundle A+B
+            ("authority-reloaded", b_id),  # signing under B
+            ("authority-change-refused", "root-still-in-use"),
+            ("authority-reloaded", b_id),  # B alone
+        ]
     finally:
         ca.stop()
