@@ -9,8 +9,10 @@ interval. Refusals (`AuthorityCommandError`) say why and what to do; nothing is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -77,19 +79,23 @@ class _Target:
     exists: bool
 
 
-def _target(args: argparse.Namespace, factory: SlotFactory) -> _Target:
+@contextlib.contextmanager
+def _target(args: argparse.Namespace, factory: SlotFactory) -> Iterator[_Target]:
     now = lambda: datetime.now(UTC)  # noqa: E731 - the CLI is a root: the one system clock
     if args.data_dir is not None:
         data_dir: Path = args.data_dir
         exists = (data_dir / STATE_FILE).exists() or (data_dir / LEGACY_CERT).exists()
-        return _Target(LocalAuthorityStateStore(data_dir, factory, now), data_dir, exists)
-    from ca_server.config import KubeConfig
-    from ca_server.kube.clients import KubeClients
+        yield _Target(LocalAuthorityStateStore(data_dir, factory, now), data_dir, exists)
+        return
+    from ca_server.kube.clients import build_api_client
     from ca_server.kube.secret_root import KubeAuthorityStateStore
 
-    clients = KubeClients.from_config(KubeConfig(kubeconfig=args.kubeconfig))
-    store = KubeAuthorityStateStore(clients.local, args.namespace, factory, now)
-    return _Target(store, None, store.exists())
+    api = build_api_client(args.kubeconfig, pool_size=2, user_agent="meshca-authority")
+    try:
+        store = KubeAuthorityStateStore(api, args.namespace, factory, now)
+        yield _Target(store, None, store.exists())
+    finally:
+        api.close()
 
 
 def run_authority_command(args: argparse.Namespace) -> int:
@@ -105,18 +111,18 @@ def run_authority_command(args: argparse.Namespace) -> int:
         # Without --root-ttl, `prepare` gives the new authority the active one's lifetime; the
         # store's factory only makes a first authority, which this command never does.
         factory = SlotFactory(spec, args.trust_domain, lifetime or timedelta(days=3650))
-        target = _target(args, factory)
-        if not target.exists:
-            print(
-                f"{name}: there is no CA state yet ({target.store.description}); start "
-                "`meshca ca` with the same --data-dir (or cluster) first",
-                file=sys.stderr,
-            )
-            return 2
-        if args.verb == "show":
-            state = target.store.read()
-        else:
-            state = _change(args, target.store, factory, lifetime, name)
+        with _target(args, factory) as target:
+            if not target.exists:
+                print(
+                    f"{name}: there is no CA state yet ({target.store.description}); start "
+                    "`meshca ca` with the same --data-dir (or cluster) first",
+                    file=sys.stderr,
+                )
+                return 2
+            if args.verb == "show":
+                state = target.store.read()
+            else:
+                state = _change(args, target.store, factory, lifetime, name)
     except AuthorityCommandError as exc:
         print(f"{name}: refused: {exc}", file=sys.stderr)
         return 3

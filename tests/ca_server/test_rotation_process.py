@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,29 +26,21 @@ from certs import (
     private_key_to_pem,
     verify_chain,
 )
+from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
-from tests.support.processes import child_env, free_port, wait_for
+from tests.support.processes import free_port, wait_for
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 
 def authority(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshca", "authority", *args, "--data-dir", str(data_dir)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return meshca_authority(data_dir_target(data_dir), *args)
 
 
 def show(data_dir: Path) -> list[dict[str, Any]]:
-    result = authority(data_dir, "show", "-o", "json")
-    assert result.returncode == 0, result.stderr
-    rows: list[dict[str, Any]] = json.loads(result.stdout)["authorities"]
-    return rows
+    return authority_rows(data_dir_target(data_dir))
 
 
 def phases(rows: list[dict[str, Any]]) -> dict[str, str]:

@@ -5,9 +5,7 @@ against the cluster, and after `taint` neither signs with (or trusts) the tainte
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,41 +16,21 @@ from ca_server.authority_slots import authority_id
 from ca_server.kube.secret_root import SECRET_NAME
 from certs import load_cert, load_certs
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
+from tests.support.authority_cli import authority_rows, cluster_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
 from tests.support.metrics import sample_value
-from tests.support.processes import child_env, wait_for
+from tests.support.processes import wait_for
 
 CONVERGE_WITHIN = 5.0
 
 
 def authority(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meshca",
-            "authority",
-            *args,
-            "--kubeconfig",
-            str(kubeconfig),
-            "--namespace",
-            CA_NAMESPACE,
-            "-o",
-            "json",
-        ],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return meshca_authority(cluster_target(kubeconfig, CA_NAMESPACE), *args)
 
 
 def rows(kubeconfig: Path, *args: str) -> list[dict[str, Any]]:
-    result = authority(kubeconfig, *args)
-    assert result.returncode == 0, result.stderr
-    found: list[dict[str, Any]] = json.loads(result.stdout)["authorities"]
-    return found
+    return authority_rows(cluster_target(kubeconfig, CA_NAMESPACE), *args)
 
 
 def signer_of(chain: list[str]) -> str:

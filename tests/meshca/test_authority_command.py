@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from ca_server.authority_slots import authority_id
 from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, SlotFactory
 from ca_server.leaf_ledger import LeafLedger
 from certs import KeySpec, load_cert
-from tests.support.processes import child_env
+from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 
 FIELDS = {
     "id",
@@ -30,20 +29,11 @@ FIELDS = {
 
 
 def run(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshca", "authority", *args, "--data-dir", str(data_dir)],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return meshca_authority(data_dir_target(data_dir), *args)
 
 
 def rows(data_dir: Path) -> list[dict[str, Any]]:
-    result = run(data_dir, "show", "-o", "json")
-    assert result.returncode == 0, result.stderr
-    found: list[dict[str, Any]] = json.loads(result.stdout)["authorities"]
-    return found
+    return authority_rows(data_dir_target(data_dir))
 
 
 def _ca_state(data_dir: Path) -> str:
