@@ -66,16 +66,26 @@ class RecordingSigner(LocalSigner):
         super().__init__(authority)
         self._ledger = ledger
         self._now = now
+        self._anchor_id = _anchor_id(authority)
+
+    def replace(self, authority: SigningAuthority) -> None:
+        # The anchor is found once per authority (it may take signature checks), not per leaf.
+        self._anchor_id = _anchor_id(authority)
+        super().replace(authority)
 
     def sign(
         self, public_key: PublicKey, identity: SpiffeId, validity: Validity
     ) -> IssuedCertificate:
-        authority = self.authority
+        anchor_id = self._anchor_id
         issued = super().sign(public_key, identity, validity)
-        anchor = anchor_of(authority)
-        if anchor is not None:
-            self._ledger.record(authority_id(anchor), issued.leaf.not_valid_after_utc, self._now())
+        if anchor_id is not None:
+            self._ledger.record(anchor_id, issued.leaf.not_valid_after_utc, self._now())
         return issued
+
+
+def _anchor_id(authority: SigningAuthority) -> str | None:
+    anchor = anchor_of(authority)
+    return authority_id(anchor) if anchor is not None else None
 
 
 class PluggedChangeGuard:

@@ -7,6 +7,7 @@ to start instead of issuing chains nobody can verify.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,13 +39,14 @@ class SigningAuthority:
     def is_self_signed_root(self) -> bool:
         return not self.intermediates and self.cert in self.roots
 
-    @property
+    @functools.cached_property
     def not_after(self) -> datetime:
         """The latest NotAfter a leaf may have: the earliest expiry along the chain to the root.
 
         The root counts too: a plugged-in intermediate may outlive its root, and a leaf must not
         outlive the root it verifies to. If several roots anchor the chain (rotation), the one
-        that lasts longest bounds it.
+        that lasts longest bounds it. Cached: asked on every request, and with several roots of
+        one name in the bundle (rotation) finding the anchors costs signature checks.
         """
         chain_certs = [self.cert, *self.intermediates]
         expiries = [cert.not_valid_after_utc for cert in chain_certs]
