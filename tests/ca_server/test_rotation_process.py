@@ -68,6 +68,7 @@ class Observed:
     signers: list[str] = field(default_factory=list)
     phase_sets: list[dict[str, str]] = field(default_factory=list)
     leaves: list[x509.Certificate] = field(default_factory=list)
+    response_bundles: list[frozenset[str]] = field(default_factory=list)
 
     def note(self, seq: list[Any], item: Any) -> None:
         if not seq or seq[-1] != item:
@@ -98,6 +99,8 @@ def test_a_one_minute_root_rotates_by_itself_and_every_leaf_keeps_verifying(tmp_
             verify_chain([leaf], load_certs(chain[-1].encode()), now=now)
             seen.leaves.append(leaf)
             seen.note(seen.signers, issuer_id(leaf))
+            in_response = frozenset(authority_id(c) for c in load_certs(chain[-1].encode()))
+            seen.note(seen.response_bundles, in_response)
             seen.note(seen.phase_sets, phases(show(ca.data_dir)))
             if first_id not in bundle and len(seen.bundles) >= 3:
                 break
@@ -110,6 +113,11 @@ def test_a_one_minute_root_rotates_by_itself_and_every_leaf_keeps_verifying(tmp_
         assert seen.bundles[0] == (first_id,)
         assert set(seen.bundles[1]) == {first_id, second_id}
         assert first_id not in seen.bundles[-1] and second_id in seen.bundles[-1]
+        # CreateCertificate responses carry the same bundles, {A, B} included.
+        assert [set(b) for b in seen.response_bundles[:2]] == [
+            {first_id},
+            {first_id, second_id},
+        ]
         # Signers: A until activation, then B; never A again.
         assert seen.signers[:2] == [first_id, second_id], seen.signers
         # Phases as `meshca authority show` reported them, in order.
