@@ -6,14 +6,16 @@ rounded *up* (to 5 s for leaves ending within 10 minutes, a minute within the ho
 hour), so a count can be slightly high for up to one bucket, never low, and the size stays
 bounded (at most 120 + 60 + 24 * 90 buckets per authority for the longest TTL).
 
-Each CA process keeps its own `LeafLedger` (the signer records into it on the event loop) and
-saves a snapshot as `leaves/<instance>.json` in the data directory; `live_leaves_in` sums every
-process's snapshot, which is what `meshca authority show` prints. Snapshots of processes that
-are gone still count until their leaves expire — that is the point.
+Each CA process keeps its own `LeafLedger` (the signer records into it on the event loop) and a
+`LedgerSink` publishes its snapshot where the others and `meshca authority show` find it: one
+file per process in `--data-dir/leaves/` (`DirectoryLedgerSink`), or one ConfigMap per replica
+in Kubernetes mode (`ca_server.kube.replica_reports`). Readers sum every snapshot; snapshots of
+processes that are gone still count until their leaves expire — that is the point — and are
+swept once they are spent.
 
 Agent reports (which bundle an agent trusts, which authority signed the leaf it serves) are the
-next step (they need the agent pipeline); they will be kept the same way, one snapshot per CA
-process keyed by agent, summed by the reader.
+next step (they need the agent side); they will travel the same way, as one more snapshot per
+CA process keyed by agent, summed by the reader.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import logging
 import math
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 from meshca.files import atomic_write, ensure_dir
 
@@ -73,45 +77,82 @@ class LeafLedger:
                 else:
                     del self._buckets[authority]
 
-    def snapshot(self) -> dict[str, dict[str, int]]:
+    def snapshot_json(self, now: datetime) -> str:
+        """The unexpired buckets as JSON (what a sink publishes); clears `changed`."""
+        self.prune(now)
         with self._lock:
             self.changed = False
-            return {a: {str(e): n for e, n in b.items()} for a, b in self._buckets.items()}
-
-    def save(self, data_dir: Path, instance: str, now: datetime) -> None:
-        """Writes this process's snapshot (atomically) when something changed since the last."""
-        if not self.changed:
-            return
-        self.prune(now)
-        directory = ensure_dir(data_dir / LEDGER_DIR)
-        atomic_write(directory / f"{instance}.json", json.dumps(self.snapshot(), sort_keys=True))
-        sweep_spent(directory, now, keep=f"{instance}.json")
+            snapshot = {a: {str(e): n for e, n in b.items()} for a, b in self._buckets.items()}
+        return json.dumps(snapshot, sort_keys=True)
 
 
-def sweep_spent(directory: Path, now: datetime, keep: str) -> None:
-    """Deletes snapshots left by processes that are gone and whose leaves have all expired (an
-    empty snapshot of a live process is rewritten, and re-created at its next signature)."""
-    for path in directory.glob("*.json"):
-        if path.name == keep:
-            continue
-        try:
-            buckets = json.loads(path.read_text())
-            spent = all(int(e) <= now.timestamp() for b in buckets.values() for e in b)
-            if spent:
-                path.unlink()
-        except (OSError, ValueError, AttributeError):
-            continue
-
-
-def live_leaves_in(data_dir: Path, now: datetime) -> dict[str, int]:
-    """Live leaves per authority across every process's saved snapshot in `data_dir`."""
+def sum_snapshots(snapshots: Iterable[tuple[str, str]], now: datetime) -> dict[str, int]:
+    """Live leaves per authority over `(where, snapshot JSON)` pairs; unreadable ones are
+    skipped with a warning naming `where`."""
     totals: Counter[str] = Counter()
     cutoff = now.timestamp()
-    for path in sorted((data_dir / LEDGER_DIR).glob("*.json")):
+    for where, text in snapshots:
         try:
-            snapshot = json.loads(path.read_text())
-            for authority, buckets in snapshot.items():
+            for authority, buckets in json.loads(text).items():
                 totals[authority] += sum(n for e, n in buckets.items() if int(e) > cutoff)
-        except (OSError, ValueError, AttributeError) as exc:
-            log.warning("ignoring unreadable leaf ledger %s: %s", path, exc)
+        except (ValueError, AttributeError, TypeError) as exc:
+            log.warning("ignoring unreadable leaf ledger %s: %s", where, exc)
     return dict(totals)
+
+
+def is_spent(text: str, now: datetime) -> bool:
+    """True when a snapshot holds no leaf that is still live (or cannot be read at all)."""
+    try:
+        return all(int(e) <= now.timestamp() for b in json.loads(text).values() for e in b)
+    except (ValueError, AttributeError, TypeError):
+        return False  # not ours to judge: left alone
+
+
+class LedgerSink(Protocol):
+    """Where a CA process publishes its ledger and reads everybody's."""
+
+    def save(self, ledger: LeafLedger, now: datetime) -> None:
+        """Publishes `ledger` if it changed, and sweeps spent snapshots of gone processes.
+        Blocking (a worker thread); failures are logged, never raised."""
+        ...
+
+    def live(self, now: datetime) -> dict[str, int]:
+        """Live leaves per authority, summed over every process's snapshot."""
+        ...
+
+
+class DirectoryLedgerSink:
+    """One file per process in `data_dir/leaves/` (shared by the processes on one host)."""
+
+    def __init__(self, data_dir: Path, instance: str) -> None:
+        self._directory = data_dir / LEDGER_DIR
+        self._own = f"{instance}.json"
+
+    def save(self, ledger: LeafLedger, now: datetime) -> None:
+        if not ledger.changed:
+            return
+        try:
+            ensure_dir(self._directory)
+            atomic_write(self._directory / self._own, ledger.snapshot_json(now))
+            self._sweep(now)
+        except OSError as exc:
+            log.warning("could not save the leaf ledger in %s: %s", self._directory, exc)
+
+    def _sweep(self, now: datetime) -> None:
+        for path in self._directory.glob("*.json"):
+            if path.name == self._own:
+                continue
+            try:
+                if is_spent(path.read_text(), now):
+                    path.unlink()
+            except OSError:
+                continue
+
+    def live(self, now: datetime) -> dict[str, int]:
+        snapshots = []
+        for path in sorted(self._directory.glob("*.json")):
+            try:
+                snapshots.append((str(path), path.read_text()))
+            except OSError as exc:
+                log.warning("ignoring unreadable leaf ledger %s: %s", path, exc)
+        return sum_snapshots(snapshots, now)

@@ -15,22 +15,20 @@ A refused change is logged (once) with what to do, the current authority kept, a
 checked again at every poll, so it is taken as soon as it becomes safe. A restart accepts
 the directory as it is (the emergency path when the old root is compromised).
 
-`RecordingSigner` keeps the per-root leaf ledger the second rule needs; the ledger is saved in
-the data directory so CA processes sharing it see each other's leaves.
+`RecordingSigner` keeps the per-root leaf ledger the second rule needs; its `LedgerSink`
+publishes it so CA processes sharing the state see each other's leaves.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 
 from cryptography import x509
 
 from ca_server.authority_slots import authority_id
-from ca_server.leaf_ledger import LeafLedger, live_leaves_in
+from ca_server.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.root_store import CaSetupError
 from ca_server.signer import IssuedCertificate, LocalSigner
 from ca_server.ttl import Validity
@@ -89,10 +87,9 @@ def _anchor_id(authority: SigningAuthority) -> str | None:
 
 
 class PluggedChangeGuard:
-    def __init__(self, ledger: LeafLedger, data_dir: Path, instance: str | None = None) -> None:
+    def __init__(self, ledger: LeafLedger, sink: LedgerSink) -> None:
         self._ledger = ledger
-        self._data_dir = data_dir
-        self._instance = instance or f"ca-{os.getpid()}"
+        self._sink = sink
         self._last_refusal: tuple[str, str] | None = None
 
     def first_refusal(self, fingerprint: str, reason: str) -> bool:
@@ -105,7 +102,7 @@ class PluggedChangeGuard:
         return True
 
     def save(self, now: datetime) -> None:
-        self._ledger.save(self._data_dir, self._instance, now)
+        self._sink.save(self._ledger, now)
 
     def check(self, current: SigningAuthority, new: SigningAuthority, now: datetime) -> None:
         """Raises `CaSetupError` (saying what to do) if `new` would strand a workload."""
@@ -124,7 +121,7 @@ class PluggedChangeGuard:
         if not dropped:
             return
         self.save(now)
-        live = live_leaves_in(self._data_dir, now)
+        live = self._sink.live(now)
         for root in dropped:
             root_id = authority_id(root)
             count = max(live.get(root_id, 0), self._ledger.live(now).get(root_id, 0))

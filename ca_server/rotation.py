@@ -46,7 +46,7 @@ from ca_server.authority_slots import (
 )
 from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_state, state_digest
 from ca_server.config import CaConfig, TtlPolicy
-from ca_server.leaf_ledger import LeafLedger
+from ca_server.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from ca_server.root_store import publish_root_bundle
 from ca_server.signer import IssuedCertificate, LocalSigner
@@ -168,9 +168,10 @@ def audit_events(events: tuple[HistoryEvent, ...], source: str) -> None:
 
 @dataclass
 class RotationSettings:
-    data_dir: Path
-    instance: str
+    data_dir: Path  # where root-cert.pem is published
+    instance: str  # this process's name in audit lines and its leaf-ledger report
     poll_interval: float
+    ledger_sink: LedgerSink
 
 
 class AuthorityRotator:
@@ -289,7 +290,7 @@ class AuthorityRotator:
         return max(_MIN_SLEEP, min(interval, until))
 
     def _save_ledger(self) -> None:
-        self.ledger.save(self._settings.data_dir, self._settings.instance, self._clock.now())
+        self._settings.ledger_sink.save(self.ledger, self._clock.now())
 
 
 def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:

@@ -34,7 +34,7 @@ from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
-from ca_server.leaf_ledger import LeafLedger
+from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from ca_server.plugged_rotation import (
     PluggedChangeGuard,
@@ -84,6 +84,18 @@ def authority_source_for(
     return None
 
 
+def instance_name(config: CaConfig) -> str:
+    """This CA process's name in audit lines and in its leaf-ledger report."""
+    return config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
+
+
+def ledger_sink_for(config: CaConfig, kube: KubernetesMode | None) -> LedgerSink:
+    """Per-replica ConfigMaps in Kubernetes mode; else files in `--data-dir`."""
+    if kube is not None:
+        return kube.ledger_sink(instance_name(config))
+    return DirectoryLedgerSink(config.data_dir, instance_name(config))
+
+
 def rotator_for(
     config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None
 ) -> AuthorityRotator:
@@ -95,10 +107,13 @@ def rotator_for(
         if kube is not None
         else LocalAuthorityStateStore(config.data_dir, factory, clock.now)
     )
-    instance = config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
+    instance = instance_name(config)
     policy = rotation_policy_for(config)
     settings = RotationSettings(
-        config.data_dir, instance, config.plugged_ca_poll_interval.total_seconds()
+        config.data_dir,
+        instance,
+        config.plugged_ca_poll_interval.total_seconds(),
+        ledger_sink_for(config, kube),
     )
     return AuthorityRotator(store, policy, factory, metrics, clock, settings)
 
@@ -249,7 +264,7 @@ async def _serve(
         log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
         _record_expiry(metrics, authority)
         ledger = LeafLedger()
-        guard = PluggedChangeGuard(ledger, config.data_dir)
+        guard = PluggedChangeGuard(ledger, ledger_sink_for(config, kube))
         signer = RecordingSigner(authority, ledger, clock.now)
     if kube is not None:
         await kube.start(authority)

@@ -27,7 +27,7 @@ from ca_server.authority_state import (
     SlotFactory,
 )
 from ca_server.config import DEFAULT_NAMESPACE
-from ca_server.leaf_ledger import live_leaves_in
+from ca_server.leaf_ledger import DirectoryLedgerSink, LedgerSink
 from ca_server.root_store import CaSetupError
 from ca_server.rotation import audit_events
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
@@ -75,7 +75,7 @@ def add_authority_parser(subparsers: argparse._SubParsersAction[argparse.Argumen
 @dataclass(frozen=True)
 class _Target:
     store: AuthorityStateStore
-    ledger_dir: Path | None  # where per-process leaf ledgers are (local mode only)
+    ledgers: LedgerSink  # where every CA process publishes its live leaves
     exists: bool
 
 
@@ -85,15 +85,18 @@ def _target(args: argparse.Namespace, factory: SlotFactory) -> Iterator[_Target]
     if args.data_dir is not None:
         data_dir: Path = args.data_dir
         exists = (data_dir / STATE_FILE).exists() or (data_dir / LEGACY_CERT).exists()
-        yield _Target(LocalAuthorityStateStore(data_dir, factory, now), data_dir, exists)
+        store = LocalAuthorityStateStore(data_dir, factory, now)
+        yield _Target(store, DirectoryLedgerSink(data_dir, "meshca-authority"), exists)
         return
     from ca_server.kube.clients import build_api_client
+    from ca_server.kube.replica_reports import ConfigMapLedgerSink
     from ca_server.kube.secret_root import KubeAuthorityStateStore
 
     api = build_api_client(args.kubeconfig, pool_size=2, user_agent="meshca-authority")
     try:
-        store = KubeAuthorityStateStore(api, args.namespace, factory, now)
-        yield _Target(store, None, store.exists())
+        kube_store = KubeAuthorityStateStore(api, args.namespace, factory, now)
+        ledgers = ConfigMapLedgerSink(api, args.namespace, "meshca-authority")
+        yield _Target(kube_store, ledgers, kube_store.exists())
     finally:
         api.close()
 
@@ -123,14 +126,24 @@ def run_authority_command(args: argparse.Namespace) -> int:
                 state = target.store.read()
             else:
                 state = _change(args, target.store, factory, lifetime, name)
+            live = _live_leaves(target.ledgers, name)
     except AuthorityCommandError as exc:
         print(f"{name}: refused: {exc}", file=sys.stderr)
         return 3
     except CaSetupError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    _print(state, target, args.output)
+    _print(state, live, args.output)
     return 0
+
+
+def _live_leaves(ledgers: LedgerSink, name: str) -> dict[str, int] | None:
+    """Every CA process's live leaves, or `None` (printed "unknown") if they cannot be read."""
+    try:
+        return ledgers.live(datetime.now(UTC))
+    except Exception as exc:  # an API or file failure must not hide the authorities themselves
+        print(f"{name}: cannot read the CA processes' leaf ledgers: {exc}", file=sys.stderr)
+        return None
 
 
 def _change(
@@ -184,12 +197,7 @@ def _row(slot: Slot, live: dict[str, int] | None) -> dict[str, Any]:
     }
 
 
-def _print(state: AuthorityState, target: _Target, output: str) -> None:
-    live = (
-        live_leaves_in(target.ledger_dir, datetime.now(UTC))
-        if target.ledger_dir is not None
-        else None
-    )
+def _print(state: AuthorityState, live: dict[str, int] | None, output: str) -> None:
     rows = slot_rows(state, live)
     if output == "json":
         print(json.dumps({"authorities": rows}, indent=2))

@@ -24,6 +24,7 @@ from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
+from ca_server.kube.replica_reports import ConfigMapLedgerSink
 from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
@@ -77,6 +78,10 @@ class KubernetesMode:
                 self.clients.local, self.kube.namespace, factory, now
             )
         return self._secret_store
+
+    def ledger_sink(self, instance: str) -> ConfigMapLedgerSink:
+        """This replica's leaf-ledger report, a ConfigMap in the CA's namespace."""
+        return ConfigMapLedgerSink(self.clients.local, self.kube.namespace, instance)
 
     def token_review_authenticator(self) -> TokenReviewAuthenticator:
         return TokenReviewAuthenticator(

@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from ca_server.authority_slots import RotationPolicy, authority_id, next_due
 from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory, encode_state
 from ca_server.config import TtlPolicy
+from ca_server.leaf_ledger import DirectoryLedgerSink
 from ca_server.metrics import CaMetrics
 from ca_server.rotation import AuthorityRotator, RotationSettings, cap_leaf_lifetimes
 from ca_server.ttl import grant_validity
@@ -48,7 +49,7 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
         factory,
         metrics,
         clock,
-        RotationSettings(tmp_path, "ca-test", poll_interval=5),
+        RotationSettings(tmp_path, "ca-test", 5, DirectoryLedgerSink(tmp_path, "ca-test")),
         on_change=lambda authority: roots_seen.append(len(authority.roots)),
     )
 

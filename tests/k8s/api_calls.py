@@ -35,6 +35,9 @@ CA_RBAC: frozenset[Rule] = frozenset(
             Rule("", "secrets", verb, "namespace")
             for verb in ("get", "list", "watch", "create", "update")
         ),
+        # Per-replica reports (ConfigMaps meshca-ca-replica-*, CA namespace): written with the
+        # cluster-wide configmaps rules below; a replica deletes the spent report of a gone one.
+        Rule("", "configmaps", "delete", "namespace"),
         # Root-publisher Lease (CA namespace).
         *(
             Rule("coordination.k8s.io", "leases", verb, "namespace")

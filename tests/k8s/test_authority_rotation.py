@@ -5,6 +5,7 @@ against the cluster, and after `taint` neither signs with (or trusts) the tainte
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import Any
 from cryptography import x509
 
 from ca_server.authority_slots import authority_id
+from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
+from ca_server.kube.replica_reports import report_name
+from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import SECRET_NAME
 from certs import load_cert, load_certs
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
@@ -44,6 +48,10 @@ def bundle_ids(ca: CaProcess) -> set[str]:
     return {authority_id(c) for c in load_certs(ca.root_cert_path.read_bytes())}
 
 
+def root_configmaps(kube_api: KubeApiServer) -> list[dict[str, Any]]:
+    return [cm for cm in kube_api.list("configmaps") if cm["metadata"]["name"] == CONFIGMAP_NAME]
+
+
 def converged(what: str, check: Any) -> float:
     """Waits for `check()`; returns how long it took (must be within CONVERGE_WITHIN)."""
     started = time.monotonic()
@@ -64,8 +72,28 @@ def test_two_replicas_follow_prepare_activate_taint_revoke_within_5s(
     (first,) = rows(kubeconfig, "show")
     assert first["state"] == "active"
     old = first["id"]
+    # A replica that is gone left a report whose leaves have all expired: it gets swept.
+    kube_api.create(
+        "configmaps",
+        {
+            "metadata": {
+                "name": report_name("ca-gone"),
+                "namespace": CA_NAMESPACE,
+                "labels": dict(REPORT_LABELS),
+            },
+            "data": {"leaves.json": json.dumps({old: {"1000": 7}})},
+        },
+    )
     for ca in replicas:
         assert signer_of(issue(ca, "cart-token", spiffe("default", "cart"))) == old
+    # show sums the live leaves every replica reports (each publishes within a poll).
+    wait_for(lambda: rows(kubeconfig)[0]["live_leaves"] == 2, 10, "both replicas' reports")
+    reports = {
+        cm["metadata"]["name"]
+        for cm in kube_api.list("configmaps", namespace=CA_NAMESPACE)
+        if cm["metadata"]["name"].startswith("meshca-ca-replica-")
+    }
+    assert reports == {report_name("ca-0"), report_name("ca-1")}, "the gone one is swept"
 
     # prepare: both replicas publish {old, new} (root-cert.pem and the ConfigMaps).
     prepared = next(r["id"] for r in rows(kubeconfig, "prepare") if r["state"] == "prepared")
@@ -78,7 +106,7 @@ def test_two_replicas_follow_prepare_activate_taint_revoke_within_5s(
         lambda: all(
             {authority_id(c) for c in load_certs(cm["data"]["root-cert.pem"].encode())}
             == {old, prepared}
-            for cm in kube_api.list("configmaps")
+            for cm in root_configmaps(kube_api)
         ),
         15,
         "the root ConfigMaps to carry both authorities",
@@ -126,7 +154,7 @@ def test_two_replicas_follow_prepare_activate_taint_revoke_within_5s(
         lambda: all(
             {authority_id(c) for c in load_certs(cm["data"]["root-cert.pem"].encode())}
             == {prepared}
-            for cm in kube_api.list("configmaps")
+            for cm in root_configmaps(kube_api)
         ),
         15,
         "the root ConfigMaps to drop the revoked authority",

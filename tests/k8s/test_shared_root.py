@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from ca_server.authority_slots import AuthorityState, Phase
 from ca_server.authority_state import SlotFactory
+from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import (
     SECRET_NAME,
     SECRET_TYPE,
@@ -78,7 +79,9 @@ def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_
     new_root = authority.root_bundle_pem.encode()
 
     def everywhere() -> bool:
-        configmaps = kube_api.list("configmaps")
+        configmaps = [  # the root ConfigMaps (each replica also keeps a report ConfigMap)
+            cm for cm in kube_api.list("configmaps") if cm["metadata"]["name"] == CONFIGMAP_NAME
+        ]
         return (
             all(ca.root_cert_path.read_bytes() == new_root for ca in replicas)
             and len(configmaps) == 3

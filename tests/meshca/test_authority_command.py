@@ -11,7 +11,7 @@ from typing import Any
 
 from ca_server.authority_slots import authority_id
 from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, SlotFactory
-from ca_server.leaf_ledger import LeafLedger
+from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, load_cert
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 
@@ -58,7 +58,7 @@ def test_show_prints_every_field_and_the_live_leaves_of_every_process(tmp_path: 
         for _ in range(count):
             ledger.record(active, now + timedelta(hours=1), now)
         ledger.record(active, now - timedelta(minutes=5), now)  # expired: not counted
-        ledger.save(tmp_path, instance, now)
+        DirectoryLedgerSink(tmp_path, instance).save(ledger, now)
     (row,) = rows(tmp_path)
     assert set(row) == FIELDS
     assert row["id"] == active and row["state"] == "active" and row["tainted"] is False
