@@ -11,5 +11,6 @@ Where the signing authority comes from: a self-signed CA keeps its authorities a
 shares them (`authority_state`: `--data-dir`; `kube.secret_root`: Secret `istio-ca-secret`) and
 rotated by one driver every process runs (`rotation`), which hands the active one to the signer.
 A plugged-in CA comes from `root_store` (`--cacerts-dir`), its changes checked by
-`plugged_rotation`. `leaf_ledger` counts the live leaves each authority signed.
+`plugged_rotation`. `leaf_ledger` counts the live leaves each authority signed. Which of the two
+is chosen, once at start-up, in `authority_setup`.
 """

@@ -34,6 +34,7 @@ from ca_server.signer import IssuedCertificate, LocalSigner
 from ca_server.ttl import Validity
 from certs import ChainError, PublicKey, SigningAuthority, SpiffeId, verify_chain
 from certs.chain import issued_by
+from meshca.logs import audit
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +134,19 @@ class PluggedChangeGuard:
                     "until they have expired (at most the maximum workload TTL after the "
                     "signing material moved to the new root), then remove it",
                 )
+
+
+def audit_reload(authority: SigningAuthority) -> None:
+    """The audit line of an accepted change: what signs now, its root, the bundle."""
+    anchor = anchor_of(authority)
+    audit(
+        "authority-reloaded",
+        outcome="reloaded",
+        authority=authority_id(authority.cert),
+        root=authority_id(anchor) if anchor is not None else None,
+        bundle=[authority_id(root) for root in authority.roots],
+    )
+
+
+def audit_refusal(error: StrandingChangeError) -> None:
+    audit("authority-change-refused", outcome="refused", reason=error.reason)

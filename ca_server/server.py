@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,20 +26,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
-from ca_server.authority_slots import authority_id
-from ca_server.authority_state import AuthorityStateStore, LocalAuthorityStateStore, SlotFactory
+from ca_server.authority_setup import record_expiry, set_up_authority
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from ca_server.plugged_rotation import (
     PluggedChangeGuard,
-    RecordingSigner,
     StrandingChangeError,
-    anchor_of,
+    audit_refusal,
+    audit_reload,
 )
 from ca_server.root_store import (
     AuthoritySource,
@@ -49,19 +46,12 @@ from ca_server.root_store import (
     detect_plugged_ca,
     publish_root_bundle,
 )
-from ca_server.rotation import (
-    AuthorityRotator,
-    RotationSettings,
-    cap_leaf_lifetimes,
-    rotation_policy_for,
-)
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
-from meshca.logs import audit
 from meshca.status_http import StatusServer, metrics_route, text
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
@@ -75,47 +65,13 @@ def authority_source_for(
     config: CaConfig, kube: KubernetesMode | None = None
 ) -> AuthoritySource | None:
     """Plugged-in CA when `--cacerts-dir` holds a complete layout; else `None`: self-signed
-    authority slots, rotated by `ca_server.rotation` (`rotator_for`)."""
+    authority slots (see `ca_server.authority_setup`)."""
     if config.cacerts_dir is not None:
         plugged = detect_plugged_ca(config.cacerts_dir)
         if plugged is not None:
             return plugged
         log.info("no plugged-in CA files in %s; using a self-signed root", config.cacerts_dir)
     return None
-
-
-def instance_name(config: CaConfig) -> str:
-    """This CA process's name in audit lines and in its leaf-ledger report."""
-    return config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
-
-
-def ledger_sink_for(config: CaConfig, kube: KubernetesMode | None) -> LedgerSink:
-    """Per-replica ConfigMaps in Kubernetes mode; else files in `--data-dir`."""
-    if kube is not None:
-        return kube.ledger_sink(instance_name(config))
-    return DirectoryLedgerSink(config.data_dir, instance_name(config))
-
-
-def rotator_for(
-    config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None
-) -> AuthorityRotator:
-    """Self-signed authorities shared by every CA process: in Secret `istio-ca-secret` in
-    Kubernetes mode, else in `--data-dir`."""
-    factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
-    store: AuthorityStateStore = (
-        kube.authority_state_store(factory, clock.now)
-        if kube is not None
-        else LocalAuthorityStateStore(config.data_dir, factory, clock.now)
-    )
-    instance = instance_name(config)
-    policy = rotation_policy_for(config)
-    settings = RotationSettings(
-        config.data_dir,
-        instance,
-        config.plugged_ca_poll_interval.total_seconds(),
-        ledger_sink_for(config, kube),
-    )
-    return AuthorityRotator(store, policy, factory, metrics, clock, settings)
 
 
 def build_authenticators(
@@ -204,32 +160,20 @@ async def _reload_if_changed(
         # Checked again at every poll: waiting (for leaves to expire) can make it acceptable.
         if guard is not None and guard.first_refusal(current, exc.reason):
             log.error("keeping the current CA: %s", exc)
-            audit("authority-change-refused", outcome="refused", reason=exc.reason)
+            audit_refusal(exc)
         return seen
     except (CaSetupError, CertsError) as exc:
         log.error("keeping the current CA: the changed %s is unusable: %s", source.description, exc)
         return current
     signer.replace(authority)
     publish_root_bundle(config.data_dir, authority)
-    _record_expiry(metrics, authority)
+    record_expiry(metrics, authority)
     on_reload(authority)
     log.info(
         "reloaded %s; now signing with serial %x", source.description, authority.cert.serial_number
     )
-    anchor = anchor_of(authority)
-    audit(
-        "authority-reloaded",
-        outcome="reloaded",
-        authority=authority_id(authority.cert),
-        root=authority_id(anchor) if anchor is not None else None,
-        bundle=[authority_id(root) for root in authority.roots],
-    )
+    audit_reload(authority)
     return current
-
-
-def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
-    metrics.root_expiry.set(min(r.not_valid_after_utc for r in authority.roots).timestamp())
-    metrics.chain_expiry.set(authority.not_after.timestamp())
 
 
 async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
@@ -249,23 +193,8 @@ async def _serve(
     config: CaConfig, clock: Clock, metrics: CaMetrics, kube: KubernetesMode | None
 ) -> None:
     source = authority_source_for(config, kube)
-    rotator: AuthorityRotator | None = None
-    guard: PluggedChangeGuard | None = None
-    ttl_policy = config.ttl
-    if source is None:
-        rotator = rotator_for(config, metrics, clock, kube)
-        signer: LocalSigner = await rotator.start()
-        authority = signer.authority
-        ttl_policy = cap_leaf_lifetimes(config.ttl, rotator.policy)
-        log.info("signing with self-signed authority slots in %s", config.data_dir)
-    else:
-        authority = await asyncio.to_thread(source.load, clock.now())
-        publish_root_bundle(config.data_dir, authority)
-        log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
-        _record_expiry(metrics, authority)
-        ledger = LeafLedger()
-        guard = PluggedChangeGuard(ledger, ledger_sink_for(config, kube))
-        signer = RecordingSigner(authority, ledger, clock.now)
+    setup = await set_up_authority(config, source, metrics, clock, kube)
+    signer, authority = setup.signer, setup.signer.authority
     if kube is not None:
         await kube.start(authority)
 
@@ -274,7 +203,7 @@ async def _serve(
         authenticators=build_authenticators(config, signer, clock, kube),
         impersonation=impersonation_policy_for(kube),
         signer=signer,
-        ttl_policy=ttl_policy,
+        ttl_policy=setup.ttl_policy,
         metrics=metrics,
         clock=clock,
     )
@@ -321,13 +250,13 @@ async def _serve(
         config.monitoring_listen,
     )
     on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
-    if rotator is not None:
-        rotator.on_change = on_reload
-        watcher = asyncio.create_task(rotator.run())
+    if setup.rotator is not None:
+        setup.rotator.on_change = on_reload
+        watcher = asyncio.create_task(setup.rotator.run())
     else:
         assert source is not None
         watcher = asyncio.create_task(
-            watch_authority(source, signer, config, metrics, clock, on_reload, guard)
+            watch_authority(source, signer, config, metrics, clock, on_reload, setup.guard)
         )
     try:
         await stop.wait()
