@@ -117,8 +117,10 @@ def run_authority_command(args: argparse.Namespace) -> int:
         with _target(args, factory) as target:
             if not target.exists:
                 print(
-                    f"{name}: there is no CA state yet ({target.store.description}); start "
-                    "`meshca ca` with the same --data-dir (or cluster) first",
+                    f"{name}: there are no self-signed authorities yet "
+                    f"({target.store.description}); start `meshca ca` with the same "
+                    "--data-dir (or cluster) first. A CA with --cacerts-dir is rotated through "
+                    "that directory instead (docs/rotate-the-ca.md)",
                     file=sys.stderr,
                 )
                 return 2
