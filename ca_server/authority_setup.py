@@ -68,9 +68,9 @@ def rotator_for(
     Kubernetes mode, else in `--data-dir`."""
     factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
     store: AuthorityStateStore = (
-        kube.authority_state_store(factory, clock.now)
+        kube.authority_state_store(factory)
         if kube is not None
-        else LocalAuthorityStateStore(config.data_dir, factory, clock.now)
+        else LocalAuthorityStateStore(config.data_dir, factory, clock)
     )
     settings = RotationSettings(
         config.data_dir,
@@ -101,7 +101,7 @@ async def set_up_authority(
     record_expiry(metrics, authority)
     ledger = LeafLedger()
     guard = PluggedChangeGuard(ledger, ledger_sink_for(config, kube))
-    return AuthoritySetup(RecordingSigner(authority, ledger, clock.now), config.ttl, guard=guard)
+    return AuthoritySetup(RecordingSigner(authority, ledger, clock), config.ttl, guard=guard)
 
 
 def record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:

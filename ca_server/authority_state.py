@@ -39,6 +39,7 @@ from certs import (
     new_self_signed_authority,
     private_key_to_pem,
 )
+from meshca.clock import Clock
 from meshca.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -179,10 +180,10 @@ def state_digest(text: str | bytes) -> str:
 
 
 class LocalAuthorityStateStore:
-    def __init__(self, data_dir: Path, factory: SlotFactory, now: Callable[[], datetime]):
+    def __init__(self, data_dir: Path, factory: SlotFactory, clock: Clock):
         self.data_dir = data_dir
         self._factory = factory
-        self._now = now
+        self._clock = clock
         self._path = data_dir / STATE_FILE
 
     @property
@@ -229,12 +230,15 @@ class LocalAuthorityStateStore:
             log.info("adopting the existing root in %s as the active authority", self.data_dir)
             return (
                 adopted_state(
-                    cert_path.read_bytes(), key_path.read_bytes(), self._now(), str(self.data_dir)
+                    cert_path.read_bytes(),
+                    key_path.read_bytes(),
+                    self._clock.now(),
+                    str(self.data_dir),
                 ),
                 True,
             )
         log.info("generating the first authority in %s", self.data_dir)
-        return self._factory.first_state(self._now()), True
+        return self._factory.first_state(self._clock.now()), True
 
     def _write_compat(self, state: AuthorityState) -> None:
         """`ca-cert.pem`/`ca-key.pem` = the active authority (Istio's self-signed layout)."""

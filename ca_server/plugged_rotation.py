@@ -22,7 +22,6 @@ publishes it so CA processes sharing the state see each other's leaves.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 
 from cryptography import x509
@@ -34,6 +33,7 @@ from ca_server.signer import IssuedCertificate, LocalSigner
 from ca_server.ttl import Validity
 from certs import ChainError, PublicKey, SigningAuthority, SpiffeId, verify_chain
 from certs.chain import issued_by
+from meshca.clock import Clock
 from meshca.logs import audit
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,10 @@ def anchor_of(authority: SigningAuthority) -> x509.Certificate | None:
 class RecordingSigner(LocalSigner):
     """A `LocalSigner` that records each leaf under the ID of the root it chains to."""
 
-    def __init__(
-        self, authority: SigningAuthority, ledger: LeafLedger, now: Callable[[], datetime]
-    ) -> None:
+    def __init__(self, authority: SigningAuthority, ledger: LeafLedger, clock: Clock) -> None:
         super().__init__(authority)
         self._ledger = ledger
-        self._now = now
+        self._clock = clock
         self._anchor_id = _anchor_id(authority)
 
     def replace(self, authority: SigningAuthority) -> None:
@@ -78,7 +76,7 @@ class RecordingSigner(LocalSigner):
         anchor_id = self._anchor_id
         issued = super().sign(public_key, identity, validity)
         if anchor_id is not None:
-            self._ledger.record(anchor_id, issued.leaf.not_valid_after_utc, self._now())
+            self._ledger.record(anchor_id, issued.leaf.not_valid_after_utc, self._clock.now())
         return issued
 
 

@@ -30,7 +30,6 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from cryptography import x509
@@ -65,12 +64,12 @@ class SlotSigner(LocalSigner):
     """Signs with the active authority of the state it last converged on and records each leaf
     in the ledger under that authority's ID."""
 
-    def __init__(self, state: AuthorityState, ledger: LeafLedger, now: Callable[[], datetime]):
+    def __init__(self, state: AuthorityState, ledger: LeafLedger, clock: Clock):
         super().__init__(state.signing_authority())
         self._state = state
         self._active_id = state.active.id
         self._ledger = ledger
-        self._now = now
+        self._clock = clock
 
     @property
     def state(self) -> AuthorityState:
@@ -91,7 +90,7 @@ class SlotSigner(LocalSigner):
     ) -> IssuedCertificate:
         authority_id = self._active_id
         issued = super().sign(public_key, identity, validity)
-        self._ledger.record(authority_id, issued.leaf.not_valid_after_utc, self._now())
+        self._ledger.record(authority_id, issued.leaf.not_valid_after_utc, self._clock.now())
         return issued
 
 
@@ -202,7 +201,7 @@ class AuthorityRotator:
         before = await asyncio.to_thread(self._store.read)
         self._audited = set(before.history)
         state = await asyncio.to_thread(self._advance)
-        self.signer = SlotSigner(state, self.ledger, self._clock.now)
+        self.signer = SlotSigner(state, self.ledger, self._clock)
         self._converge(state)
         return self.signer
 

@@ -69,13 +69,11 @@ class KubernetesMode:
 
     # -- the seams -------------------------------------------------------------------------
 
-    def authority_state_store(
-        self, factory: SlotFactory, now: Callable[[], datetime]
-    ) -> KubeAuthorityStateStore:
+    def authority_state_store(self, factory: SlotFactory) -> KubeAuthorityStateStore:
         """The authority slots in Secret `istio-ca-secret`, shared by every replica."""
         if self._secret_store is None:
             self._secret_store = KubeAuthorityStateStore(
-                self.clients.local, self.kube.namespace, factory, now
+                self.clients.local, self.kube.namespace, factory, self._clock
             )
         return self._secret_store
 

@@ -29,7 +29,6 @@ import base64
 import functools
 import hashlib
 import logging
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +46,7 @@ from ca_server.authority_state import (
 )
 from ca_server.root_store import CaSetupError
 from certs import cert_to_pem, certs_to_pem, private_key_to_pem
+from meshca.clock import Clock
 from meshca.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,12 @@ class KubeAuthorityStateStore:
         api: kubernetes.client.ApiClient,
         namespace: str,
         factory: SlotFactory,
-        now: Callable[[], datetime],
+        clock: Clock,
     ) -> None:
         self._core = kubernetes.client.CoreV1Api(api)
         self.namespace = namespace
         self._factory = factory
-        self._now = now
+        self._clock = clock
         self._loaded_fingerprint = "<not loaded>"
         # The last state read or written: a deleted Secret is re-created from it, so deleting
         # the Secret cannot silently rotate the mesh's root.
@@ -158,10 +158,13 @@ class KubeAuthorityStateStore:
         for _ in range(_ATTEMPTS):
             secret = self._read()
             if secret is None:
-                current, must_write = self._last or self._factory.first_state(self._now()), True
+                current, must_write = (
+                    self._last or self._factory.first_state(self._clock.now()),
+                    True,
+                )
             else:
                 data = dict(secret.data or {})
-                current, must_write = state_from_secret_data(data, self._now())
+                current, must_write = state_from_secret_data(data, self._clock.now())
                 self._loaded_fingerprint = data_fingerprint(data)
             updated = change(current)
             if updated is None and not must_write:

@@ -20,13 +20,14 @@ from ca_server.authority_state import (
 )
 from ca_server.root_store import CaSetupError
 from certs import KeySpec, cert_to_pem, load_cert, new_self_signed_authority, private_key_to_pem
+from meshca.clock import FakeClock
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 FACTORY = SlotFactory(KeySpec(), "cluster.local", timedelta(hours=1))
 
 
 def _store(data_dir: Path) -> LocalAuthorityStateStore:
-    return LocalAuthorityStateStore(data_dir, FACTORY, lambda: NOW)
+    return LocalAuthorityStateStore(data_dir, FACTORY, FakeClock(NOW))
 
 
 def test_first_read_creates_one_active_authority_and_istio_files(tmp_path: Path):

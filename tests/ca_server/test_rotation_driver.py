@@ -38,7 +38,7 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
     configure_logging("WARNING", audit_stream=audit_stream)
     clock = FakeClock(START)
     factory = SlotFactory(KeySpec(), "cluster.local", LIFE)
-    store = LocalAuthorityStateStore(tmp_path, factory, clock.now)
+    store = LocalAuthorityStateStore(tmp_path, factory, clock)
     policy = RotationPolicy(lifetime=LIFE, convergence=timedelta(seconds=15))
     metrics = CaMetrics()
     roots_seen: list[int] = []

@@ -24,6 +24,7 @@ from certs import (
     generate_private_key,
     private_key_to_pem,
 )
+from meshca.clock import FakeClock
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import wait_for
@@ -102,7 +103,7 @@ def test_losing_the_create_race_adopts_the_winners_root(kube_api: KubeApiServer)
     factory = SlotFactory(KeySpec(), "cluster.local", timedelta(days=30))
 
     def store() -> KubeAuthorityStateStore:
-        return KubeAuthorityStateStore(kube_api.api_client(), CA_NAMESPACE, factory, lambda: now)
+        return KubeAuthorityStateStore(kube_api.api_client(), CA_NAMESPACE, factory, FakeClock(now))
 
     winner = store().read()
     loser = store()

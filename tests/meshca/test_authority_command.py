@@ -13,6 +13,7 @@ from ca_server.authority_slots import authority_id
 from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, SlotFactory
 from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, load_cert
+from meshca.clock import SystemClock
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 
 FIELDS = {
@@ -39,7 +40,7 @@ def rows(data_dir: Path) -> list[dict[str, Any]]:
 def _ca_state(data_dir: Path) -> str:
     """What a first `meshca ca` start leaves behind: one active authority."""
     factory = SlotFactory(KeySpec(), "cluster.local", timedelta(days=30))
-    state = LocalAuthorityStateStore(data_dir, factory, lambda: datetime.now(UTC)).read()
+    state = LocalAuthorityStateStore(data_dir, factory, SystemClock()).read()
     return state.active.id
 
 

@@ -31,6 +31,7 @@ from ca_server.leaf_ledger import DirectoryLedgerSink, LedgerSink
 from ca_server.root_store import CaSetupError
 from ca_server.rotation import audit_events
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
+from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.logs import configure_logging
 
@@ -38,13 +39,9 @@ UNKNOWN = "unknown"
 _VERBS = ("show", "prepare", "activate", "taint", "revoke")
 
 
-def add_authority_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "authority",
-        help="show or change the CA's authorities (prepare, activate, taint, revoke)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("verb", choices=_VERBS)
     parser.add_argument(
         "id", nargs="?", default=None, help="authority ID (Subject Key ID hex, or a prefix)"
@@ -69,7 +66,6 @@ def add_authority_parser(subparsers: argparse._SubParsersAction[argparse.Argumen
         help="prepare: lifetime of the new authority (default: the active one's)",
     )
     parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
-    parser.set_defaults(run=run_authority_command)
 
 
 @dataclass(frozen=True)
@@ -81,11 +77,11 @@ class _Target:
 
 @contextlib.contextmanager
 def _target(args: argparse.Namespace, factory: SlotFactory) -> Iterator[_Target]:
-    now = lambda: datetime.now(UTC)  # noqa: E731 - the CLI is a root: the one system clock
+    clock = SystemClock()  # the command is a root: the one place the system clock is chosen
     if args.data_dir is not None:
         data_dir: Path = args.data_dir
         exists = (data_dir / STATE_FILE).exists() or (data_dir / LEGACY_CERT).exists()
-        store = LocalAuthorityStateStore(data_dir, factory, now)
+        store = LocalAuthorityStateStore(data_dir, factory, clock)
         yield _Target(store, DirectoryLedgerSink(data_dir, "meshca-authority"), exists)
         return
     from ca_server.kube.clients import build_api_client
@@ -94,14 +90,14 @@ def _target(args: argparse.Namespace, factory: SlotFactory) -> Iterator[_Target]
 
     api = build_api_client(args.kubeconfig, pool_size=2, user_agent="meshca-authority")
     try:
-        kube_store = KubeAuthorityStateStore(api, args.namespace, factory, now)
+        kube_store = KubeAuthorityStateStore(api, args.namespace, factory, clock)
         ledgers = ConfigMapLedgerSink(api, args.namespace, "meshca-authority")
         yield _Target(kube_store, ledgers, kube_store.exists())
     finally:
         api.close()
 
 
-def run_authority_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     configure_logging("WARNING", audit_stream=sys.stderr)
     name = f"meshca authority {args.verb}"
     try:
