@@ -25,7 +25,7 @@ a rotation never shortens a leaf below what it asked for.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -292,16 +292,23 @@ def scheduled_step(
     policy: RotationPolicy,
     now: datetime,
     new_slot: Callable[[], Slot],
+    live_leaves: Callable[[], Mapping[str, int]] = dict,
 ) -> AuthorityState | None:
     """The next automatic change due at `now`, or `None` when nothing is due.
 
     One step per call (the driver calls again at once when something changed), so each phase
-    change is persisted and audited on its own.
+    change is persisted and audited on its own. `live_leaves` (asked only when an old
+    authority's time is up) is the leaf ledger's count per authority: an old authority that
+    still has live leaves stays — say the maximum TTL was lowered since they were signed — until
+    they expire or the authority itself does.
     """
     max_leaf = policy.max_leaf_ttl
     for old in state.old:
-        if policy.may_drop(old, now, max_leaf):
-            return state.drop(old, now, "its last leaf has expired")
+        if not policy.may_drop(old, now, max_leaf):
+            continue
+        if now < old.not_after and live_leaves().get(old.id, 0) > 0:
+            continue
+        return state.drop(old, now, "its last leaf has expired")
     if not policy.automatic:
         return None
     active = state.active

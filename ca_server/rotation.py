@@ -243,7 +243,11 @@ class AuthorityRotator:
         """The store transaction's body: the due step, if any (noted in `changed`)."""
         now = self._clock.now()
         updated = scheduled_step(
-            current, self.policy, now, lambda: self._factory.new(now, Phase.PREPARED)
+            current,
+            self.policy,
+            now,
+            lambda: self._factory.new(now, Phase.PREPARED),
+            lambda: self._settings.ledger_sink.live(now),
         )
         changed[:] = [updated is not None]
         return updated
@@ -286,6 +290,8 @@ class AuthorityRotator:
         if due is None:
             return interval
         until = (due - self._clock.now()).total_seconds()
+        if until <= 0:
+            return interval  # due but held back (an old authority's leaves are still live)
         return max(_MIN_SLEEP, min(interval, until))
 
     def _save_ledger(self) -> None:

@@ -103,6 +103,25 @@ def test_an_old_authority_goes_once_its_last_leaf_has_expired():
     assert len(dropped.bundle) == 1
 
 
+def test_an_old_authority_with_live_leaves_stays_until_they_expire_or_it_does():
+    """The time rule assumes no leaf outlived the maximum TTL; the ledger is the check (a CA
+    restarted with a shorter --root-ttl lowers that maximum for leaves already signed)."""
+    state = _first()
+    state = state.prepare(lambda: FACTORY.new(START, Phase.PREPARED), START, "operator")
+    state = state.activate(None, START, "operator")
+    (old,) = state.old
+    drop_at = START + POLICY.max_leaf_ttl + POLICY.convergence
+
+    def step(at: datetime, live: dict[str, int]) -> AuthorityState | None:
+        return scheduled_step(
+            state, POLICY, at, lambda: FACTORY.new(at, Phase.PREPARED), lambda: live
+        )
+
+    assert step(drop_at, {old.id: 3}) is None, "leaves still live: kept"
+    assert step(drop_at, {old.id: 0, "other": 5}) is not None
+    assert step(old.not_after, {old.id: 3}) is not None, "never past its own expiry"
+
+
 def test_operator_refusals_say_why():
     state = _first()
     active = state.active.id
