@@ -5,4 +5,12 @@ Request path (one direction, one module each):
 → `ttl` (for how long) → `signer` (sign with the current `SigningAuthority` from `root_store`).
 Errors are raised as `errors.RequestError` subclasses and turned into gRPC statuses only in
 `service`.
+
+Where the signing authority comes from: a self-signed CA keeps its authorities as slots
+(`authority_slots`: prepared / active / old, tainted; pure), persisted where every CA process
+shares them (`authority_state`: `--data-dir`; `kube.secret_root`: Secret `istio-ca-secret`) and
+rotated by one driver every process runs (`rotation`), which hands the active one to the signer.
+A plugged-in CA comes from `root_store` (`--cacerts-dir`), its changes checked by
+`plugged_rotation`. `leaf_ledger` counts the live leaves each authority signed. Which of the two
+is chosen, once at start-up, in `authority_setup`.
 """

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
+from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, format_duration
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
 
@@ -130,6 +130,12 @@ class CaConfig:
     ttl: TtlPolicy = field(default_factory=TtlPolicy)
     root_key: KeySpec = field(default_factory=KeySpec)
     root_lifetime: timedelta = timedelta(days=3650)
+    # Self-signed rotation (see `ca_server.authority_slots`): prepare the next authority when
+    # half the active one's life is left but at most `root_prepare_cap` before its expiry;
+    # activate when a sixth is left but at most `root_activate_cap` before.
+    root_rotation: bool = True
+    root_prepare_cap: timedelta = timedelta(days=180)
+    root_activate_cap: timedelta = timedelta(days=90)
     serving_hosts: tuple[str, ...] = DEFAULT_SERVING_HOSTS
     serving_cert_lifetime: timedelta = timedelta(days=365)
     plugged_ca_poll_interval: timedelta = timedelta(seconds=5)
@@ -175,6 +181,9 @@ class CaConfig:
             ttl=ttl,
             root_key=args.root_key,
             root_lifetime=args.root_ttl,
+            root_rotation=args.root_rotation,
+            root_prepare_cap=args.root_prepare_cap,
+            root_activate_cap=args.root_activate_cap,
             plugged_ca_poll_interval=args.ca_reload_interval,
             kube=kube,
             admission=_admission(args),
@@ -182,6 +191,12 @@ class CaConfig:
         )
         if args.serving_host:
             config = replace(config, serving_hosts=tuple(args.serving_host))
+        if config.root_activate_cap >= config.root_prepare_cap:
+            raise ConfigError(
+                "--root-activate-cap must be shorter than --root-prepare-cap (got "
+                f"{format_duration(config.root_activate_cap)} and "
+                f"{format_duration(config.root_prepare_cap)})"
+            )
         return config
 
 
@@ -333,7 +348,32 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
         default=KeySpec(),
         help="key type of a generated root: ec-p256 (default), ec-p384, rsa-2048...",
     )
-    ca.add_argument("--root-ttl", type=duration_argument, default="3650d")
+    ca.add_argument(
+        "--root-ttl",
+        type=duration_argument,
+        default="3650d",
+        help="lifetime of each self-signed authority (down to seconds, for trying rotation)",
+    )
+    ca.add_argument(
+        "--root-rotation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rotate the self-signed authority by itself (prepare at 1/2 of its life, "
+        "activate at 5/6); off: only `meshca authority` changes it",
+    )
+    ca.add_argument(
+        "--root-prepare-cap",
+        type=duration_argument,
+        default="180d",
+        help="prepare the next authority at most this long before the active one expires",
+    )
+    ca.add_argument(
+        "--root-activate-cap",
+        type=duration_argument,
+        default="90d",
+        help="activate it at most this long before the active one expires; also the longest "
+        "workload certificate the CA signs, so a rotation never cuts one short",
+    )
     ca.add_argument(
         "--ca-reload-interval",
         "--authority-poll-interval",

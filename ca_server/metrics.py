@@ -164,10 +164,13 @@ class CaMetrics:
             )
         )
 
-    def record_authority(self, authority: SigningAuthority) -> None:
-        """Expiry and lifetime gauges for `authority`; called at start and on every reload so
-        they never describe material the CA no longer signs with."""
-        first_root = min(authority.roots, key=lambda root: root.not_valid_after_utc)
+    def record_authority(
+        self, authority: SigningAuthority, root: x509.Certificate | None = None
+    ) -> None:
+        """Expiry and lifetime gauges for `authority`; called at start and on every reload or
+        rotation step so they never describe material the CA no longer signs with. `root` is
+        the root they describe (default: the bundle's first to expire)."""
+        first_root = root or min(authority.roots, key=lambda r: r.not_valid_after_utc)
         self.root_expiry.set(first_root.not_valid_after_utc.timestamp())
         self.root_lifetime.set(_lifetime_seconds(first_root))
         self.chain_expiry.set(authority.not_after.timestamp())

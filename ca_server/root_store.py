@@ -1,9 +1,9 @@
 """Where the CA's signing material comes from, and where its trust bundle is published.
 
-Two sources, chosen once at start-up (`authority_source_for`):
-- `SelfSignedRootStore`: a root generated on first start under `--data-dir`, reused afterwards.
-  Creation happens under an exclusive `flock` on the data directory, so several CA processes on
-  one host (one per core, later) end up sharing one root.
+Sources, chosen once at start-up (`ca_server.server.authority_source_for`):
+- self-signed authorities are slots in `--data-dir` (`ca_server.authority_state`), changed
+  only under the directory's exclusive `flock` (`data_dir_lock`), so several CA processes on
+  one host share them;
 - `PluggedCaDirectory`: an operator-provided CA (Istio's `cacerts` layout), validated on load and
   re-read when its files change.
 
@@ -18,30 +18,23 @@ import hashlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
 from certs import (
     CertsError,
-    KeySpec,
     SigningAuthority,
     load_cert,
     load_certs,
     load_private_key,
     make_authority,
-    new_self_signed_authority,
-    private_key_to_pem,
-    self_signed_authority,
 )
-from certs.pem import cert_to_pem
 from meshca.files import atomic_write, ensure_dir
 
 log = logging.getLogger(__name__)
 
 ROOT_CERT_FILE = "root-cert.pem"
-_SELF_SIGNED_KEY = "ca-key.pem"
-_SELF_SIGNED_CERT = "ca-cert.pem"
 
 # Istio's plugged-in CA layouts: (cert, key, root, chain) file names.
 ISTIO_LAYOUT = ("ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem")
@@ -85,57 +78,6 @@ def _files_fingerprint(paths: list[Path]) -> str:
         except FileNotFoundError:
             digest.update(b"<missing>")
     return digest.hexdigest()
-
-
-@dataclass
-class SelfSignedRootStore:
-    data_dir: Path
-    trust_domain: str
-    key_spec: KeySpec
-    lifetime: timedelta
-
-    @property
-    def description(self) -> str:
-        return f"self-signed root in {self.data_dir}"
-
-    def _paths(self) -> tuple[Path, Path]:
-        return self.data_dir / _SELF_SIGNED_KEY, self.data_dir / _SELF_SIGNED_CERT
-
-    def fingerprint(self) -> str:
-        return _files_fingerprint(list(self._paths()))
-
-    def load(self, now: datetime) -> SigningAuthority:
-        key_path, cert_path = self._paths()
-        with data_dir_lock(self.data_dir):
-            if cert_path.exists() and not key_path.exists():
-                raise CaSetupError(
-                    f"{cert_path} exists without {key_path}: restore the key or remove both to "
-                    "generate a new root (workloads will then need the new root-cert.pem)"
-                )
-            if not cert_path.exists():
-                self._create(now)
-            try:
-                key = load_private_key(key_path.read_bytes())
-                cert = load_cert(cert_path.read_bytes(), what=str(cert_path))
-            except CertsError as exc:
-                raise CaSetupError(f"cannot load the self-signed root: {exc}") from exc
-        authority = self_signed_authority(cert, key)
-        try:
-            authority.validate(now=now)
-        except CertsError as exc:
-            raise CaSetupError(f"self-signed root in {self.data_dir} is unusable: {exc}") from exc
-        return authority
-
-    def _create(self, now: datetime) -> None:
-        """Key first, certificate second: a crash in between leaves no certificate, so the next
-        start simply generates both again (nothing can have been issued from it)."""
-        key_path, cert_path = self._paths()
-        root = new_self_signed_authority(
-            self.key_spec, self.trust_domain, now=now, lifetime=self.lifetime
-        )
-        atomic_write(key_path, private_key_to_pem(root.key), mode=0o600)
-        atomic_write(cert_path, cert_to_pem(root.cert))
-        log.info("generated a new %s self-signed root for %s", self.key_spec, self.trust_domain)
 
 
 @dataclass

@@ -34,16 +34,22 @@ from grpc_reflection.v1alpha import reflection
 
 from ca_server.admission import Admission
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
+from ca_server.authority_setup import record_expiry, set_up_authority
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
 from ca_server.metrics import CaMetrics
+from ca_server.plugged_rotation import (
+    PluggedChangeGuard,
+    StrandingChangeError,
+    audit_refusal,
+    audit_reload,
+)
 from ca_server.root_store import (
     AuthoritySource,
     CaSetupError,
-    SelfSignedRootStore,
     data_dir_lock,
     detect_plugged_ca,
     publish_root_bundle,
@@ -65,19 +71,17 @@ SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].ful
 _MAX_MESSAGE_BYTES = 1024 * 1024
 
 
-def authority_source_for(config: CaConfig, kube: KubernetesMode | None = None) -> AuthoritySource:
-    """Plugged-in CA when `--cacerts-dir` holds a complete layout; else the root shared through
-    Secret `istio-ca-secret` in Kubernetes mode; else a self-signed root in `--data-dir`."""
+def authority_source_for(
+    config: CaConfig, kube: KubernetesMode | None = None
+) -> AuthoritySource | None:
+    """Plugged-in CA when `--cacerts-dir` holds a complete layout; else `None`: self-signed
+    authority slots (see `ca_server.authority_setup`)."""
     if config.cacerts_dir is not None:
         plugged = detect_plugged_ca(config.cacerts_dir)
         if plugged is not None:
             return plugged
         log.info("no plugged-in CA files in %s; using a self-signed root", config.cacerts_dir)
-    if kube is not None:
-        return kube.secret_root_store()
-    return SelfSignedRootStore(
-        config.data_dir, config.trust_domain, config.root_key, config.root_lifetime
-    )
+    return None
 
 
 def build_authenticators(
@@ -90,7 +94,9 @@ def build_authenticators(
         with data_dir_lock(config.data_dir):
             issuers.append(ensure_dev_issuer(config.data_dir).trust_config())
     chain: list[Authenticator] = [
-        ClientCertificateAuthenticator(config.trust_domain, lambda: signer.authority.roots, clock),
+        ClientCertificateAuthenticator(
+            config.trust_domain, lambda: signer.trusted_client_roots, clock
+        ),
     ]
     if issuers:
         chain.append(JwtAuthenticator.from_config(issuers, config.trust_domain, clock))
@@ -116,10 +122,12 @@ async def watch_authority(
     metrics: CaMetrics,
     clock: Clock,
     on_reload: Callable[[SigningAuthority], None] = lambda authority: None,
+    guard: PluggedChangeGuard | None = None,
 ) -> None:
     """Re-reads the signing material when it changes (files, or the shared Secret); a broken
     update is refused and the current authority kept, so an operator's half-copied `cacerts`
-    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher).
+    never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher);
+    `guard` refuses a change that would strand workloads (see `ca_server.plugged_rotation`).
 
     Runs until cancelled: nothing the source or the reload steps raise may end it, or the CA
     would silently stop following its authority. Unusable material is logged once per change;
@@ -129,7 +137,11 @@ async def watch_authority(
     while True:
         await clock.sleep(config.plugged_ca_poll_interval.total_seconds())
         try:
-            seen = await _reload_if_changed(source, seen, signer, config, metrics, clock, on_reload)
+            if guard is not None:
+                await asyncio.to_thread(guard.save, clock.now())
+            seen = await _reload_if_changed(
+                source, seen, signer, config, metrics, clock, on_reload, guard
+            )
         except Exception:
             log.exception(
                 "keeping the current CA: checking %s for changes failed; retrying",
@@ -145,6 +157,7 @@ async def _reload_if_changed(
     metrics: CaMetrics,
     clock: Clock,
     on_reload: Callable[[SigningAuthority], None],
+    guard: PluggedChangeGuard | None = None,
 ) -> str:
     """One poll: reloads if the fingerprint moved from `seen`; returns the fingerprint handled."""
     current = await asyncio.to_thread(source.fingerprint)
@@ -152,21 +165,26 @@ async def _reload_if_changed(
         return seen
     try:
         authority = await asyncio.to_thread(source.load, clock.now())
+        if guard is not None:
+            await asyncio.to_thread(guard.check, signer.authority, authority, clock.now())
+    except StrandingChangeError as exc:
+        # Checked again at every poll: waiting (for leaves to expire) can make it acceptable.
+        if guard is not None and guard.first_refusal(current, exc.reason):
+            log.error("keeping the current CA: %s", exc)
+            audit_refusal(exc)
+        return seen
     except (CaSetupError, CertsError) as exc:
         log.error("keeping the current CA: the changed %s is unusable: %s", source.description, exc)
         return current
     signer.replace(authority)
     publish_root_bundle(config.data_dir, authority)
-    _record_expiry(metrics, authority)
+    record_expiry(metrics, authority)
     on_reload(authority)
     log.info(
         "reloaded %s; now signing with serial %x", source.description, authority.cert.serial_number
     )
+    audit_reload(authority)
     return current
-
-
-def _record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
-    metrics.record_authority(authority)
 
 
 async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
@@ -188,21 +206,18 @@ async def _serve(
     config: CaConfig, clock: Clock, metrics: CaMetrics, kube: KubernetesMode | None
 ) -> None:
     source = authority_source_for(config, kube)
-    authority = await asyncio.to_thread(source.load, clock.now())
-    publish_root_bundle(config.data_dir, authority)
-    log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+    setup = await set_up_authority(config, source, metrics, clock, kube)
+    signer, authority = setup.signer, setup.signer.authority
     if kube is not None:
         await kube.start(authority)
 
-    _record_expiry(metrics, authority)
     started = clock.now()
-    signer = LocalSigner(authority)
     state = CaState()
     service = CertificateService(
         authenticators=build_authenticators(config, signer, clock, kube),
         impersonation=impersonation_policy_for(kube),
         signer=signer,
-        ttl_policy=config.ttl,
+        ttl_policy=setup.ttl_policy,
         metrics=metrics,
         clock=clock,
         admission=Admission(config.admission, clock.monotonic),
@@ -241,9 +256,14 @@ async def _serve(
         config.monitoring_listen,
     )
     on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
-    watcher = asyncio.create_task(
-        watch_authority(source, signer, config, metrics, clock, on_reload)
-    )
+    if setup.rotator is not None:
+        setup.rotator.on_change = on_reload
+        watcher = asyncio.create_task(setup.rotator.run())
+    else:
+        assert source is not None
+        watcher = asyncio.create_task(
+            watch_authority(source, signer, config, metrics, clock, on_reload, setup.guard)
+        )
     try:
         await stop.wait()
     finally:

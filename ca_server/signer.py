@@ -45,6 +45,11 @@ class LocalSigner:
     def replace(self, authority: SigningAuthority) -> None:
         self._authority = authority
 
+    @property
+    def trusted_client_roots(self) -> tuple[x509.Certificate, ...]:
+        """Anchors a client certificate (renewal over mTLS) may chain to."""
+        return self._authority.roots
+
     def sign(
         self, public_key: PublicKey, identity: SpiffeId, validity: Validity
     ) -> IssuedCertificate:

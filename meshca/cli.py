@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mint a development service-account token the local CA trusts",
     ),
     "inspect": ("meshca.commands.inspect", "describe PEM certificates"),
+    "authority": (
+        "meshca.commands.authority",
+        "show or change the CA's authorities (prepare, activate, taint, revoke)",
+    ),
     "agent": ("meshca.commands.agent", "run the per-pod agent (certificates, SDS, files)"),
     "up": ("meshca.commands.up", "run a local CA and one agent, for trying meshca"),
     "status": (

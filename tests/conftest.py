@@ -21,6 +21,7 @@ SPAWNING_MODULES = (
     "subprocess",
     "tests.support.ca_process",
     "tests.support.agent_process",
+    "tests.support.authority_cli",
     "tests.support.envoy",
     "tests.support.kube_api",
     "tests.support.prometheus",

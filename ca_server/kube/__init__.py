@@ -8,7 +8,7 @@ because the node agent watches pods with it too):
 - `tokenreview`: the TokenReview authenticator (its cache is `ca_server.token_cache`).
 - `issuer_keys` / `bound_tokens`: offline token validation (`--token-validation offline`) — the
   service-account issuer's keys, and pod-bound tokens checked against the pod informer.
-- `secret_root`: the shared root in Secret `istio-ca-secret` (an `AuthoritySource`).
+- `secret_root`: the authority slots in Secret `istio-ca-secret` (an `AuthorityStateStore`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod
@@ -27,6 +27,7 @@ client is synchronous. So:
 - Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
 
 Every API call made here is listed in `tests/k8s/api_calls.py`, which the deploy RBAC mirrors:
-TokenReview create; Secrets and Leases in the CA's namespace; ConfigMaps in all namespaces;
-Pods and Namespaces list/watch; get on /.well-known/openid-configuration and /openid/v1/jwks.
+TokenReview create; Secrets (get/list/watch/create/update) and Leases in the CA's namespace;
+ConfigMaps in all namespaces; Pods and Namespaces list/watch; get on
+/.well-known/openid-configuration and /openid/v1/jwks.
 """

@@ -1,10 +1,10 @@
 """Kubernetes mode, composed: the parts `ca_server.server` plugs in when a cluster is configured.
 
 `KubernetesMode` builds the API clients once and hands out the cluster-backed implementations
-of the CA's seams — an `AuthoritySource` (Secret `istio-ca-secret`), the token `Authenticator`s
-(TokenReview, or offline validation against the issuer keys and the pod informer) and an
-`ImpersonationPolicy` (node authorizer) — and runs the background parts
-(watches, Lease election, ConfigMap publication) between `start` and `stop`.
+of the CA's seams — an `AuthorityStateStore` (the authority slots in Secret
+`istio-ca-secret`), the token `Authenticator`s (TokenReview, or offline validation against the
+issuer keys and the pod informer) and an `ImpersonationPolicy` (node authorizer) — and runs the
+background parts (watches, Lease election, ConfigMap publication) between `start` and `stop`.
 
 Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (waiting for
 the first pod list, releasing the Lease) is pushed to a worker thread. The background parts run
@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from ca_server.authn import Authenticator
+from ca_server.authority_state import SlotFactory
 from ca_server.config import CaConfig, KubeConfig
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator, TrustedIssuer
@@ -27,8 +28,9 @@ from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
+from ca_server.kube.replica_reports import ConfigMapLedgerSink
 from ca_server.kube.root_publisher import RootConfigMapPublisher
-from ca_server.kube.secret_root import KubeSecretRootStore
+from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.metrics import CaMetrics
 from ca_server.root_store import CaSetupError
@@ -49,7 +51,7 @@ class KubernetesMode:
         self.kube = kube
         self._metrics = metrics
         self.clients = KubeClients.from_config(kube)
-        self._secret_store: KubeSecretRootStore | None = None
+        self._secret_store: KubeAuthorityStateStore | None = None
         offline = kube.token_review and kube.token_validation == "offline"
         self._issuer_keys = (
             ClusterIssuerKeys(self.clients.local, monotonic=clock.monotonic) if offline else None
@@ -78,16 +80,17 @@ class KubernetesMode:
 
     # -- the seams -------------------------------------------------------------------------
 
-    def secret_root_store(self) -> KubeSecretRootStore:
+    def authority_state_store(self, factory: SlotFactory) -> KubeAuthorityStateStore:
+        """The authority slots in Secret `istio-ca-secret`, shared by every replica."""
         if self._secret_store is None:
-            self._secret_store = KubeSecretRootStore(
-                self.clients.local,
-                self.kube.namespace,
-                self._config.trust_domain,
-                self._config.root_key,
-                self._config.root_lifetime,
+            self._secret_store = KubeAuthorityStateStore(
+                self.clients.local, self.kube.namespace, factory, self._clock
             )
         return self._secret_store
+
+    def ledger_sink(self, instance: str) -> ConfigMapLedgerSink:
+        """This replica's leaf-ledger report, a ConfigMap in the CA's namespace."""
+        return ConfigMapLedgerSink(self.clients.local, self.kube.namespace, instance)
 
     def token_review_authenticator(self) -> TokenReviewAuthenticator:
         return TokenReviewAuthenticator(

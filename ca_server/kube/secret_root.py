@@ -1,22 +1,26 @@
-"""The mesh root shared by every CA replica, kept in Secret `istio-ca-secret`.
+"""The mesh's authority slots shared by every CA replica, kept in Secret `istio-ca-secret`.
 
 The Secret's shape: docs/reference.md#root-secret.
 
-An `AuthoritySource` (see `ca_server.root_store`). `load` reads the Secret; if there is none it
-generates a root and *creates* the Secret. Creation is the only write and the API server lets
-exactly one create win, so replicas starting at the same instant converge: the losers get 409
-AlreadyExists, re-read, and use the winner's root. An existing Secret is never overwritten. If the
-Secret is deleted later, the replica re-creates it from the root it is signing with (not a new
-one), so a deletion cannot silently rotate the mesh's root.
+An `AuthorityStateStore` (see `ca_server.authority_state`). The Secret keeps Istio's
+self-signed layout for everything that reads it — `ca-cert.pem` / `ca-key.pem` the *active*
+authority, `root-cert.pem` the trust bundle (every slot's certificate while rotating),
+`cert-chain.pem` empty (the signing cert is the root), `key.pem` empty as Istio writes it — plus
+`meshca-authorities.json`: the slots themselves (see `authority_state.encode_state`).
 
-Layout, as Istio writes it for a self-signed root: `ca-cert.pem` / `ca-key.pem` are the signing
-certificate and key, `root-cert.pem` the trust bundle, `cert-chain.pem` the chain from the
-signing cert towards the root (empty when the signing cert is the root); `key.pem` is unused by
-the CA and written empty, as Istio does.
+Writes are optimistic: read, change, then create (only one create can win; the losers get 409
+and retry on the winner's Secret) or replace with the resourceVersion read (a racing writer
+gets 409 and retries on the new state). So replicas waking at the same instant perform a
+scheduled step exactly once, and a `meshca authority` command is never lost.
 
-Concurrency: `load` blocks on the API and is called from a worker thread (`asyncio.to_thread`).
-`fingerprint` must be cheap, as the server polls it every few seconds: it hashes the copy kept
-by a watch of the one Secret (an `Informer` in its own thread), never calling the API itself.
+Compatibility: a Secret without the slots key (made by Istio or an older meshca), or whose
+`ca-cert.pem` no longer matches the stored active slot (an operator replaced the root the Istio
+way), is adopted as it stands: its `ca-cert.pem`/`ca-key.pem` become the only, active slot and
+its `root-cert.pem` is kept as written until the next change.
+
+Concurrency: `read`/`transact` block on the API and are called from worker threads.
+`fingerprint` must be cheap: it hashes the copy kept by a watch of the one Secret (an
+`Informer` in its own thread), never calling the API itself.
 """
 
 from __future__ import annotations
@@ -25,27 +29,24 @@ import base64
 import functools
 import hashlib
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.root_store import CaSetupError
-from certs import (
-    CertsError,
-    KeySpec,
-    SigningAuthority,
-    cert_to_pem,
-    certs_to_pem,
-    load_cert,
-    load_certs,
-    load_private_key,
-    make_authority,
-    new_self_signed_authority,
-    private_key_to_pem,
+from ca_server.authority_slots import AuthorityState
+from ca_server.authority_state import (
+    SlotFactory,
+    StateChange,
+    adopted_state,
+    decode_state,
+    encode_state,
 )
+from ca_server.root_store import CaSetupError
+from certs import cert_to_pem, certs_to_pem, private_key_to_pem
+from meshca.clock import Clock
 from meshca.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -59,40 +60,44 @@ CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN, KEY = (
     "cert-chain.pem",
     "key.pem",
 )
+SLOTS = "meshca-authorities.json"
 _REQUEST_TIMEOUT = (3.0, 10.0)
 _NOT_FOUND, _CONFLICT = 404, 409
+_ATTEMPTS = 10
 
 SecretData = dict[str, str]  # key -> base64 value, as on the wire
 
 
-def secret_data_for(authority: SigningAuthority) -> dict[str, bytes | str]:
-    chain = authority.ca_chain
+def secret_data_for(state: AuthorityState) -> dict[str, bytes | str]:
+    active = state.active
     raw = {
-        CA_CERT: cert_to_pem(authority.cert),
-        CA_KEY: private_key_to_pem(authority.key).decode(),
-        ROOT_CERT: authority.root_bundle_pem,
-        CERT_CHAIN: certs_to_pem(chain) if chain else "",
+        CA_CERT: cert_to_pem(active.cert),
+        CA_KEY: private_key_to_pem(active.key).decode(),
+        ROOT_CERT: certs_to_pem(state.bundle),
+        CERT_CHAIN: "",
         KEY: "",
+        SLOTS: encode_state(state),
     }
     return {key: base64.b64encode(value.encode()).decode() for key, value in raw.items()}
 
 
-def authority_from_secret_data(data: SecretData, now: datetime) -> SigningAuthority:
-    """Parses and validates the Secret's contents; `CaSetupError` names what is wrong."""
+def state_from_secret_data(data: SecretData, now: datetime) -> tuple[AuthorityState, bool]:
+    """The slots in the Secret, and whether they had to be adopted from Istio's keys (so the
+    caller writes them back). `CaSetupError` names what is wrong."""
+    where = f"Secret {SECRET_NAME}"
     try:
         raw = {key: base64.b64decode(value) for key, value in data.items()}
-        missing = [key for key in (CA_CERT, CA_KEY, ROOT_CERT) if not raw.get(key)]
-        if missing:
-            raise CaSetupError(f"Secret {SECRET_NAME} lacks {missing}")
-        cert = load_cert(raw[CA_CERT], what=CA_CERT)
-        key = load_private_key(raw[CA_KEY])
-        roots = load_certs(raw[ROOT_CERT], what=ROOT_CERT)
-        chain = load_certs(raw[CERT_CHAIN], what=CERT_CHAIN) if raw.get(CERT_CHAIN) else [cert]
-        authority = make_authority(cert, key, chain, roots)
-        authority.validate(now=now)
-    except (CertsError, ValueError) as exc:
-        raise CaSetupError(f"Secret {SECRET_NAME} holds an unusable CA: {exc}") from exc
-    return authority
+    except ValueError as exc:
+        raise CaSetupError(f"{where} holds data that is not base64: {exc}") from exc
+    missing = [key for key in (CA_CERT, CA_KEY) if not raw.get(key)]
+    if missing:
+        raise CaSetupError(f"{where} lacks {missing}; restore it or delete it to start afresh")
+    if raw.get(SLOTS):
+        state = decode_state(raw[SLOTS], where)
+        if cert_to_pem(state.active.cert).encode().strip() == raw[CA_CERT].strip():
+            return state, False
+        log.warning("%s's ca-cert.pem was replaced outside meshca; adopting it", where)
+    return adopted_state(raw[CA_CERT], raw[CA_KEY], now, where), True
 
 
 def data_fingerprint(data: SecretData | None) -> str:
@@ -104,22 +109,22 @@ def data_fingerprint(data: SecretData | None) -> str:
     return digest.hexdigest()
 
 
-class KubeSecretRootStore:
+class KubeAuthorityStateStore:
     def __init__(
         self,
         api: kubernetes.client.ApiClient,
         namespace: str,
-        trust_domain: str,
-        key_spec: KeySpec,
-        lifetime: timedelta,
+        factory: SlotFactory,
+        clock: Clock,
     ) -> None:
         self._core = kubernetes.client.CoreV1Api(api)
         self.namespace = namespace
-        self._trust_domain = trust_domain
-        self._key_spec = key_spec
-        self._lifetime = lifetime
-        self._current: SigningAuthority | None = None
+        self._factory = factory
+        self._clock = clock
         self._loaded_fingerprint = "<not loaded>"
+        # The last state read or written: a deleted Secret is re-created from it, so deleting
+        # the Secret cannot silently rotate the mesh's root.
+        self._last: AuthorityState | None = None
         self._watch: Informer[SecretData | None] = Informer(
             "secrets",
             functools.partial(self._core.list_namespaced_secret, namespace),
@@ -129,7 +134,7 @@ class KubeSecretRootStore:
 
     @property
     def description(self) -> str:
-        return f"shared root in Secret {self.namespace}/{SECRET_NAME}"
+        return f"authority slots in Secret {self.namespace}/{SECRET_NAME}"
 
     def start_watch(self) -> None:
         self._watch.start()
@@ -142,15 +147,67 @@ class KubeSecretRootStore:
             return self._loaded_fingerprint
         return data_fingerprint(self._watch.get((self.namespace, SECRET_NAME)))
 
-    def load(self, now: datetime) -> SigningAuthority:
-        secret = self._read()
-        if secret is None:
-            secret = self._create(now)
-        data = dict(secret.data or {})
-        authority = authority_from_secret_data(data, now)
-        self._current = authority
-        self._loaded_fingerprint = data_fingerprint(data)
-        return authority
+    def read(self) -> AuthorityState:
+        return self.transact(lambda state: None)
+
+    def exists(self) -> bool:
+        """Whether the Secret exists (`meshca authority` refuses to create a CA)."""
+        return self._read() is not None
+
+    def transact(self, change: StateChange) -> AuthorityState:
+        for _ in range(_ATTEMPTS):
+            secret = self._read()
+            if secret is None:
+                current, must_write = (
+                    self._last or self._factory.first_state(self._clock.now()),
+                    True,
+                )
+            else:
+                data = dict(secret.data or {})
+                current, must_write = state_from_secret_data(data, self._clock.now())
+                self._loaded_fingerprint = data_fingerprint(data)
+            updated = change(current)
+            if updated is None and not must_write:
+                self._last = current
+                return current
+            final = updated or current
+            if self._write(secret, final):
+                self._last = final
+                return final
+        raise CaSetupError(
+            f"{self.description} kept changing under {_ATTEMPTS} attempts to update it; retry"
+        )
+
+    def _write(self, secret: Any, state: AuthorityState) -> bool:
+        """Creates or replaces the Secret; False when another writer got there first."""
+        data = secret_data_for(state)
+        metadata = kubernetes.client.V1ObjectMeta(name=SECRET_NAME, namespace=self.namespace)
+        if secret is not None:
+            metadata = secret.metadata
+        body = kubernetes.client.V1Secret(
+            api_version="v1", kind="Secret", metadata=metadata, type=SECRET_TYPE, data={**data}
+        )
+        try:
+            if secret is None:
+                self._core.create_namespaced_secret(
+                    self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
+                )
+                log.info("created %s", self.description)
+            else:
+                self._core.replace_namespaced_secret(
+                    SECRET_NAME, self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
+                )
+        except ApiException as exc:
+            if exc.status in (_CONFLICT, _NOT_FOUND):
+                log.info(
+                    "%s changed concurrently (HTTP %s); re-reading", self.description, exc.status
+                )
+                return False
+            raise CaSetupError(self._api_failure("write", exc)) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CaSetupError(f"cannot write {self.description}: {exc}") from exc
+        self._loaded_fingerprint = data_fingerprint({k: str(v) for k, v in data.items()})
+        return True
 
     def _read(self) -> Any:
         try:
@@ -164,44 +221,10 @@ class KubeSecretRootStore:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise CaSetupError(f"cannot read {self.description}: {exc}") from exc
 
-    def _create(self, now: datetime) -> Any:
-        """Creates the Secret from the current root (after a deletion) or a new one; if another
-        replica won the race, returns the winner's Secret instead."""
-        authority = self._current or self._new_root(now)
-        body = kubernetes.client.V1Secret(
-            api_version="v1",
-            kind="Secret",
-            metadata=kubernetes.client.V1ObjectMeta(name=SECRET_NAME, namespace=self.namespace),
-            type=SECRET_TYPE,
-            data=secret_data_for(authority),
-        )
-        try:
-            created = self._core.create_namespaced_secret(
-                self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise CaSetupError(f"cannot create {self.description}: {exc}") from exc
-        except ApiException as exc:
-            if exc.status != _CONFLICT:
-                raise CaSetupError(self._api_failure("create", exc)) from exc
-            log.info("another CA replica created %s first; using its root", self.description)
-            winner = self._read()
-            if winner is None:
-                raise CaSetupError(
-                    f"{self.description} was created and deleted concurrently; restart to retry"
-                ) from exc
-            return winner
-        log.info("%s %s", "restored" if self._current else "created", self.description)
-        return created
-
-    def _new_root(self, now: datetime) -> SigningAuthority:
-        log.info("generating a new %s root for %s", self._key_spec, self._trust_domain)
-        return new_self_signed_authority(
-            self._key_spec, self._trust_domain, now=now, lifetime=self._lifetime
-        )
-
     def _api_failure(self, verb: str, exc: ApiException) -> str:
         hint = ""
         if exc.status in (401, 403):
-            hint = f"; grant the CA's service account get/create on secrets in {self.namespace}"
+            hint = (
+                f"; grant the CA's service account get/create/update on secrets in {self.namespace}"
+            )
         return f"cannot {verb} {self.description}: HTTP {exc.status} {exc.reason}{hint}"

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
 
 from certs import (
+    PrivateKey,
     SpiffeId,
     build_csr,
     build_intermediate_certificate,
@@ -96,13 +98,25 @@ def test_two_processes_sharing_a_data_dir_share_one_root(tmp_path: Path):
         second.stop()
 
 
-def _write_plugged_ca(directory: Path, layout: str) -> tuple[bytes, bytes]:
-    """Root → intermediate, written in Istio's `cacerts` layout or the `tls.*` one."""
-    now = datetime.now(UTC)
-    root_key = generate_private_key()
-    root = build_root_certificate(
-        root_key, "cluster.local", now=now, lifetime=timedelta(days=365), common_name="corp root"
+def _new_root() -> tuple[x509.Certificate, PrivateKey]:
+    key = generate_private_key()
+    cert = build_root_certificate(
+        key,
+        "cluster.local",
+        now=datetime.now(UTC),
+        lifetime=timedelta(days=365),
+        common_name="corp root",
     )
+    return cert, key
+
+
+def _write_plugged_ca(
+    directory: Path, layout: str, root_ca: tuple[x509.Certificate, PrivateKey] | None = None
+) -> tuple[bytes, bytes]:
+    """Root (new unless given) → a new intermediate, written in Istio's `cacerts` layout or the
+    `tls.*` one."""
+    now = datetime.now(UTC)
+    root, root_key = root_ca or _new_root()
     key = generate_private_key()
     intermediate = build_intermediate_certificate(
         key.public_key(), root, root_key, "cluster.local", now=now, lifetime=timedelta(days=30)
@@ -166,7 +180,10 @@ def test_incomplete_plugged_in_ca_refuses_to_start_and_names_what_is_missing(tmp
 
 
 def test_plugged_in_ca_change_is_picked_up_without_restart(tmp_path: Path):
-    _write_plugged_ca(tmp_path / "cacerts", "istio")
+    """A new intermediate under the same root (a new root goes in steps: see
+    `test_plugged_rotation.py`)."""
+    root_ca = _new_root()
+    _write_plugged_ca(tmp_path / "cacerts", "istio", root_ca)
     ca = CaProcess(
         tmp_path / "data",
         "--cacerts-dir",
@@ -176,10 +193,10 @@ def test_plugged_in_ca_change_is_picked_up_without_restart(tmp_path: Path):
     )
     ca.start()
     try:
-        new_root, new_intermediate = _write_plugged_ca(tmp_path / "cacerts", "istio")
-        wait_for(lambda: ca.root_cert_path.read_bytes() == new_root, 10, "root republished")
+        root_pem, new_intermediate = _write_plugged_ca(tmp_path / "cacerts", "istio", root_ca)
+        wait_for(lambda: _issue(ca)[1].encode() == new_intermediate, 10, "hot swap")
+        assert ca.root_cert_path.read_bytes() == root_pem
         chain = _issue(ca)
-        assert chain[1].encode() == new_intermediate
         _verifies(chain, ca.root_cert_path)
         # A broken update is refused and the current CA kept.
         (tmp_path / "cacerts" / "ca-key.pem").write_bytes(

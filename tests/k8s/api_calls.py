@@ -29,8 +29,15 @@ CA_RBAC: frozenset[Rule] = frozenset(
     [
         # TokenReview authenticator.
         Rule("authentication.k8s.io", "tokenreviews", "create", "cluster"),
-        # Shared root (Secret istio-ca-secret, CA namespace): read, create once, watch.
-        *(Rule("", "secrets", verb, "namespace") for verb in ("get", "list", "watch", "create")),
+        # Authority slots (Secret istio-ca-secret, CA namespace): read, create once, watch,
+        # update on each rotation step or `meshca authority` command.
+        *(
+            Rule("", "secrets", verb, "namespace")
+            for verb in ("get", "list", "watch", "create", "update")
+        ),
+        # Per-replica reports (ConfigMaps meshca-ca-replica-*, CA namespace): written with the
+        # cluster-wide configmaps rules below; a replica deletes the spent report of a gone one.
+        Rule("", "configmaps", "delete", "namespace"),
         # Root-publisher Lease (CA namespace).
         *(
             Rule("coordination.k8s.io", "leases", verb, "namespace")

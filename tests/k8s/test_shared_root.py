@@ -8,13 +8,23 @@ import base64
 import threading
 from datetime import UTC, datetime, timedelta
 
+from ca_server.authority_slots import AuthorityState, Phase
+from ca_server.authority_state import SlotFactory
+from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import (
     SECRET_NAME,
     SECRET_TYPE,
-    KubeSecretRootStore,
-    secret_data_for,
+    KubeAuthorityStateStore,
 )
-from certs import KeySpec, SigningAuthority, build_root_certificate, generate_private_key
+from certs import (
+    KeySpec,
+    SigningAuthority,
+    build_root_certificate,
+    cert_to_pem,
+    generate_private_key,
+    private_key_to_pem,
+)
+from meshca.clock import FakeClock
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import wait_for
@@ -29,6 +39,7 @@ def _secret_root(kube_api: KubeApiServer) -> bytes:
         "root-cert.pem",
         "cert-chain.pem",
         "key.pem",
+        "meshca-authorities.json",
     }
     return base64.b64decode(secret["data"]["root-cert.pem"])
 
@@ -50,21 +61,28 @@ def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_
         assert chain[-1].encode() == root
         assert_verifies(chain, root)
 
-    # An operator replaces the root: every replica reloads it and the ConfigMaps follow.
+    # An operator replaces the root the Istio way (ca-cert.pem, ca-key.pem, root-cert.pem): every
+    # replica adopts it and the ConfigMaps follow.
     key = generate_private_key()
     cert = build_root_certificate(
         key, "cluster.local", now=datetime.now(UTC), lifetime=timedelta(days=365)
     )
     authority = SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
     secret = kube_api.get("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
-    secret["data"] = {
-        k: v if isinstance(v, str) else v.decode() for k, v in secret_data_for(authority).items()
+    replaced = {
+        "ca-cert.pem": cert_to_pem(cert),
+        "ca-key.pem": private_key_to_pem(key).decode(),
+        "root-cert.pem": authority.root_bundle_pem,
     }
+    for name, pem in replaced.items():
+        secret["data"][name] = base64.b64encode(pem.encode()).decode()
     kube_api.update("secrets", secret)
     new_root = authority.root_bundle_pem.encode()
 
     def everywhere() -> bool:
-        configmaps = kube_api.list("configmaps")
+        configmaps = [  # the root ConfigMaps (each replica also keeps a report ConfigMap)
+            cm for cm in kube_api.list("configmaps") if cm["metadata"]["name"] == CONFIGMAP_NAME
+        ]
         return (
             all(ca.root_cert_path.read_bytes() == new_root for ca in replicas)
             and len(configmaps) == 3
@@ -81,18 +99,16 @@ def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_
 def test_losing_the_create_race_adopts_the_winners_root(kube_api: KubeApiServer):
     """Deterministic version of the race: a store that decided to create after another
     replica already did gets 409, re-reads, and uses the existing root (never overwrites)."""
-
-    def store() -> KubeSecretRootStore:
-        return KubeSecretRootStore(
-            kube_api.api_client(), CA_NAMESPACE, "cluster.local", KeySpec(), timedelta(days=30)
-        )
-
     now = datetime.now(UTC)
-    winner = store().load(now)
+    factory = SlotFactory(KeySpec(), "cluster.local", timedelta(days=30))
+
+    def store() -> KubeAuthorityStateStore:
+        return KubeAuthorityStateStore(kube_api.api_client(), CA_NAMESPACE, factory, FakeClock(now))
+
+    winner = store().read()
     loser = store()
-    adopted = loser._create(now)  # what load() does after its read found nothing
-    assert base64.b64decode(adopted.data["root-cert.pem"]).decode() == winner.root_bundle_pem
-    assert loser.load(now).root_bundle_pem == winner.root_bundle_pem
+    assert not loser._write(None, factory.first_state(now)), "the second create must lose"
+    assert loser.read().active.id == winner.active.id
     assert kube_api.count("create", "secrets") == 2
     assert kube_api.count("update", "secrets") == 0
 
@@ -104,7 +120,7 @@ def test_losing_the_create_race_adopts_the_winners_root(kube_api: KubeApiServer)
     def load() -> None:
         candidate = store()
         barrier.wait()
-        roots.append(candidate.load(now).root_bundle_pem)
+        roots.append(candidate.read().active.id)
 
     threads = [threading.Thread(target=load) for _ in range(6)]
     for thread in threads:
@@ -112,3 +128,27 @@ def test_losing_the_create_race_adopts_the_winners_root(kube_api: KubeApiServer)
     for thread in threads:
         thread.join(30)
     assert len(roots) == 6 and len(set(roots)) == 1
+
+    # Concurrent changes are serialised by resourceVersion: each of six "prepare if none"
+    # transactions sees the others (a loser retries on the winner's state), so exactly one
+    # authority is prepared and none is lost or duplicated.
+
+    def prepare_if_none() -> None:
+        candidate = store()
+        barrier.wait()
+
+        def change(state: AuthorityState) -> AuthorityState | None:
+            if state.prepared is not None:
+                return None
+            return state.prepare(lambda: factory.new(now, Phase.PREPARED), now, "test")
+
+        candidate.transact(change)
+
+    threads = [threading.Thread(target=prepare_if_none) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    final = store().read()
+    assert final.prepared is not None and len(final.slots) == 2
+    assert kube_api.count("update", "secrets") >= 1

@@ -1,0 +1,109 @@
+"""Choosing, at start-up, how the CA gets its signing authority and who keeps it current.
+
+- Self-signed (no plugged-in CA): authority slots shared by every CA process — in Secret
+  `istio-ca-secret` in Kubernetes mode, else in `--data-dir` — rotated by one
+  `rotation.AuthorityRotator` per process; workload TTLs capped so a rotation never cuts a leaf
+  short.
+- Plugged-in (`--cacerts-dir`): the directory, re-read by `server.watch_authority`, each change
+  checked by a `plugged_rotation.PluggedChangeGuard` before use.
+
+Both keep a leaf ledger published through a `LedgerSink` (per-replica ConfigMaps in Kubernetes
+mode, files in `--data-dir` otherwise), which `meshca authority show` and the guard read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+from ca_server.authority_state import AuthorityStateStore, LocalAuthorityStateStore, SlotFactory
+from ca_server.config import CaConfig, TtlPolicy
+from ca_server.kube.mode import KubernetesMode
+from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger, LedgerSink
+from ca_server.metrics import CaMetrics
+from ca_server.plugged_rotation import PluggedChangeGuard, RecordingSigner
+from ca_server.root_store import AuthoritySource, publish_root_bundle
+from ca_server.rotation import (
+    AuthorityRotator,
+    RotationSettings,
+    cap_leaf_lifetimes,
+    rotation_policy_for,
+)
+from ca_server.signer import LocalSigner
+from certs import SigningAuthority
+from meshca.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AuthoritySetup:
+    """What the server needs: the signer, the TTL policy to grant with, and what keeps the
+    authority current (exactly one of `rotator` / `guard` is set)."""
+
+    signer: LocalSigner
+    ttl_policy: TtlPolicy
+    rotator: AuthorityRotator | None = None
+    guard: PluggedChangeGuard | None = None
+
+
+def instance_name(config: CaConfig) -> str:
+    """This CA process's name in audit lines and in its leaf-ledger report."""
+    return config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
+
+
+def ledger_sink_for(config: CaConfig, kube: KubernetesMode | None) -> LedgerSink:
+    """Per-replica ConfigMaps in Kubernetes mode; else files in `--data-dir`."""
+    if kube is not None:
+        return kube.ledger_sink(instance_name(config))
+    return DirectoryLedgerSink(config.data_dir, instance_name(config))
+
+
+def rotator_for(
+    config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None
+) -> AuthorityRotator:
+    """Self-signed authorities shared by every CA process: in Secret `istio-ca-secret` in
+    Kubernetes mode, else in `--data-dir`."""
+    factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
+    store: AuthorityStateStore = (
+        kube.authority_state_store(factory)
+        if kube is not None
+        else LocalAuthorityStateStore(config.data_dir, factory, clock)
+    )
+    settings = RotationSettings(
+        config.data_dir,
+        instance_name(config),
+        config.plugged_ca_poll_interval.total_seconds(),
+        ledger_sink_for(config, kube),
+    )
+    return AuthorityRotator(store, rotation_policy_for(config), factory, metrics, clock, settings)
+
+
+async def set_up_authority(
+    config: CaConfig,
+    source: AuthoritySource | None,
+    metrics: CaMetrics,
+    clock: Clock,
+    kube: KubernetesMode | None,
+) -> AuthoritySetup:
+    """Loads the first authority (and publishes `root-cert.pem`); `source` is the plugged-in
+    CA, or `None` for self-signed slots. Raises `CaSetupError` for unusable material."""
+    if source is None:
+        rotator = rotator_for(config, metrics, clock, kube)
+        signer = await rotator.start()
+        log.info("signing with self-signed authority slots (trust domain %s)", config.trust_domain)
+        return AuthoritySetup(signer, cap_leaf_lifetimes(config.ttl, rotator.policy), rotator)
+    authority = await asyncio.to_thread(source.load, clock.now())
+    publish_root_bundle(config.data_dir, authority)
+    log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+    record_expiry(metrics, authority)
+    ledger = LeafLedger()
+    guard = PluggedChangeGuard(ledger, ledger_sink_for(config, kube))
+    return AuthoritySetup(RecordingSigner(authority, ledger, clock), config.ttl, guard=guard)
+
+
+def record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
+    """Istio's expiry gauges for a plugged-in CA (the rotator keeps them for slots)."""
+    metrics.record_authority(authority)

@@ -1,0 +1,158 @@
+"""How many live leaves each authority has signed — the figure that says when an old root may go.
+
+A leaf stays live until its NotAfter whether or not the process that signed it is still running,
+so the ledger records expiries, not events: per authority, a count per expiry bucket. Buckets are
+rounded *up* (to 5 s for leaves ending within 10 minutes, a minute within the hour, else an
+hour), so a count can be slightly high for up to one bucket, never low, and the size stays
+bounded (at most 120 + 60 + 24 * 90 buckets per authority for the longest TTL).
+
+Each CA process keeps its own `LeafLedger` (the signer records into it on the event loop) and a
+`LedgerSink` publishes its snapshot where the others and `meshca authority show` find it: one
+file per process in `--data-dir/leaves/` (`DirectoryLedgerSink`), or one ConfigMap per replica
+in Kubernetes mode (`ca_server.kube.replica_reports`). Readers sum every snapshot; snapshots of
+processes that are gone still count until their leaves expire — that is the point — and are
+swept once they are spent.
+
+Agent reports (which bundle an agent trusts, which authority signed the leaf it serves) are the
+next step (they need the agent side); they will travel the same way, as one more snapshot per
+CA process keyed by agent, summed by the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+from meshca.files import atomic_write, ensure_dir
+
+log = logging.getLogger(__name__)
+
+LEDGER_DIR = "leaves"
+# (leaves ending within, bucket width in seconds): finer near expiry, where it matters.
+_STEPS = ((timedelta(minutes=10), 5), (timedelta(hours=1), 60))
+_COARSE = 3600
+
+
+def _bucket(not_after: datetime, now: datetime) -> int:
+    left = not_after - now
+    step = next((width for horizon, width in _STEPS if left <= horizon), _COARSE)
+    return math.ceil(not_after.timestamp() / step) * step
+
+
+class LeafLedger:
+    """Per authority ID: {bucket end (unix seconds): leaves expiring by then}."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[str, Counter[int]] = {}
+        self.changed = False
+
+    def record(self, authority: str, not_after: datetime, now: datetime) -> None:
+        with self._lock:
+            self._buckets.setdefault(authority, Counter())[_bucket(not_after, now)] += 1
+            self.changed = True
+
+    def live(self, now: datetime) -> dict[str, int]:
+        cutoff = now.timestamp()
+        with self._lock:
+            return {
+                authority: sum(n for end, n in buckets.items() if end > cutoff)
+                for authority, buckets in self._buckets.items()
+            }
+
+    def prune(self, now: datetime) -> None:
+        cutoff = now.timestamp()
+        with self._lock:
+            for authority in list(self._buckets):
+                kept = Counter({e: n for e, n in self._buckets[authority].items() if e > cutoff})
+                if kept:
+                    self._buckets[authority] = kept
+                else:
+                    del self._buckets[authority]
+
+    def snapshot_json(self, now: datetime) -> str:
+        """The unexpired buckets as JSON (what a sink publishes); clears `changed`."""
+        self.prune(now)
+        with self._lock:
+            self.changed = False
+            snapshot = {a: {str(e): n for e, n in b.items()} for a, b in self._buckets.items()}
+        return json.dumps(snapshot, sort_keys=True)
+
+
+def sum_snapshots(snapshots: Iterable[tuple[str, str]], now: datetime) -> dict[str, int]:
+    """Live leaves per authority over `(where, snapshot JSON)` pairs; unreadable ones are
+    skipped with a warning naming `where`."""
+    totals: Counter[str] = Counter()
+    cutoff = now.timestamp()
+    for where, text in snapshots:
+        try:
+            for authority, buckets in json.loads(text).items():
+                totals[authority] += sum(n for e, n in buckets.items() if int(e) > cutoff)
+        except (ValueError, AttributeError, TypeError) as exc:
+            log.warning("ignoring unreadable leaf ledger %s: %s", where, exc)
+    return dict(totals)
+
+
+def is_spent(text: str, now: datetime) -> bool:
+    """True when a snapshot holds no leaf that is still live (or cannot be read at all)."""
+    try:
+        return all(int(e) <= now.timestamp() for b in json.loads(text).values() for e in b)
+    except (ValueError, AttributeError, TypeError):
+        return False  # not ours to judge: left alone
+
+
+class LedgerSink(Protocol):
+    """Where a CA process publishes its ledger and reads everybody's."""
+
+    def save(self, ledger: LeafLedger, now: datetime) -> None:
+        """Publishes `ledger` if it changed, and sweeps spent snapshots of gone processes.
+        Blocking (a worker thread); failures are logged, never raised."""
+        ...
+
+    def live(self, now: datetime) -> dict[str, int]:
+        """Live leaves per authority, summed over every process's snapshot."""
+        ...
+
+
+class DirectoryLedgerSink:
+    """One file per process in `data_dir/leaves/` (shared by the processes on one host)."""
+
+    def __init__(self, data_dir: Path, instance: str) -> None:
+        self._directory = data_dir / LEDGER_DIR
+        self._own = f"{instance}.json"
+
+    def save(self, ledger: LeafLedger, now: datetime) -> None:
+        if not ledger.changed:
+            return
+        try:
+            ensure_dir(self._directory)
+            atomic_write(self._directory / self._own, ledger.snapshot_json(now))
+            self._sweep(now)
+        except OSError as exc:
+            log.warning("could not save the leaf ledger in %s: %s", self._directory, exc)
+
+    def _sweep(self, now: datetime) -> None:
+        for path in self._directory.glob("*.json"):
+            if path.name == self._own:
+                continue
+            try:
+                if is_spent(path.read_text(), now):
+                    path.unlink()
+            except OSError:
+                continue
+
+    def live(self, now: datetime) -> dict[str, int]:
+        snapshots = []
+        for path in sorted(self._directory.glob("*.json")):
+            try:
+                snapshots.append((str(path), path.read_text()))
+            except OSError as exc:
+                log.warning("ignoring unreadable leaf ledger %s: %s", path, exc)
+        return sum_snapshots(snapshots, now)

@@ -1,0 +1,330 @@
+"""The one driver of authority rotation, and the signer that follows it.
+
+Every CA process (worker, replica) runs an `AuthorityRotator` over the shared
+`AuthorityStateStore`. Each round it
+
+1. applies whatever `authority_slots.scheduled_step` says is due, inside a store transaction
+   (so when several processes wake at once, exactly one performs the step and the others find
+   it done), one persisted step at a time;
+2. converges: if the stored state differs from what this process signs with (its own step,
+   another process's, or `meshca authority`), it writes one audit line per change it has not
+   seen yet (so every process's audit stream shows when *it* applied a change), swaps the
+   signer's authority, rewrites `root-cert.pem`, refreshes the expiry gauges and per-slot
+   gauges, and tells Kubernetes mode (root ConfigMaps);
+3. sleeps until the next step is due or the poll interval passes, whichever is first.
+
+Nothing signs with an authority that is not active: the signer only ever holds the active
+slot of the last state it converged on, and a taint or activation made elsewhere reaches it
+within one poll interval.
+
+Concurrency: the rotator is a coroutine on the CA's event loop; store calls (file lock, disk,
+API server) run in a worker thread. `SlotSigner.sign` runs on the event loop and reads its
+current authority once per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from prometheus_client import Gauge
+
+from ca_server.authority_slots import (
+    AuthorityState,
+    HistoryEvent,
+    Phase,
+    RotationPolicy,
+    next_due,
+    scheduled_step,
+)
+from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_state, state_digest
+from ca_server.config import CaConfig, TtlPolicy
+from ca_server.leaf_ledger import LeafLedger, LedgerSink
+from ca_server.metrics import CaMetrics
+from ca_server.root_store import publish_root_bundle
+from ca_server.signer import IssuedCertificate, LocalSigner
+from ca_server.ttl import Validity
+from certs import PublicKey, SigningAuthority, SpiffeId
+from meshca.clock import Clock
+from meshca.logs import audit
+
+log = logging.getLogger(__name__)
+
+_MAX_STEPS_PER_ROUND = 8
+_MIN_SLEEP = 0.05
+
+
+class SlotSigner(LocalSigner):
+    """Signs with the active authority of the state it last converged on and records each leaf
+    in the ledger under that authority's ID."""
+
+    def __init__(self, state: AuthorityState, ledger: LeafLedger, clock: Clock):
+        super().__init__(state.signing_authority())
+        self._state = state
+        self._active_id = state.active.id
+        self._ledger = ledger
+        self._clock = clock
+
+    @property
+    def state(self) -> AuthorityState:
+        return self._state
+
+    @property
+    def trusted_client_roots(self) -> tuple[x509.Certificate, ...]:
+        """Anchors for client certificates (mTLS renewal): the bundle without tainted ones."""
+        return self._state.untainted_roots
+
+    def follow(self, state: AuthorityState) -> None:
+        self._state = state
+        self._active_id = state.active.id
+        self.replace(state.signing_authority())
+
+    def sign(
+        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+    ) -> IssuedCertificate:
+        authority_id = self._active_id
+        issued = super().sign(public_key, identity, validity)
+        self._ledger.record(authority_id, issued.leaf.not_valid_after_utc, self._clock.now())
+        return issued
+
+
+class AuthorityGauges:
+    """Per-slot gauges, labelled by authority ID (bounded: only slots in the state have series;
+    a dropped or revoked authority's series are removed at once)."""
+
+    def __init__(self, metrics: CaMetrics) -> None:
+        r = metrics.registry
+        self._metrics = metrics
+        self.phase = Gauge(
+            "meshca_ca_authority_phase",
+            "1 for the phase each authority is in (prepared, active, old)",
+            ["authority", "phase"],
+            registry=r,
+        )
+        self.tainted = Gauge(
+            "meshca_ca_authority_tainted",
+            "1 if the authority is tainted",
+            ["authority"],
+            registry=r,
+        )
+        self.not_after = Gauge(
+            "meshca_ca_authority_not_after_timestamp",
+            "Unix time the authority's certificate expires",
+            ["authority"],
+            registry=r,
+        )
+        self.live_leaves = Gauge(
+            "meshca_ca_authority_live_leaves",
+            "Unexpired leaves this CA process signed with the authority",
+            ["authority"],
+            registry=r,
+        )
+        self._known: set[str] = set()
+
+    def update(self, state: AuthorityState, live: dict[str, int]) -> None:
+        present = {slot.id for slot in state.slots}
+        for gone in self._known - present:
+            for phase in Phase:
+                _remove(self.phase, gone, phase.value)
+            for gauge in (self.tainted, self.not_after, self.live_leaves):
+                _remove(gauge, gone)
+        for slot in state.slots:
+            for phase in Phase:
+                self.phase.labels(slot.id, phase.value).set(1 if slot.phase is phase else 0)
+            self.tainted.labels(slot.id).set(1 if slot.tainted else 0)
+            self.not_after.labels(slot.id).set(slot.not_after.timestamp())
+            self.live_leaves.labels(slot.id).set(live.get(slot.id, 0))
+        self._known = present
+        # Istio's gauges (and meshca's lifetimes) describe the active authority: the root that
+        # signs now, which a rotation replaces before it expires.
+        self._metrics.record_authority(state.signing_authority(), root=state.active.cert)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):
+        gauge.remove(*labels)
+
+
+def audit_events(events: tuple[HistoryEvent, ...], source: str) -> None:
+    """One audit line per phase change, taint or revoke; `by` names who wrote the line (a CA
+    process applying it, or the `meshca authority` command making it)."""
+    for event in events:
+        audit(
+            f"authority-{event.event}",
+            outcome=event.event,
+            authority=event.authority,
+            reason=event.reason,
+            at=event.at.isoformat(),
+            by=source,
+        )
+
+
+@dataclass
+class RotationSettings:
+    data_dir: Path  # where root-cert.pem is published
+    instance: str  # this process's name in audit lines and its leaf-ledger report
+    poll_interval: float
+    ledger_sink: LedgerSink
+
+
+class AuthorityRotator:
+    def __init__(
+        self,
+        store: AuthorityStateStore,
+        policy: RotationPolicy,
+        factory: SlotFactory,
+        metrics: CaMetrics,
+        clock: Clock,
+        settings: RotationSettings,
+        on_change: Callable[[SigningAuthority], None] = lambda authority: None,
+    ) -> None:
+        self._store = store
+        self.policy = policy
+        self._factory = factory
+        self._clock = clock
+        self._settings = settings
+        self.on_change = on_change
+        self.ledger = LeafLedger()
+        self._gauges = AuthorityGauges(metrics)
+        self._converged_digest = ""
+        self._audited: set[HistoryEvent] = set()
+        self.signer: SlotSigner | None = None
+
+    async def start(self) -> SlotSigner:
+        """Brings the shared state up to date and returns the signer that follows it."""
+        before = await asyncio.to_thread(self._store.read)
+        self._audited = set(before.history)
+        state = await asyncio.to_thread(self._advance)
+        self.signer = SlotSigner(state, self.ledger, self._clock)
+        self._converge(state)
+        return self.signer
+
+    async def run(self) -> None:
+        """Runs until cancelled; a failing round is logged and retried, never ends the loop
+        (the CA keeps signing with the authority it has)."""
+        seen = ""
+        while True:
+            await self._clock.sleep(self._sleep_seconds())
+            try:
+                current = await asyncio.to_thread(self._store.fingerprint)
+                due = self._step_due()
+                if current != seen or due:
+                    state = await asyncio.to_thread(self._advance)
+                    self._converge(state)
+                    seen = await asyncio.to_thread(self._store.fingerprint)
+                elif self.signer is not None:
+                    self._gauges.update(self.signer.state, self.ledger.live(self._clock.now()))
+                await asyncio.to_thread(self._save_ledger)
+            except Exception:
+                log.exception(
+                    "keeping the current authority: updating from %s failed; retrying",
+                    self._store.description,
+                )
+
+    # -- one round -------------------------------------------------------------------------
+
+    def _advance(self) -> AuthorityState:
+        """Applies every due step, each in its own transaction (blocking: worker thread)."""
+        state = self._store.read()
+        for _ in range(_MAX_STEPS_PER_ROUND):
+            changed: list[bool] = []
+            state = self._store.transact(functools.partial(self._scheduled, changed))
+            if not any(changed):
+                return state
+        return state
+
+    def _scheduled(self, changed: list[bool], current: AuthorityState) -> AuthorityState | None:
+        """The store transaction's body: the due step, if any (noted in `changed`)."""
+        now = self._clock.now()
+        updated = scheduled_step(
+            current,
+            self.policy,
+            now,
+            lambda: self._factory.new(now, Phase.PREPARED),
+            lambda: self._settings.ledger_sink.live(now),
+        )
+        changed[:] = [updated is not None]
+        return updated
+
+    def _converge(self, state: AuthorityState) -> None:
+        digest = state_digest(encode_state(state))
+        if digest == self._converged_digest or self.signer is None:
+            self._gauges.update(state, self.ledger.live(self._clock.now()))
+            return
+        fresh = tuple(e for e in state.history if e not in self._audited)
+        audit_events(fresh, self._settings.instance)
+        self._audited.update(fresh)
+        previous = self.signer.state
+        if previous.active.id != state.active.id or previous.bundle != state.bundle:
+            log.info(
+                "authorities changed: active %s, bundle [%s]",
+                state.active.id,
+                ", ".join(
+                    f"{s.id} {s.phase}{' tainted' if s.tainted else ''}" for s in state.slots
+                ),
+            )
+        self.signer.follow(state)
+        authority = self.signer.authority
+        publish_root_bundle(self._settings.data_dir, authority)
+        self._gauges.update(state, self.ledger.live(self._clock.now()))
+        self.on_change(authority)
+        self._converged_digest = digest
+
+    def _step_due(self) -> bool:
+        if self.signer is None:
+            return False
+        due = next_due(self.signer.state, self.policy)
+        return due is not None and due <= self._clock.now()
+
+    def _sleep_seconds(self) -> float:
+        interval = self._settings.poll_interval
+        if self.signer is None:
+            return interval
+        due = next_due(self.signer.state, self.policy)
+        if due is None:
+            return interval
+        until = (due - self._clock.now()).total_seconds()
+        if until <= 0:
+            return interval  # due but held back (an old authority's leaves are still live)
+        return max(_MIN_SLEEP, min(interval, until))
+
+    def _save_ledger(self) -> None:
+        self._settings.ledger_sink.save(self.ledger, self._clock.now())
+
+
+def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:
+    """Lowers the workload TTLs so no leaf outlives the activation lead (a rotation must never
+    cut a leaf short); says so when it changes anything."""
+    cap = policy.max_leaf_ttl
+    if ttl.maximum <= cap:
+        return ttl
+    maximum = cap
+    default = min(ttl.default, maximum)
+    capped = TtlPolicy(default=default, maximum=maximum, minimum=min(ttl.minimum, default))
+    log.warning(
+        "capping workload certificate TTLs at %s (was maximum %s, default %s): with a CA "
+        "lifetime of %s, a longer leaf signed just before rotation would be cut short",
+        maximum,
+        ttl.maximum,
+        ttl.default,
+        policy.lifetime,
+    )
+    return capped
+
+
+def rotation_policy_for(config: CaConfig) -> RotationPolicy:
+    """The schedule from the CA's configuration. Replicas notice a change within one poll, so
+    three polls is a safe convergence margin before an old root may leave the bundle."""
+    return RotationPolicy(
+        lifetime=config.root_lifetime,
+        prepare_cap=config.root_prepare_cap,
+        activate_cap=config.root_activate_cap,
+        convergence=config.plugged_ca_poll_interval * 3,
+        automatic=config.root_rotation,
+    )

@@ -1,0 +1,137 @@
+"""The rotation driver in-process on a fake clock: it sleeps until the next step is due, applies
+it, and the signer, `root-cert.pem`, gauges and audit follow — no waiting for real time."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from prometheus_client import generate_latest
+
+from ca_server.authority_slots import RotationPolicy, authority_id, next_due
+from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory, encode_state
+from ca_server.config import TtlPolicy
+from ca_server.leaf_ledger import DirectoryLedgerSink
+from ca_server.metrics import CaMetrics
+from ca_server.rotation import AuthorityRotator, RotationSettings, cap_leaf_lifetimes
+from ca_server.ttl import grant_validity
+from certs import KeySpec, SpiffeId, generate_private_key, load_certs
+from meshca.clock import FakeClock
+from meshca.logs import configure_logging
+from tests.support.metrics import sample_value
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+LIFE = timedelta(minutes=60)
+SLEEP = SpiffeId("cluster.local", "default", "sleep")
+
+
+def _published(data_dir: Path) -> set[str]:
+    return {authority_id(c) for c in load_certs((data_dir / "root-cert.pem").read_bytes())}
+
+
+def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
+    audit_stream = io.StringIO()
+    configure_logging("WARNING", audit_stream=audit_stream)
+    clock = FakeClock(START)
+    factory = SlotFactory(KeySpec(), "cluster.local", LIFE)
+    store = LocalAuthorityStateStore(tmp_path, factory, clock)
+    policy = RotationPolicy(lifetime=LIFE, convergence=timedelta(seconds=15))
+    metrics = CaMetrics()
+    roots_seen: list[int] = []
+    capped_ttl = cap_leaf_lifetimes(TtlPolicy(), policy)
+    rotator = AuthorityRotator(
+        store,
+        policy,
+        factory,
+        metrics,
+        clock,
+        RotationSettings(tmp_path, "ca-test", 5, DirectoryLedgerSink(tmp_path, "ca-test")),
+        on_change=lambda authority: roots_seen.append(len(authority.roots)),
+    )
+
+    async def scenario() -> None:
+        signer = await rotator.start()
+        first = signer.state.active.id
+        task = asyncio.create_task(rotator.run())
+
+        async def at(minutes: float) -> None:
+            """Moves the clock, then waits until the driver has applied and converged on
+            everything due (its steps run in worker threads)."""
+            clock.advance(START + timedelta(minutes=minutes) - clock.now())
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                stored = await asyncio.to_thread(store.read)
+                due = next_due(stored, policy)
+                settled = encode_state(stored) == encode_state(signer.state)
+                if settled and due is not None and due > clock.now():
+                    await asyncio.sleep(0.05)  # the round's gauge and ledger updates
+                    return
+            raise AssertionError("the driver did not settle")
+
+        def sign() -> str:
+            """Signs one leaf as the service would; returns the ID of the authority that did."""
+            validity = grant_validity(
+                0,
+                capped_ttl,
+                ca_not_after=signer.authority.not_after,
+                now=clock.now(),
+            )
+            leaf = signer.sign(generate_private_key().public_key(), SLEEP, validity).leaf
+            aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+            return aki.key_identifier.hex() if aki.key_identifier else ""
+
+        def gauges() -> str:
+            return generate_latest(metrics.registry).decode()
+
+        try:
+            assert sign() == first
+            await at(29.9)
+            assert _published(tmp_path) == {first}
+            await at(30)
+            prepared = signer.state.prepared
+            assert prepared is not None
+            assert _published(tmp_path) == {first, prepared.id}
+            assert sign() == first, "preparing does not change who signs"
+            await at(50)
+            assert signer.state.active.id == prepared.id and sign() == prepared.id
+            assert _published(tmp_path) == {first, prepared.id}
+            assert (
+                sample_value(
+                    gauges(), "meshca_ca_authority_phase", {"authority": first, "phase": "old"}
+                )
+                == 1
+            )
+            await at(51)
+            text = gauges()
+            assert sample_value(text, "meshca_ca_authority_live_leaves", {"authority": first}) == 0
+            assert (
+                sample_value(text, "meshca_ca_authority_live_leaves", {"authority": prepared.id})
+                == 1
+            )
+            await at(60)
+            # The first authority has expired and is dropped; the new one is at half its life,
+            # so its successor is prepared in the same round.
+            assert first not in _published(tmp_path) and prepared.id in _published(tmp_path)
+            assert len(_published(tmp_path)) == 2
+            text = gauges()
+            assert first not in text
+            assert sample_value(text, "citadel_server_root_cert_expiry_timestamp") == (
+                prepared.not_after.timestamp()
+            )
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert roots_seen == [1, 2, 2, 2], "the ConfigMap publisher hears each bundle change"
+    events = [json.loads(line) for line in audit_stream.getvalue().splitlines()]
+    assert [e["msg"] for e in events] == [
+        "authority-prepared",
+        "authority-activated",
+        "authority-retired",
+        "authority-dropped",
+        "authority-prepared",
+    ]
