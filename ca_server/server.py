@@ -32,6 +32,7 @@ from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
 from ca_server.metrics import CaMetrics
+from ca_server.request_decoding import add_certificate_service
 from ca_server.root_store import (
     AuthoritySource,
     CaSetupError,
@@ -47,7 +48,7 @@ from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.status_http import StatusServer, metrics_route, text
-from meshca_proto import ca_pb2, ca_pb2_grpc
+from meshca_proto import ca_pb2
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +200,7 @@ async def _serve(
             ("grpc.so_reuseport", 0),
         ]
     )
-    ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(service, server)
+    add_certificate_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

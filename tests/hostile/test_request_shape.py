@@ -1,0 +1,123 @@
+"""Requests whose shape is hostile: bytes that are not an `IstioCertificateRequest`, a `csr`
+that is not UTF-8 (issue #11 item 2), odd TTLs and metadata."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from meshca_proto import ca_pb2
+from tests.hostile.conftest import refused
+from tests.hostile.inprocess_ca import InProcessCa, good_csr
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+
+
+def _with_csr_bytes(csr: bytes) -> bytes:
+    """A serialized request whose field 1 (`csr`) holds raw bytes, as a non-Python client could
+    send (the Python stub refuses to encode a non-UTF-8 `string`)."""
+    marker = "M" * 16
+    encoded = ca_pb2.IstioCertificateRequest(csr=marker, validity_duration=3600)
+    raw = encoded.SerializeToString()
+    prefix = b"\x0a" + bytes([len(marker)]) + marker.encode()
+    assert raw.startswith(prefix)
+    return _field1(csr) + raw[len(prefix) :]
+
+
+def _field1(value: bytes) -> bytes:
+    length = len(value)
+    varint = bytearray()
+    while True:
+        byte = length & 0x7F
+        length >>= 7
+        varint.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    return b"\x0a" + bytes(varint) + value
+
+
+def _der_csr() -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return x509.load_pem_x509_csr(good_csr().encode()).public_bytes(Encoding.DER)
+
+
+NON_UTF8_CSRS = {
+    "raw DER": _der_csr,
+    "stray byte before the PEM": lambda: b"\xff" + good_csr().encode(),
+    "latin-1 inside the PEM": lambda: good_csr().encode().replace(b"\n", b"\xe9\n", 1),
+    "lone continuation byte": lambda: b"\x80",
+}
+
+
+@pytest.mark.parametrize("make", NON_UTF8_CSRS.values(), ids=list(NON_UTF8_CSRS))
+def test_csr_that_is_not_utf8_is_invalid_argument_audited_and_counted(
+    ca: InProcessCa, make: object
+) -> None:
+    """Before: UNKNOWN with a protobuf decode message, a traceback, no audit line, no metric."""
+    body = _with_csr_bytes(make())  # type: ignore[operator]
+    details = refused(
+        ca,
+        lambda: ca.call(raw_request=body, token=ca.issuer.token()),
+        INVALID,
+        "not UTF-8",
+        reason="csr-invalid",
+    )
+    assert "PEM" in details
+
+
+def test_der_csr_message_says_it_looks_like_der(ca: InProcessCa) -> None:
+    body = _with_csr_bytes(_der_csr())
+    refused(ca, lambda: ca.call(raw_request=body, token=ca.issuer.token()), INVALID, "like DER")
+
+
+GARBAGE_BODIES = {
+    "random bytes": b"\xff\xfe\xfd\xfc",
+    "truncated length-delimited field": b"\x0a\x10abc",
+    "field number zero": b"\x00\x01",
+    "metadata that is not a Struct": b"\x22\x03\xff\xff\xff",
+}
+
+
+@pytest.mark.parametrize("body", GARBAGE_BODIES.values(), ids=list(GARBAGE_BODIES))
+def test_undecodable_request_is_invalid_argument(ca: InProcessCa, body: bytes) -> None:
+    refused(
+        ca,
+        lambda: ca.call(raw_request=body, token=ca.issuer.token()),
+        INVALID,
+        "does not decode",
+        reason="request-malformed",
+    )
+
+
+def test_undecodable_request_without_credentials_is_unauthenticated_first(ca: InProcessCa) -> None:
+    """Authentication comes first: an anonymous caller learns nothing about request parsing."""
+    refused(ca, lambda: ca.call(raw_request=b"\xff\xfe"), UNAUTH, "no credential")
+
+
+def test_empty_body_is_a_request_without_csr(ca: InProcessCa) -> None:
+    refused(ca, lambda: ca.call(raw_request=b"", token=ca.issuer.token()), INVALID, "not PEM")
+
+
+@pytest.mark.parametrize("ttl", [-1, 10**15, 2**63 - 1, 59])
+def test_extreme_ttls_never_exceed_policy(ca: InProcessCa, ttl: int) -> None:
+    """Extreme TTLs are clamped into policy or refused; never an error from deep inside."""
+    from certs import load_cert
+
+    try:
+        chain = ca.call(good_csr(), token=ca.issuer.token(), ttl_seconds=ttl)
+    except grpc.RpcError as error:
+        assert error.code() == INVALID
+        return
+    leaf = load_cert(chain[0])
+    lifetime = leaf.not_valid_after_utc - leaf.not_valid_before_utc
+    assert lifetime <= ca.config.ttl.maximum + ca.config.ttl.minimum
+
+
+def test_unknown_metadata_keys_are_ignored_not_trusted(ca: InProcessCa) -> None:
+    chain = ca.call(
+        good_csr(), token=ca.issuer.token(), metadata={"CertSigner": "root", "x": "y" * 1000}
+    )
+    assert chain
