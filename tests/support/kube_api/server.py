@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .backend import Backend
+from .faults import FaultPlan
 from .handler import KubeApiHTTPServer
 from .recorder import RequestRecord, RequestRecorder
 from .resources import CONFIGMAPS, NAMESPACES, PODS, SECRETS, ResourceType, by_name
@@ -93,6 +95,20 @@ class KubeApiServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def restart(self, downtime: float = 0.0) -> None:
+        """Stop (cutting every watch and connection) and serve again on the same port with the
+        same objects, as a restarted kube-apiserver behind a stable address would."""
+        self._address = (self.host, self.port)
+        self.stop()
+        if downtime:
+            time.sleep(downtime)
+        self.start()
+
+    @property
+    def faults(self) -> FaultPlan:
+        """Injected faults (`tests.support.kube_api.faults`)."""
+        return self.backend.faults
 
     def __enter__(self) -> KubeApiServer:
         return self.start()
