@@ -47,6 +47,7 @@ from google.protobuf import any_pb2
 
 from agent.errors import UnknownResourceError
 from agent.metrics import LabeledCounter
+from agent.sds_decoding import UndecodableMessage, add_sds_servicer
 from agent.secrets import (
     FILE_CERT_PREFIX,
     FILE_ROOT_PREFIX,
@@ -228,6 +229,8 @@ class _Stream:
                     if isinstance(event, _Eof):
                         return
                     if isinstance(event, _Request):
+                        if isinstance(event.message, UndecodableMessage):
+                            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, event.message.problem)
                         self._on_request(event.message)
                     elif isinstance(event, _SourceFailed):
                         raise _Abort(
@@ -457,8 +460,14 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         await _DeltaStream(self._server, context).run(request_iterator)
 
     async def FetchSecrets(
-        self, request: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext
+        self,
+        request: discovery_pb2.DiscoveryRequest | UndecodableMessage,
+        context: grpc.aio.ServicerContext,
     ) -> discovery_pb2.DiscoveryResponse:
+        if isinstance(request, UndecodableMessage):
+            log.warning("SDS fetch refused: %s", request.problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+            raise AssertionError("unreachable: context.abort raises")
         if not request.HasField("node") or not request.node.id:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -551,7 +560,7 @@ class SdsServer:
             raise RuntimeError("SDS server already started")
         self._prepare_socket_path()
         server = grpc.aio.server()
-        sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(_Servicer(self), server)
+        add_sds_servicer(_Servicer(self), server)
         if server.add_insecure_port(self.address) == 0:
             raise OSError(f"could not listen on {self.address}")
         await server.start()
