@@ -16,9 +16,10 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from agent.file_mounted import FileSecretProvider
+from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.sds import SECRET_TYPE_URL, SdsServer, SecretResolver
 from agent.secrets import SecretCache
+from meshca.clock import SystemClock
 from tests.support.pki import TestAuthority
 
 SERVICE = "/envoy.service.secret.v3.SecretDiscoveryService"
@@ -102,7 +103,7 @@ def _serve(sock_dir: Path, scenario: Callable[[grpc.aio.Channel], Awaitable[None
         cache = SecretCache()
         await cache.publish(ca.issue("app").tls_secret())
         await cache.publish(ca.root_secret())
-        files = FileSecretProvider()
+        files = FileSecretProvider(FileWatcher(clock=SystemClock()))
         server = SdsServer(SecretResolver(cache, files), sock_dir / "sds.sock", fetch_timeout=1)
         await server.start()
         try:
