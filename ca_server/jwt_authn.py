@@ -167,7 +167,7 @@ class JwtAuthenticator:
         self._cache.put(digest, caller, self._clock.now(), expires_at)
         return caller
 
-    async def _verify(self, token: str) -> tuple[Caller, datetime]:
+    async def _verify(self, token: str) -> tuple[Caller, datetime | None]:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -224,7 +224,7 @@ class JwtAuthenticator:
             ) from exc
         except jwt.PyJWTError as exc:
             raise AuthenticationError("jwt-invalid", f"token rejected: {exc}") from exc
-        return self._caller_from_claims(claims), datetime.fromtimestamp(claims["exp"], UTC)
+        return self._caller_from_claims(claims), _expiry(claims["exp"])
 
     def _caller_from_claims(self, claims: dict[str, Any]) -> Caller:
         subject = str(claims.get("sub", ""))
@@ -251,6 +251,16 @@ class JwtAuthenticator:
         except CertsError as exc:
             raise AuthenticationError("jwt-subject", f"token subject: {exc}") from exc
         return Caller(identity, self.name, subject=subject, pod_name=pod_name, pod_uid=pod_uid)
+
+
+def _expiry(exp: float) -> datetime | None:
+    """`exp` as a datetime; `None` (the cache's own cap applies) when it is beyond what a
+    datetime holds. A signed token may say year 10000; that must not become a server error
+    (found by the property tests in tests/hostile/test_properties.py)."""
+    try:
+        return datetime.fromtimestamp(exp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _field(claim: Any, name: str) -> Any:

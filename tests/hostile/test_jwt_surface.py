@@ -255,3 +255,12 @@ def test_jwks_file_replaced_by_a_fifo_does_not_block_the_loop(tmp_path: Path) ->
     assert longest_gap < 0.5, f"the event loop stalled for {longest_gap:.2f}s"
     assert isinstance(outcome, AuthenticationError)
     assert "not a regular file" in outcome.message
+
+
+def test_a_signed_token_expiring_in_year_10000_is_not_a_server_error(ca: InProcessCa) -> None:
+    """Found by tests/hostile/test_properties.py: an `exp` beyond what a datetime holds made
+    the cache's expiry computation raise, and the CA answered INTERNAL with a traceback."""
+    token = ca.issuer.sign(_claims(exp=253402300800))
+    issued_before = ca.issued_count()
+    chain = ca.call(good_csr(), token=token)
+    assert chain and ca.issued_count() == issued_before + 1

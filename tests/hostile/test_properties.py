@@ -1,0 +1,213 @@
+"""Property-based tests of the parsers that face the network: `certs.load_csr` (and the CSR
+policy after it), the bearer-token path, CA request decoding, and SDS request handling.
+
+The property is the same everywhere: whatever the input, the code answers with its own typed
+refusal (CsrError, AuthenticationError, a RequestError, UnknownResourceError...) or a result,
+never another exception type (which the RPC edge would turn into INTERNAL/UNKNOWN and a
+traceback). Examples are bounded and derandomized so CI spends a few seconds and every run
+tries the same inputs; raise `MESHCA_HYPOTHESIS_EXAMPLES` locally to search longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.file_mounted import FileResource, FileSecretProvider, UnknownFileResourceError
+from agent.sds_decoding import UndecodableMessage, _lenient
+from ca_server.authn import AuthnRequest
+from ca_server.authz import authorize_csr
+from ca_server.errors import AuthenticationError, RequestError
+from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
+from ca_server.request_decoding import UndecodableRequest, decode_certificate_request
+from ca_server.token_cache import token_expiry, token_shape
+from certs import CertsError, load_csr
+from meshca_proto import ca_pb2
+from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
+from tests.hostile.inprocess_ca import SLEEP, Issuer, good_csr, make_issuer
+
+EXAMPLES = int(os.environ.get("MESHCA_HYPOTHESIS_EXAMPLES", "150"))
+BOUNDED = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+VALID_PEM = good_csr()
+
+
+# --- certs.load_csr --------------------------------------------------------------------------
+
+
+def _mutated_pem() -> st.SearchStrategy[bytes]:
+    """A valid CSR PEM with a few bytes flipped, inserted, deleted or the tail cut."""
+    raw = VALID_PEM.encode()
+
+    @st.composite
+    def mutate(draw: st.DrawFn) -> bytes:
+        data = bytearray(raw)
+        for _ in range(draw(st.integers(1, 4))):
+            kind = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+            at = draw(st.integers(0, max(0, len(data) - 1)))
+            if kind == "flip" and data:
+                data[at] ^= draw(st.integers(1, 255))
+            elif kind == "insert":
+                data[at:at] = draw(st.binary(min_size=1, max_size=8))
+            elif kind == "delete" and data:
+                del data[at : at + draw(st.integers(1, 8))]
+            else:
+                del data[at:]
+        return bytes(data)
+
+    return mutate()
+
+
+def _check_csr(data: bytes | str) -> None:
+    try:
+        csr = load_csr(data)
+    except CertsError:
+        return
+    with contextlib.suppress(RequestError):
+        authorize_csr(csr, SLEEP)
+
+
+@BOUNDED
+@given(st.binary(max_size=2048))
+def test_load_csr_on_arbitrary_bytes(data: bytes) -> None:
+    _check_csr(data)
+
+
+@BOUNDED
+@given(st.text(max_size=1024))
+def test_load_csr_on_arbitrary_text(text: str) -> None:
+    _check_csr(text)
+
+
+@BOUNDED
+@given(_mutated_pem())
+def test_load_csr_on_mutated_csrs(data: bytes) -> None:
+    _check_csr(data)
+
+
+@BOUNDED
+@given(st.binary(max_size=1024))
+def test_ca_request_decoding_never_raises(data: bytes) -> None:
+    decoded = decode_certificate_request(data)
+    assert isinstance(decoded, ca_pb2.IstioCertificateRequest | UndecodableRequest)
+
+
+# --- the bearer-token path -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def issuer(tmp_path_factory: pytest.TempPathFactory) -> Issuer:
+    return make_issuer(Path(tmp_path_factory.mktemp("issuer")))
+
+
+def _authenticate(issuer: Issuer, header: str) -> None:
+    authenticator = JwtAuthenticator(
+        [TrustedIssuer(K8S_ISSUER, JwksFile(issuer.jwks_path), ("istio-ca",))],
+        "cluster.local",
+        lambda: datetime.now(UTC),
+    )
+    request = AuthnRequest(headers={"authorization": header})
+    with contextlib.suppress(AuthenticationError):
+        asyncio.run(authenticator.authenticate(request))
+
+
+@BOUNDED
+@given(st.text(max_size=512))
+def test_token_path_on_arbitrary_headers(issuer: Issuer, header: str) -> None:
+    _authenticate(issuer, header)
+    _authenticate(issuer, f"Bearer {header}")
+    token_shape(header)
+    token_expiry(header)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+CLAIMS = ["iss", "sub", "aud", "exp", "nbf", "iat", "kubernetes.io"]
+# Time claims of every numeric shape: far past/future, huge, fractional, infinite.
+TIMES = st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | JSON
+CLAIM_VALUES = st.dictionaries(st.sampled_from(CLAIMS), JSON, max_size=4) | st.dictionaries(
+    st.sampled_from(["exp", "nbf", "iat"]), TIMES, min_size=1, max_size=3
+)
+
+
+@BOUNDED
+@given(CLAIM_VALUES)
+def test_token_path_on_validly_signed_tokens_with_hostile_claims(
+    issuer: Issuer, overrides: dict[str, Any]
+) -> None:
+    """Claim smuggling: the signature is good, the claims are anything JSON can hold."""
+    claims = {**k8s_claims("default", "sleep"), **overrides}
+    try:
+        token = issuer.sign(claims)
+    except (TypeError, ValueError, OverflowError):
+        return  # PyJWT refuses to encode it: nothing to send
+    _authenticate(issuer, f"Bearer {token}")
+    token_expiry(token)
+
+
+@BOUNDED
+@given(JSON, JSON)
+def test_token_path_on_tokens_with_hostile_headers(issuer: Issuer, alg: Any, kid: Any) -> None:
+    """Header confusion: `alg` and `kid` of any JSON type, over a valid signature."""
+    token = issuer.sign(k8s_claims("default", "sleep"))
+    _, payload, signature = token.split(".")
+    header = json.dumps({"alg": alg, "kid": kid, "typ": "JWT"}).encode()
+    forged_header = jwt.utils.base64url_encode(header).decode()
+    _authenticate(issuer, f"Bearer {forged_header}.{payload}.{signature}")
+
+
+# --- SDS request handling --------------------------------------------------------------------
+
+
+@BOUNDED
+@given(st.binary(max_size=1024))
+def test_sds_decoding_never_raises(data: bytes) -> None:
+    for message in (discovery_pb2.DiscoveryRequest, discovery_pb2.DeltaDiscoveryRequest):
+        decoded = _lenient(message)(data)
+        assert isinstance(decoded, message | UndecodableMessage)
+
+
+NAMES = st.one_of(
+    st.text(max_size=200),
+    st.builds(lambda rest: "file-cert:" + rest, st.text(max_size=200)),
+    st.builds(lambda rest: "file-root:" + rest, st.text(max_size=200)),
+    st.builds(
+        lambda a, b: f"file-cert:/etc/certs/{a}~/{b}", st.text(max_size=50), st.text(max_size=50)
+    ),
+)
+
+
+@BOUNDED
+@given(NAMES)
+def test_file_resource_names_are_parsed_or_refused(name: str) -> None:
+    provider = FileSecretProvider(allowed_dirs=(Path("/etc/certs"),))
+    try:
+        FileResource.parse(name)
+        iterator = provider.updates(name)
+    except UnknownFileResourceError:
+        return
+    except ValueError as exc:  # e.g. an embedded NUL byte in a path
+        assert "null" in str(exc).lower() or "NUL" in str(exc), exc
+        return
+    assert iterator is not None
