@@ -53,7 +53,7 @@ def load_csr(pem: str | bytes, *, max_bytes: int = MAX_CSR_BYTES) -> x509.Certif
     _check_single_block(raw)
     try:
         csr = x509.load_pem_x509_csr(raw)
-    except ValueError as exc:
+    except (ValueError, x509.InvalidVersion) as exc:  # InvalidVersion is not a ValueError
         raise CsrError(f"CSR PEM block does not parse as PKCS#10 ({exc})") from exc
     try:
         valid = csr.is_signature_valid

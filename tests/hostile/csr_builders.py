@@ -168,6 +168,17 @@ def truncated_pem() -> str:
     return pem[: len(pem) // 2]
 
 
+def unknown_version() -> str:
+    """Version 64 instead of 0 (found by atheris: cryptography raises InvalidVersion, which is
+    not a ValueError, and the CA answered INTERNAL with a traceback)."""
+    der = x509.load_pem_x509_csr(csr_with([uri()]).encode()).public_bytes(
+        serialization.Encoding.DER
+    )
+    der = der.replace(b"\x02\x01\x00", b"\x02\x01\x40", 1)
+    body = base64.encodebytes(der).decode()
+    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n"
+
+
 def body_not_base64() -> str:
     return "-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n"
 

@@ -54,6 +54,7 @@ CASES: list[tuple[str, Callable[[], str], grpc.StatusCode, str, str]] = [
     ("base64 DER without armor", b.der_as_base64_without_armor, INVALID, "not PEM", "csr-invalid"),
     ("CERTIFICATE armor", b.armor_swapped_to_certificate, INVALID, "not PEM", "csr-invalid"),
     ("truncated PEM", b.truncated_pem, INVALID, "END CERTIFICATE REQUEST", "csr-invalid"),
+    ("unknown CSR version", b.unknown_version, INVALID, "not a valid CSR version", "csr-invalid"),
     ("body not base64", b.body_not_base64, INVALID, "PKCS#10", "csr-invalid"),
     ("body not a CSR", b.body_is_not_asn1, INVALID, "PKCS#10", "csr-invalid"),
     ("two CSRs concatenated", b.concatenated_two_csrs, INVALID, "2 PEM blocks", "csr-invalid"),

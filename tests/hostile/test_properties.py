@@ -11,6 +11,7 @@ tries the same inputs; raise `MESHCA_HYPOTHESIS_EXAMPLES` locally to search long
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import jwt
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.file_mounted import FileResource, FileSecretProvider, UnknownFileResourceError
@@ -32,10 +33,11 @@ from ca_server.errors import AuthenticationError, RequestError
 from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
 from ca_server.request_decoding import UndecodableRequest, decode_certificate_request
 from ca_server.token_cache import token_expiry, token_shape
-from certs import CertsError, load_csr
+from certs import CertsError, load_certs, load_csr
 from meshca_proto import ca_pb2
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 from tests.hostile.inprocess_ca import SLEEP, Issuer, good_csr, make_issuer
+from tests.support.pki import TestAuthority
 
 EXAMPLES = int(os.environ.get("MESHCA_HYPOTHESIS_EXAMPLES", "150"))
 BOUNDED = settings(
@@ -46,6 +48,19 @@ BOUNDED = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 VALID_PEM = good_csr()
+VALID_CERT_PEM = TestAuthority().issue("app").cert_pem
+
+
+def _with_version_64(pem: str, label: str = "CERTIFICATE REQUEST") -> bytes:
+    """The PEM with its version field changed to 64 (a CSR's `INTEGER 0`, a certificate's
+    `[0] INTEGER 2`)."""
+    der = base64.b64decode("".join(line for line in pem.splitlines() if "-----" not in line))
+    if label == "CERTIFICATE":
+        der = der.replace(b"\xa0\x03\x02\x01\x02", b"\xa0\x03\x02\x01\x40", 1)
+    else:
+        der = der.replace(b"\x02\x01\x00", b"\x02\x01\x40", 1)
+    body = base64.encodebytes(der).decode()
+    return f"-----BEGIN {label}-----\n{body}-----END {label}-----\n".encode()
 
 
 # --- certs.load_csr --------------------------------------------------------------------------
@@ -70,6 +85,23 @@ def _mutated_pem() -> st.SearchStrategy[bytes]:
             else:
                 del data[at:]
         return bytes(data)
+
+    return mutate()
+
+
+def _mutated_der(pem: str, label: str) -> st.SearchStrategy[bytes]:
+    """The DER inside a valid PEM block mutated (so the mutations reach the ASN.1 parser
+    instead of breaking the base64), re-armoured."""
+    der = base64.b64decode("".join(line for line in pem.splitlines() if "-----" not in line))
+
+    @st.composite
+    def mutate(draw: st.DrawFn) -> bytes:
+        data = bytearray(der)
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, len(data) - 1))
+            data[at] = draw(st.integers(0, 255))
+        body = base64.encodebytes(bytes(data)).decode()
+        return f"-----BEGIN {label}-----\n{body}-----END {label}-----\n".encode()
 
     return mutate()
 
@@ -99,6 +131,21 @@ def test_load_csr_on_arbitrary_text(text: str) -> None:
 @given(_mutated_pem())
 def test_load_csr_on_mutated_csrs(data: bytes) -> None:
     _check_csr(data)
+
+
+@BOUNDED
+@given(_mutated_der(VALID_PEM, "CERTIFICATE REQUEST"))
+@example(_with_version_64(VALID_PEM))  # found by atheris: InvalidVersion is not a ValueError
+def test_load_csr_on_mutated_der(data: bytes) -> None:
+    _check_csr(data)
+
+
+@BOUNDED
+@given(_mutated_der(VALID_CERT_PEM, "CERTIFICATE"))
+@example(_with_version_64(VALID_CERT_PEM, "CERTIFICATE"))
+def test_load_certs_on_mutated_der(data: bytes) -> None:
+    with contextlib.suppress(CertsError):
+        load_certs(data, what="fuzzed")
 
 
 @BOUNDED
