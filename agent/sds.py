@@ -156,8 +156,20 @@ def combined_version(secrets: Iterable[Secret]) -> str:
 _stream_ids = itertools.count(1)
 
 
+_MAX_MESSAGE_CHARS = 1024
+
+
+def _bounded(message: str) -> str:
+    """Refusals can quote a client's resource name; past the client's metadata limit the
+    status would arrive as RESOURCE_EXHAUSTED instead of the refusal, so it is cut."""
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:_MAX_MESSAGE_CHARS]}...({len(message) - _MAX_MESSAGE_CHARS} more characters)"
+
+
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        message = _bounded(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -486,7 +498,7 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         try:
             secrets = await asyncio.wait_for(asyncio.gather(*lookups), timeout)
         except UnknownResourceError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _bounded(str(exc)))
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,

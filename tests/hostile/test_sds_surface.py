@@ -154,6 +154,8 @@ def test_undecodable_request_mid_stream_ends_it(sock_dir: Path) -> None:
 
 @pytest.mark.parametrize("body", GARBAGE.values(), ids=list(GARBAGE))
 def test_undecodable_fetch_is_invalid_argument(sock_dir: Path, body: bytes) -> None:
+    """FetchSecrets failed with UNKNOWN and a traceback before."""
+
     async def scenario(channel: grpc.aio.Channel) -> None:
         code, details = await _fetch(channel, body)
         assert code == INVALID, (code, details)
@@ -168,6 +170,7 @@ BAD_REQUESTS = {
     "file-cert without a key": (_request(["file-cert:/etc/certs/cert.pem"]), "file-cert:"),
     "file-cert with three parts": (_request(["file-cert:a~b~c"]), "file-cert:"),
     "empty file-root": (_request(["file-root:"]), "file-root:"),
+    "100 KB file-cert name": (_request(["file-cert:" + "a" * 100_000]), "more characters"),
 }
 
 
@@ -179,6 +182,7 @@ def test_bad_stream_requests_are_invalid_argument(
         code, details, _ = await _stream(channel, "StreamSecrets", [body])
         assert code == INVALID, (code, details)
         assert fragment in details
+        assert len(details) < 1200
 
     _serve(sock_dir, scenario)
 
