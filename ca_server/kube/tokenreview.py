@@ -160,8 +160,7 @@ class TokenReviewAuthenticator:
             self._metrics.tokenreview_cache_hits.inc()
             return cached
         refusal = self._refusals.get(digest, now)
-        if refusal is not None:
-            self._metrics.tokenreview_cache_hits.inc()
+        if refusal is not None:  # counted by the service as a denial, like the first time
             raise AuthenticationError(refusal.reason, refusal.message)
         _refuse_expired_token(token, now)
         review = self._in_flight.get(digest)
