@@ -23,7 +23,7 @@ import atheris
 with atheris.instrument_imports():
     from envoy.service.discovery.v3 import discovery_pb2
 
-    from agent.file_mounted import FileSecretProvider, UnknownFileResourceError
+    from agent.file_mounted import FileSecretProvider, FileWatcher, UnknownFileResourceError
     from agent.sds_decoding import _lenient
     from ca_server.authn import AuthnRequest
     from ca_server.authz import authorize_csr
@@ -31,6 +31,7 @@ with atheris.instrument_imports():
     from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
     from ca_server.request_decoding import decode_certificate_request
     from certs import CertsError, load_csr
+    from meshca.clock import SystemClock
     from meshca_proto import ca_pb2
     from tests.ca_server.conftest import K8S_ISSUER
     from tests.hostile.inprocess_ca import SLEEP, good_csr, make_issuer
@@ -69,7 +70,9 @@ def _token_target() -> Callable[[bytes], None]:
 
 def _sds_target() -> Callable[[bytes], None]:
     decode = _lenient(discovery_pb2.DiscoveryRequest)
-    provider = FileSecretProvider(allowed_dirs=(Path("/etc/certs"),))
+    provider = FileSecretProvider(
+        FileWatcher(clock=SystemClock()), allowed_dirs=(Path("/etc/certs"),)
+    )
 
     def fuzz_sds(data: bytes) -> None:
         request = decode(data)

@@ -25,7 +25,12 @@ from envoy.service.discovery.v3 import discovery_pb2
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent.file_mounted import FileResource, FileSecretProvider, UnknownFileResourceError
+from agent.file_mounted import (
+    FileResource,
+    FileSecretProvider,
+    FileWatcher,
+    UnknownFileResourceError,
+)
 from agent.sds_decoding import UndecodableMessage, _lenient
 from ca_server.authn import AuthnRequest
 from ca_server.authz import authorize_csr
@@ -34,6 +39,7 @@ from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
 from ca_server.request_decoding import UndecodableRequest, decode_certificate_request
 from ca_server.token_cache import token_expiry, token_shape
 from certs import CertsError, load_certs, load_csr
+from meshca.clock import SystemClock
 from meshca_proto import ca_pb2
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 from tests.hostile.inprocess_ca import SLEEP, Issuer, good_csr, make_issuer
@@ -248,7 +254,9 @@ NAMES = st.one_of(
 @BOUNDED
 @given(NAMES)
 def test_file_resource_names_are_parsed_or_refused(name: str) -> None:
-    provider = FileSecretProvider(allowed_dirs=(Path("/etc/certs"),))
+    provider = FileSecretProvider(
+        FileWatcher(clock=SystemClock()), allowed_dirs=(Path("/etc/certs"),)
+    )
     try:
         FileResource.parse(name)
         iterator = provider.updates(name)
