@@ -14,13 +14,13 @@ from tests.hostile.inprocess_ca import InProcessCa
 
 
 @pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCa]:
-    with InProcessCa(Path(tmp_path_factory.mktemp("ca"))) as server:
+def hostile_ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessCa]:
+    with InProcessCa(Path(tmp_path_factory.mktemp("hostile_ca"))) as server:
         yield server
 
 
 def refused(
-    ca: InProcessCa,
+    hostile_ca: InProcessCa,
     send: Callable[[], object],
     code: grpc.StatusCode,
     fragment: str,
@@ -31,10 +31,10 @@ def refused(
     """Runs `send` and checks it was refused with `code`, a message containing `fragment`, no
     certificate issued, one denial audited (and counted, with `reason` if given), and that the
     CA still issues to a valid request. Returns the status message."""
-    issued_before = ca.issued_count()
-    issued_lines_before = len(ca.issued_lines())
-    denied_before = len(ca.denied_lines())
-    denials_before = ca.denials()
+    issued_before = hostile_ca.issued_count()
+    issued_lines_before = len(hostile_ca.issued_lines())
+    denied_before = len(hostile_ca.denied_lines())
+    denials_before = hostile_ca.denials()
     with pytest.raises(grpc.RpcError) as info:
         send()
     error = info.value
@@ -42,15 +42,15 @@ def refused(
     assert error.code() == code, f"{error.code()}: {details[:300]}"
     assert fragment.lower() in details.lower(), details[:300]
     assert len(details) <= max_details, f"message of {len(details)} characters"
-    assert ca.issued_count() == issued_before
-    assert len(ca.issued_lines()) == issued_lines_before
-    new_denials = ca.denied_lines()[denied_before:]
+    assert hostile_ca.issued_count() == issued_before
+    assert len(hostile_ca.issued_lines()) == issued_lines_before
+    new_denials = hostile_ca.denied_lines()[denied_before:]
     assert len(new_denials) == 1, new_denials
     assert new_denials[0]["code"] == code.name
     assert all(len(str(value)) <= max_details for value in new_denials[0].values())
-    assert ca.denials() == denials_before + 1
+    assert hostile_ca.denials() == denials_before + 1
     if reason is not None:
         assert new_denials[0]["reason"] == reason, new_denials[0]
-    assert ca.valid_request_succeeds()
-    assert ca.issued_count() == issued_before + 1
+    assert hostile_ca.valid_request_succeeds()
+    assert hostile_ca.issued_count() == issued_before + 1
     return details

@@ -85,23 +85,31 @@ CASES: list[tuple[str, Callable[[], str], grpc.StatusCode, str, str]] = [
     ids=[case[0] for case in CASES],
 )
 def test_hostile_csr_is_refused(
-    ca: InProcessCa,
+    hostile_ca: InProcessCa,
     builder: Callable[[], str],
     code: grpc.StatusCode,
     fragment: str,
     reason: str,
 ) -> None:
     csr = builder()
-    refused(ca, lambda: ca.call(csr, token=ca.issuer.token()), code, fragment, reason=reason)
+    refused(
+        hostile_ca,
+        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token()),
+        code,
+        fragment,
+        reason=reason,
+    )
 
 
-def test_refusal_for_hundreds_of_sans_is_short_and_still_says_what_to_fix(ca: InProcessCa) -> None:
+def test_refusal_for_hundreds_of_sans_is_short_and_still_says_what_to_fix(
+    hostile_ca: InProcessCa,
+) -> None:
     """Item 3: before, the message listed every SAN (tens of KB) and the client saw
     RESOURCE_EXHAUSTED, a retried code, instead of the CA's INVALID_ARGUMENT."""
     csr = b.many_dns_sans(600)
     details = refused(
-        ca,
-        lambda: ca.call(csr, token=ca.issuer.token()),
+        hostile_ca,
+        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token()),
         INVALID,
         "remove the other SANs",
         reason="csr-extra-sans",
@@ -110,11 +118,11 @@ def test_refusal_for_hundreds_of_sans_is_short_and_still_says_what_to_fix(ca: In
     assert "and 597 more" in details
 
 
-def test_refusal_for_a_very_long_uri_is_short_and_names_the_caller(ca: InProcessCa) -> None:
+def test_refusal_for_a_very_long_uri_is_short_and_names_the_caller(hostile_ca: InProcessCa) -> None:
     csr = b.long_uri_san(40_000)
     details = refused(
-        ca,
-        lambda: ca.call(csr, token=ca.issuer.token()),
+        hostile_ca,
+        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token()),
         DENIED,
         "spiffe://cluster.local/ns/default/sa/sleep; a workload can only request its own",
         reason="csr-identity-mismatch",

@@ -48,8 +48,8 @@ def _claims(**changes: Any) -> dict[str, Any]:
     return {key: value for key, value in claims.items() if value is not None}
 
 
-def _hs256_keyed_with_public_key(ca: InProcessCa) -> str:
-    secret = ca.issuer.key.public_key().public_bytes(
+def _hs256_keyed_with_public_key(hostile_ca: InProcessCa) -> str:
+    secret = hostile_ca.issuer.key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     signing_input = _unsigned({"alg": "HS256", "typ": "JWT", "kid": KID}, _claims())
@@ -61,26 +61,26 @@ _ATTACKER_RSA = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 _ATTACKER_EC = ec.generate_private_key(ec.SECP256R1())
 
 
-def _embedded_jwk(ca: InProcessCa) -> str:
+def _embedded_jwk(hostile_ca: InProcessCa) -> str:
     """Key confusion: signed by the attacker, who puts their own public key in the header."""
     public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(_ATTACKER_RSA.public_key()))
     return jwt.encode(_claims(), _ATTACKER_RSA, "RS256", headers={"kid": KID, "jwk": public})
 
 
-def _jku_header(ca: InProcessCa) -> str:
+def _jku_header(hostile_ca: InProcessCa) -> str:
     return jwt.encode(
         _claims(), _ATTACKER_RSA, "RS256", headers={"kid": KID, "jku": "http://127.0.0.1:1/k"}
     )
 
 
-def _swap_payload(ca: InProcessCa) -> str:
+def _swap_payload(hostile_ca: InProcessCa) -> str:
     """A valid token's signature over another payload (claim smuggling by splicing)."""
-    header, _, signature = ca.issuer.token().split(".")
+    header, _, signature = hostile_ca.issuer.token().split(".")
     forged = _b64(json.dumps(k8s_claims("kube-system", "admin")).encode())
     return f"{header}.{forged}.{signature}"
 
 
-def _duplicate_sub_keys(ca: InProcessCa) -> str:
+def _duplicate_sub_keys(hostile_ca: InProcessCa) -> str:
     """JSON with `sub` twice: parsers disagree on which wins; the signature covers the bytes."""
     body = json.dumps(_claims())[:-1] + ', "sub": "system:serviceaccount:kube-system:admin"}'
     header = _b64(json.dumps({"alg": "RS256", "kid": KID, "typ": "JWT"}).encode())
@@ -88,7 +88,9 @@ def _duplicate_sub_keys(ca: InProcessCa) -> str:
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import padding
 
-    signature = ca.issuer.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    signature = hostile_ca.issuer.key.sign(
+        signing_input.encode(), padding.PKCS1v15(), hashes.SHA256()
+    )
     return f"{signing_input}.{_b64(signature)}"
 
 
@@ -101,26 +103,26 @@ TokenMaker = Callable[[InProcessCa], str]
 CASES: list[tuple[str, TokenMaker, grpc.StatusCode, str]] = [
     (
         "alg none",
-        lambda ca: _unsigned({"alg": "none", "kid": KID}, _claims()) + ".",
+        lambda hostile_ca: _unsigned({"alg": "none", "kid": KID}, _claims()) + ".",
         UNAUTH,
         "algorithm",
     ),
     (
         "alg None spelled oddly",
-        lambda ca: _unsigned({"alg": "nOnE", "kid": KID}, _claims()) + ".",
+        lambda hostile_ca: _unsigned({"alg": "nOnE", "kid": KID}, _claims()) + ".",
         UNAUTH,
         "algorithm",
     ),
     ("HS256 keyed with the public key", _hs256_keyed_with_public_key, UNAUTH, "algorithm"),
     (
         "signed by another RSA key",
-        lambda ca: jwt.encode(_claims(), _ATTACKER_RSA, "RS256", headers={"kid": KID}),
+        lambda hostile_ca: jwt.encode(_claims(), _ATTACKER_RSA, "RS256", headers={"kid": KID}),
         UNAUTH,
         "signature",
     ),
     (
         "ES256 by an attacker key",
-        lambda ca: jwt.encode(_claims(), _ATTACKER_EC, "ES256", headers={"kid": KID}),
+        lambda hostile_ca: jwt.encode(_claims(), _ATTACKER_EC, "ES256", headers={"kid": KID}),
         UNAUTH,
         "",
     ),
@@ -130,54 +132,71 @@ CASES: list[tuple[str, TokenMaker, grpc.StatusCode, str]] = [
     ("duplicate sub key", _duplicate_sub_keys, UNAUTH, ""),
     (
         "unknown kid",
-        lambda ca: ca.issuer.sign(_claims(), kid="rotated-away"),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(), kid="rotated-away"),
         UNAUTH,
         "rotated-away",
     ),
     (
         "kid path traversal",
-        lambda ca: ca.issuer.sign(_claims(), kid="../../etc/passwd"),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(), kid="../../etc/passwd"),
         UNAUTH,
         "key id",
     ),
-    ("expired", lambda ca: ca.issuer.sign(_claims(exp=_now() - 3600)), UNAUTH, "expired"),
+    (
+        "expired",
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(exp=_now() - 3600)),
+        UNAUTH,
+        "expired",
+    ),
     (
         "not yet valid",
-        lambda ca: ca.issuer.sign(_claims(nbf=_now() + 3600)),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(nbf=_now() + 3600)),
         UNAUTH,
         "not valid yet",
     ),
-    ("no exp", lambda ca: ca.issuer.sign(_claims(exp=None)), UNAUTH, "exp"),
-    ("exp as a string", lambda ca: ca.issuer.sign(_claims(exp="tomorrow")), UNAUTH, ""),
-    ("wrong audience", lambda ca: ca.issuer.sign(_claims(aud=["kubernetes"])), UNAUTH, "audience"),
-    ("no audience", lambda ca: ca.issuer.sign(_claims(aud=None)), UNAUTH, "aud"),
+    ("no exp", lambda hostile_ca: hostile_ca.issuer.sign(_claims(exp=None)), UNAUTH, "exp"),
+    (
+        "exp as a string",
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(exp="tomorrow")),
+        UNAUTH,
+        "",
+    ),
+    (
+        "wrong audience",
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(aud=["kubernetes"])),
+        UNAUTH,
+        "audience",
+    ),
+    ("no audience", lambda hostile_ca: hostile_ca.issuer.sign(_claims(aud=None)), UNAUTH, "aud"),
     (
         "untrusted issuer",
-        lambda ca: ca.issuer.sign(_claims(iss="https://evil.example")),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(iss="https://evil.example")),
         UNAUTH,
         "not trusted",
     ),
     (
         "issuer with trailing slash",
-        lambda ca: ca.issuer.sign(_claims(iss=K8S_ISSUER + "/")),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(iss=K8S_ISSUER + "/")),
         UNAUTH,
         "not trusted",
     ),
     (
         "sub not a service account",
-        lambda ca: ca.issuer.sign(_claims(sub="system:admin")),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(sub="system:admin")),
         UNAUTH,
         "not a service account",
     ),
     (
         "sub with an extra colon",
-        lambda ca: ca.issuer.sign(_claims(sub="system:serviceaccount:default:sleep:x")),
+        lambda hostile_ca: hostile_ca.issuer.sign(
+            _claims(sub="system:serviceaccount:default:sleep:x")
+        ),
         UNAUTH,
         "not a service account",
     ),
     (
         "sub namespace not a DNS label",
-        lambda ca: ca.issuer.sign(
+        lambda hostile_ca: hostile_ca.issuer.sign(
             _claims(sub="system:serviceaccount:../x:sleep", **{"kubernetes.io": None})
         ),
         UNAUTH,
@@ -185,20 +204,37 @@ CASES: list[tuple[str, TokenMaker, grpc.StatusCode, str]] = [
     ),
     (
         "kubernetes.io disagrees with sub",
-        lambda ca: ca.issuer.sign(_claims(sub="system:serviceaccount:kube-system:admin")),
+        lambda hostile_ca: hostile_ca.issuer.sign(
+            _claims(sub="system:serviceaccount:kube-system:admin")
+        ),
         UNAUTH,
         "disagrees",
     ),
     (
         "kubernetes.io of the wrong shape",
-        lambda ca: ca.issuer.sign(_claims(**{"kubernetes.io": ["default"]})),
+        lambda hostile_ca: hostile_ca.issuer.sign(_claims(**{"kubernetes.io": ["default"]})),
         UNAUTH,
         "not shaped like",
     ),
-    ("another service account", lambda ca: ca.issuer.token("default", "other"), DENIED, "sa/other"),
-    ("two dots only", lambda ca: "..", UNAUTH, "not a well-formed"),
-    ("6 KB of base64", lambda ca: "eyJ" + "A" * 6000 + ".e30.x", UNAUTH, "not a well-formed"),
-    ("token with an inner space", lambda ca: ca.issuer.token() + " extra", UNAUTH, ""),
+    (
+        "another service account",
+        lambda hostile_ca: hostile_ca.issuer.token("default", "other"),
+        DENIED,
+        "sa/other",
+    ),
+    ("two dots only", lambda hostile_ca: "..", UNAUTH, "not a well-formed"),
+    (
+        "6 KB of base64",
+        lambda hostile_ca: "eyJ" + "A" * 6000 + ".e30.x",
+        UNAUTH,
+        "not a well-formed",
+    ),
+    (
+        "token with an inner space",
+        lambda hostile_ca: hostile_ca.issuer.token() + " extra",
+        UNAUTH,
+        "",
+    ),
 ]
 
 
@@ -206,18 +242,20 @@ CASES: list[tuple[str, TokenMaker, grpc.StatusCode, str]] = [
     ("make", "code", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
 def test_hostile_token_is_refused(
-    ca: InProcessCa, make: TokenMaker, code: grpc.StatusCode, fragment: str
+    hostile_ca: InProcessCa, make: TokenMaker, code: grpc.StatusCode, fragment: str
 ) -> None:
-    token = make(ca)
-    refused(ca, lambda: ca.call(good_csr(), token=token), code, fragment)
+    token = make(hostile_ca)
+    refused(hostile_ca, lambda: hostile_ca.call(good_csr(), token=token), code, fragment)
 
 
-def test_refused_token_is_not_echoed_in_the_message_or_audit(ca: InProcessCa) -> None:
-    token = ca.issuer.sign(_claims(aud=["kubernetes"]))
-    details = refused(ca, lambda: ca.call(good_csr(), token=token), UNAUTH, "audience")
+def test_refused_token_is_not_echoed_in_the_message_or_audit(hostile_ca: InProcessCa) -> None:
+    token = hostile_ca.issuer.sign(_claims(aud=["kubernetes"]))
+    details = refused(
+        hostile_ca, lambda: hostile_ca.call(good_csr(), token=token), UNAUTH, "audience"
+    )
     assert token not in details
     signature = token.rsplit(".", 1)[1]
-    assert all(signature not in json.dumps(line) for line in ca.audit.lines)
+    assert all(signature not in json.dumps(line) for line in hostile_ca.audit.lines)
 
 
 # --- JWKS file reads off the event loop (issue #11 item 7) -----------------------------------
@@ -257,10 +295,12 @@ def test_jwks_file_replaced_by_a_fifo_does_not_block_the_loop(tmp_path: Path) ->
     assert "not a regular file" in outcome.message
 
 
-def test_a_signed_token_expiring_in_year_10000_is_not_a_server_error(ca: InProcessCa) -> None:
+def test_a_signed_token_expiring_in_year_10000_is_not_a_server_error(
+    hostile_ca: InProcessCa,
+) -> None:
     """Found by tests/hostile/test_properties.py: an `exp` beyond what a datetime holds made
     the cache's expiry computation raise, and the CA answered INTERNAL with a traceback."""
-    token = ca.issuer.sign(_claims(exp=253402300800))
-    issued_before = ca.issued_count()
-    chain = ca.call(good_csr(), token=token)
-    assert chain and ca.issued_count() == issued_before + 1
+    token = hostile_ca.issuer.sign(_claims(exp=253402300800))
+    issued_before = hostile_ca.issued_count()
+    chain = hostile_ca.call(good_csr(), token=token)
+    assert chain and hostile_ca.issued_count() == issued_before + 1

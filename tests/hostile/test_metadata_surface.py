@@ -12,36 +12,38 @@ from tests.hostile.inprocess_ca import InProcessCa, good_csr
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 
 
-def _forged(ca: InProcessCa) -> str:
-    return ca.issuer.token("kube-system", "admin")[:-8] + "AAAAAAAA"
+def _forged(hostile_ca: InProcessCa) -> str:
+    return hostile_ca.issuer.token("kube-system", "admin")[:-8] + "AAAAAAAA"
 
 
 @pytest.mark.parametrize("order", ["forged first", "valid first"])
-def test_two_authorization_headers_are_refused(ca: InProcessCa, order: str) -> None:
-    valid = f"Bearer {ca.issuer.token()}"
-    forged = f"Bearer {_forged(ca)}"
+def test_two_authorization_headers_are_refused(hostile_ca: InProcessCa, order: str) -> None:
+    valid = f"Bearer {hostile_ca.issuer.token()}"
+    forged = f"Bearer {_forged(hostile_ca)}"
     pair = [forged, valid] if order == "forged first" else [valid, forged]
     headers = [("authorization", value) for value in pair]
     refused(
-        ca,
-        lambda: ca.call(good_csr(), headers=headers),
+        hostile_ca,
+        lambda: hostile_ca.call(good_csr(), headers=headers),
         UNAUTH,
         "more than one 'authorization' header",
         reason="ambiguous-credentials",
     )
 
 
-def test_the_same_valid_token_twice_is_still_ambiguous(ca: InProcessCa) -> None:
-    token = ca.issuer.token()
+def test_the_same_valid_token_twice_is_still_ambiguous(hostile_ca: InProcessCa) -> None:
+    token = hostile_ca.issuer.token()
     headers = [("authorization", f"Bearer {token}")] * 2
-    refused(ca, lambda: ca.call(good_csr(), headers=headers), UNAUTH, "more than one")
+    refused(
+        hostile_ca, lambda: hostile_ca.call(good_csr(), headers=headers), UNAUTH, "more than one"
+    )
 
 
-def test_two_clusterid_headers_are_refused(ca: InProcessCa) -> None:
+def test_two_clusterid_headers_are_refused(hostile_ca: InProcessCa) -> None:
     headers = [("clusterid", "Kubernetes"), ("clusterid", "other")]
     refused(
-        ca,
-        lambda: ca.call(good_csr(), token=ca.issuer.token(), headers=headers),
+        hostile_ca,
+        lambda: hostile_ca.call(good_csr(), token=hostile_ca.issuer.token(), headers=headers),
         UNAUTH,
         "more than one 'clusterid'",
     )
@@ -59,13 +61,20 @@ def test_two_clusterid_headers_are_refused(ca: InProcessCa) -> None:
     ],
     ids=["basic", "bare scheme", "blank token", "other scheme", "lower-case garbage", "5 parts"],
 )
-def test_malformed_authorization_values(ca: InProcessCa, value: str, fragment: str) -> None:
-    refused(ca, lambda: ca.call(good_csr(), headers=[("authorization", value)]), UNAUTH, fragment)
+def test_malformed_authorization_values(hostile_ca: InProcessCa, value: str, fragment: str) -> None:
+    refused(
+        hostile_ca,
+        lambda: hostile_ca.call(good_csr(), headers=[("authorization", value)]),
+        UNAUTH,
+        fragment,
+    )
 
 
-def test_token_in_a_binary_header_is_not_a_credential(ca: InProcessCa) -> None:
-    headers = [("authorization-bin", f"Bearer {ca.issuer.token()}".encode())]
-    refused(ca, lambda: ca.call(good_csr(), headers=headers), UNAUTH, "no credential")
+def test_token_in_a_binary_header_is_not_a_credential(hostile_ca: InProcessCa) -> None:
+    headers = [("authorization-bin", f"Bearer {hostile_ca.issuer.token()}".encode())]
+    refused(
+        hostile_ca, lambda: hostile_ca.call(good_csr(), headers=headers), UNAUTH, "no credential"
+    )
 
 
 @pytest.mark.parametrize(
@@ -78,21 +87,25 @@ def test_token_in_a_binary_header_is_not_a_credential(ca: InProcessCa) -> None:
     ],
     ids=["another identity", "own identity", "not an id", "20 KB id"],
 )
-def test_impersonation_without_a_node_authorizer_is_refused(ca: InProcessCa, target: str) -> None:
+def test_impersonation_without_a_node_authorizer_is_refused(
+    hostile_ca: InProcessCa, target: str
+) -> None:
     refused(
-        ca,
-        lambda: ca.call(
-            good_csr(), token=ca.issuer.token(), metadata={"ImpersonatedIdentity": target}
+        hostile_ca,
+        lambda: hostile_ca.call(
+            good_csr(), token=hostile_ca.issuer.token(), metadata={"ImpersonatedIdentity": target}
         ),
         UNAUTH,
         "impersonat",
     )
 
 
-def test_impersonated_identity_of_the_wrong_type_is_refused(ca: InProcessCa) -> None:
+def test_impersonated_identity_of_the_wrong_type_is_refused(hostile_ca: InProcessCa) -> None:
     refused(
-        ca,
-        lambda: ca.call(good_csr(), token=ca.issuer.token(), metadata={"ImpersonatedIdentity": 42}),
+        hostile_ca,
+        lambda: hostile_ca.call(
+            good_csr(), token=hostile_ca.issuer.token(), metadata={"ImpersonatedIdentity": 42}
+        ),
         UNAUTH,
         "impersonat",
     )

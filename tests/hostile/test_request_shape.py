@@ -54,13 +54,13 @@ NON_UTF8_CSRS = {
 
 @pytest.mark.parametrize("make", NON_UTF8_CSRS.values(), ids=list(NON_UTF8_CSRS))
 def test_csr_that_is_not_utf8_is_invalid_argument_audited_and_counted(
-    ca: InProcessCa, make: object
+    hostile_ca: InProcessCa, make: object
 ) -> None:
     """Before: UNKNOWN with a protobuf decode message, a traceback, no audit line, no metric."""
     body = _with_csr_bytes(make())  # type: ignore[operator]
     details = refused(
-        ca,
-        lambda: ca.call(raw_request=body, token=ca.issuer.token()),
+        hostile_ca,
+        lambda: hostile_ca.call(raw_request=body, token=hostile_ca.issuer.token()),
         INVALID,
         "not UTF-8",
         reason="csr-invalid",
@@ -68,9 +68,14 @@ def test_csr_that_is_not_utf8_is_invalid_argument_audited_and_counted(
     assert "PEM" in details
 
 
-def test_der_csr_message_says_it_looks_like_der(ca: InProcessCa) -> None:
+def test_der_csr_message_says_it_looks_like_der(hostile_ca: InProcessCa) -> None:
     body = _with_csr_bytes(_der_csr())
-    refused(ca, lambda: ca.call(raw_request=body, token=ca.issuer.token()), INVALID, "like DER")
+    refused(
+        hostile_ca,
+        lambda: hostile_ca.call(raw_request=body, token=hostile_ca.issuer.token()),
+        INVALID,
+        "like DER",
+    )
 
 
 GARBAGE_BODIES = {
@@ -82,42 +87,51 @@ GARBAGE_BODIES = {
 
 
 @pytest.mark.parametrize("body", GARBAGE_BODIES.values(), ids=list(GARBAGE_BODIES))
-def test_undecodable_request_is_invalid_argument(ca: InProcessCa, body: bytes) -> None:
+def test_undecodable_request_is_invalid_argument(hostile_ca: InProcessCa, body: bytes) -> None:
     refused(
-        ca,
-        lambda: ca.call(raw_request=body, token=ca.issuer.token()),
+        hostile_ca,
+        lambda: hostile_ca.call(raw_request=body, token=hostile_ca.issuer.token()),
         INVALID,
         "does not decode",
         reason="request-malformed",
     )
 
 
-def test_undecodable_request_without_credentials_is_unauthenticated_first(ca: InProcessCa) -> None:
+def test_undecodable_request_without_credentials_is_unauthenticated_first(
+    hostile_ca: InProcessCa,
+) -> None:
     """Authentication comes first: an anonymous caller learns nothing about request parsing."""
-    refused(ca, lambda: ca.call(raw_request=b"\xff\xfe"), UNAUTH, "no credential")
+    refused(hostile_ca, lambda: hostile_ca.call(raw_request=b"\xff\xfe"), UNAUTH, "no credential")
 
 
-def test_empty_body_is_a_request_without_csr(ca: InProcessCa) -> None:
-    refused(ca, lambda: ca.call(raw_request=b"", token=ca.issuer.token()), INVALID, "not PEM")
+def test_empty_body_is_a_request_without_csr(hostile_ca: InProcessCa) -> None:
+    refused(
+        hostile_ca,
+        lambda: hostile_ca.call(raw_request=b"", token=hostile_ca.issuer.token()),
+        INVALID,
+        "not PEM",
+    )
 
 
 @pytest.mark.parametrize("ttl", [-1, 10**15, 2**63 - 1, 59])
-def test_extreme_ttls_never_exceed_policy(ca: InProcessCa, ttl: int) -> None:
+def test_extreme_ttls_never_exceed_policy(hostile_ca: InProcessCa, ttl: int) -> None:
     """Extreme TTLs are clamped into policy or refused; never an error from deep inside."""
     from certs import load_cert
 
     try:
-        chain = ca.call(good_csr(), token=ca.issuer.token(), ttl_seconds=ttl)
+        chain = hostile_ca.call(good_csr(), token=hostile_ca.issuer.token(), ttl_seconds=ttl)
     except grpc.RpcError as error:
         assert error.code() == INVALID
         return
     leaf = load_cert(chain[0])
     lifetime = leaf.not_valid_after_utc - leaf.not_valid_before_utc
-    assert lifetime <= ca.config.ttl.maximum + ca.config.ttl.minimum
+    assert lifetime <= hostile_ca.config.ttl.maximum + hostile_ca.config.ttl.minimum
 
 
-def test_unknown_metadata_keys_are_ignored_not_trusted(ca: InProcessCa) -> None:
-    chain = ca.call(
-        good_csr(), token=ca.issuer.token(), metadata={"CertSigner": "root", "x": "y" * 1000}
+def test_unknown_metadata_keys_are_ignored_not_trusted(hostile_ca: InProcessCa) -> None:
+    chain = hostile_ca.call(
+        good_csr(),
+        token=hostile_ca.issuer.token(),
+        metadata={"CertSigner": "root", "x": "y" * 1000},
     )
     assert chain
