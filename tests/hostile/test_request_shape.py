@@ -3,12 +3,15 @@ that is not UTF-8 (issue #11 item 2), odd TTLs and metadata."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 import pytest
 
+from certs import SpiffeId, build_csr, generate_private_key, key_matches_certificate, load_cert
 from meshca_proto import ca_pb2
 from tests.hostile.conftest import refused
-from tests.hostile.inprocess_ca import InProcessCa, good_csr
+from tests.hostile.inprocess_ca import SLEEP, InProcessCa, good_csr
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
@@ -116,8 +119,6 @@ def test_empty_body_is_a_request_without_csr(hostile_ca: InProcessCa) -> None:
 @pytest.mark.parametrize("ttl", [-1, 10**15, 2**63 - 1, 59])
 def test_extreme_ttls_never_exceed_policy(hostile_ca: InProcessCa, ttl: int) -> None:
     """Extreme TTLs are clamped into policy or refused; never an error from deep inside."""
-    from certs import load_cert
-
     try:
         chain = hostile_ca.call(good_csr(), token=hostile_ca.issuer.token(), ttl_seconds=ttl)
     except grpc.RpcError as error:
@@ -135,3 +136,34 @@ def test_unknown_metadata_keys_are_ignored_not_trusted(hostile_ca: InProcessCa) 
         metadata={"CertSigner": "root", "x": "y" * 1000},
     )
     assert chain
+
+
+def test_concurrent_mixed_requests_never_cross_talk(hostile_ca: InProcessCa) -> None:
+    """200 requests from 16 threads, every third one hostile (a CSR for another identity):
+    each valid one gets a certificate for its own CSR's key, each hostile one is refused, and
+    the issued counter and audit lines match the valid ones exactly."""
+    token = hostile_ca.issuer.token()
+    other = SpiffeId("cluster.local", "kube-system", "admin")
+    issued_before = hostile_ca.issued_count()
+    lines_before = len(hostile_ca.issued_lines())
+
+    def one(index: int) -> str:
+        key = generate_private_key()
+        hostile = index % 3 == 0
+        csr = build_csr(key, other if hostile else SLEEP)
+        try:
+            chain = hostile_ca.call(csr, token=token)
+        except grpc.RpcError as error:
+            assert hostile, error
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+            return "refused"
+        assert not hostile
+        assert key_matches_certificate(key, load_cert(chain[0]))
+        return "issued"
+
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(one, range(200)))
+    valid = sum(1 for index in range(200) if index % 3)
+    assert outcomes.count("issued") == valid
+    assert hostile_ca.issued_count() == issued_before + valid
+    assert len(hostile_ca.issued_lines()) == lines_before + valid
