@@ -15,7 +15,6 @@ import contextlib
 import sys
 import tempfile
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import atheris
@@ -55,7 +54,7 @@ def _token_target() -> Callable[[bytes], None]:
     authenticator = JwtAuthenticator(
         [TrustedIssuer(K8S_ISSUER, JwksFile(issuer.jwks_path), ("istio-ca",))],
         "cluster.local",
-        lambda: datetime.now(UTC),
+        SystemClock(),
     )
     loop = asyncio.new_event_loop()
 

@@ -119,7 +119,7 @@ class InProcessCa:
             signer=self.signer,
             ttl_policy=self.config.ttl,
             metrics=self.metrics,
-            now=self.clock.now,
+            clock=self.clock,
         )
         self.audit = AuditCapture()
         self._loop = LoopThread()

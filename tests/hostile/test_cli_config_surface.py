@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
-from meshca.cli import build_parser, ca_config_from_args
+from ca_server.config import CaConfig
+from ca_server.config import ConfigError as CaConfigError
+from meshca.cli import build_parser
 
 
 def _agent(argv: list[str], env: dict[str, str] | None = None) -> AgentConfig:
@@ -72,9 +74,10 @@ CA_CASES = {
 
 @pytest.mark.parametrize("args", CA_CASES.values(), ids=list(CA_CASES))
 def test_bad_ca_settings_stop_with_a_message(args: list[str]) -> None:
-    with pytest.raises(SystemExit) as stopped:
-        ca_config_from_args(build_parser().parse_args(["ca", "--data-dir", "/tmp/d", *args]))
-    assert str(stopped.value).startswith("meshca ca:")
+    parsed = build_parser("ca").parse_args(["ca", "--data-dir", "/tmp/d", *args])
+    with pytest.raises(CaConfigError) as refused:
+        CaConfig.from_args(parsed, {})
+    assert any(flag in str(refused.value) for flag in ("ttl", "TTL", "--jwt-issuer"))
 
 
 def test_sds_socket_path_longer_than_the_unix_limit_is_refused(tmp_path: Path) -> None:

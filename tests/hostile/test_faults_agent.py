@@ -20,12 +20,13 @@ from agent.config import AgentConfig
 from agent.main import Agent
 from certs import load_cert
 from meshca.clock import FakeClock
-from tests.agent.pki import FakeCaServicer, Pki, start_fake_ca
+from tests.agent.pki import FakeCaServicer, start_fake_ca
 from tests.hostile.test_faults_ca import small_tmpfs
+from tests.support.pki import TestCa
 from tests.support.processes import http_status
 from tests.support.sds_client import fetch_secrets
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -46,7 +47,7 @@ async def served(socket: Path) -> x509.Certificate:
 async def _agent(
     tmp: Path, clock: FakeClock, **config: object
 ) -> tuple[Agent, FakeCaServicer, object]:
-    ca = FakeCaServicer(Pki(clock.now() - timedelta(days=2)), clock)
+    ca = FakeCaServicer(TestCa(clock.now() - timedelta(days=2)), clock)
     server, addr = await start_fake_ca(ca, tmp, clock.now())
     token = tmp / "token"
     token.write_text(jwt.encode({"sub": "system:serviceaccount:shop:cart"}, "k" * 32))

@@ -20,7 +20,7 @@ from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.processes import wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
 
 @contextlib.contextmanager

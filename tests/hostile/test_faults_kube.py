@@ -10,9 +10,11 @@ from collections.abc import Iterator
 import kubernetes.client
 import pytest
 
-from ca_server.kube.informer import Informer
+from meshca.informer import Informer
 from tests.support.kube_api import Fault, KubeApiServer
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # starts the fake Kubernetes API server (real HTTP)
 
 
 @pytest.fixture

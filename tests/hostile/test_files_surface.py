@@ -30,7 +30,7 @@ from meshca.clock import SystemClock
 from meshca.loop_heartbeat import LoopHeartbeat
 from tests.hostile.loop_stall import longest_stall
 from tests.support.loop import LoopThread
-from tests.support.pki import TestAuthority
+from tests.support.pki import TestCa
 from tests.support.processes import http_status
 
 T = TypeVar("T")
@@ -57,7 +57,7 @@ async def _subscribe(
     return stub.StreamSecrets(requests(), timeout=10)
 
 
-def _write_pair(ca: TestAuthority, directory: Path) -> tuple[Path, Path]:
+def _write_pair(ca: TestCa, directory: Path) -> tuple[Path, Path]:
     issued = ca.issue("app")
     cert, key = directory / "cert.pem", directory / "key.pem"
     cert.write_text(issued.cert_pem)
@@ -68,7 +68,7 @@ def _write_pair(ca: TestAuthority, directory: Path) -> tuple[Path, Path]:
 def test_a_fifo_named_by_file_cert_does_not_block_other_clients(workdir: Path) -> None:
     """Before: `open()` on the FIFO ran on the loop and blocked it until a writer came; every
     other SDS client timed out. Now the FIFO is refused and the loop keeps serving."""
-    ca = TestAuthority()
+    ca = TestCa()
     _, key = _write_pair(ca, workdir)
     fifo = workdir / "cert-fifo.pem"
     os.mkfifo(fifo)
@@ -207,7 +207,7 @@ PATH_CASES = [
 
 @pytest.mark.parametrize("case", PATH_CASES)
 def test_paths_outside_the_allow_list_are_refused(workdir: Path, case: str) -> None:
-    ca = TestAuthority()
+    ca = TestCa()
     allowed, outside = workdir / "allowed", workdir / "outside"
     output = allowed / "out"
     for directory in (allowed, outside, output):

@@ -12,7 +12,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from ca_server.authn import AuthnRequest
 from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
+from meshca.clock import SystemClock
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 from tests.hostile.conftest import refused
 from tests.hostile.inprocess_ca import KID, InProcessCa, good_csr
@@ -270,7 +270,7 @@ def test_jwks_file_replaced_by_a_fifo_does_not_block_the_loop(tmp_path: Path) ->
     authenticator = JwtAuthenticator(
         [TrustedIssuer(K8S_ISSUER, JwksFile(fifo), ("istio-ca",))],
         "cluster.local",
-        lambda: datetime.now(UTC),
+        SystemClock(),
     )
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     token = jwt.encode(_claims(), key, "RS256", headers={"kid": KID})

@@ -15,7 +15,6 @@ import base64
 import contextlib
 import json
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from meshca.clock import SystemClock
 from meshca_proto import ca_pb2
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 from tests.hostile.inprocess_ca import SLEEP, Issuer, good_csr, make_issuer
-from tests.support.pki import TestAuthority
+from tests.support.pki import TestCa
 
 EXAMPLES = int(os.environ.get("MESHCA_HYPOTHESIS_EXAMPLES", "150"))
 BOUNDED = settings(
@@ -54,7 +53,7 @@ BOUNDED = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 VALID_PEM = good_csr()
-VALID_CERT_PEM = TestAuthority().issue("app").cert_pem
+VALID_CERT_PEM = TestCa().issue("app").cert_pem
 
 
 def _with_version_64(pem: str, label: str = "CERTIFICATE REQUEST") -> bytes:
@@ -173,7 +172,7 @@ def _authenticate(issuer: Issuer, header: str) -> None:
     authenticator = JwtAuthenticator(
         [TrustedIssuer(K8S_ISSUER, JwksFile(issuer.jwks_path), ("istio-ca",))],
         "cluster.local",
-        lambda: datetime.now(UTC),
+        SystemClock(),
     )
     request = AuthnRequest(headers={"authorization": header})
     with contextlib.suppress(AuthenticationError):

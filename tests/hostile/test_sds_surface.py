@@ -20,7 +20,7 @@ from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.sds import SECRET_TYPE_URL, SdsServer, SecretResolver
 from agent.secrets import SecretCache
 from meshca.clock import SystemClock
-from tests.support.pki import TestAuthority
+from tests.support.pki import TestCa
 
 SERVICE = "/envoy.service.secret.v3.SecretDiscoveryService"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -97,7 +97,7 @@ async def _fetch(channel: grpc.aio.Channel, body: bytes) -> tuple[grpc.StatusCod
 
 
 def _serve(sock_dir: Path, scenario: Callable[[grpc.aio.Channel], Awaitable[None]]) -> None:
-    ca = TestAuthority()
+    ca = TestCa()
 
     async def main() -> None:
         cache = SecretCache()

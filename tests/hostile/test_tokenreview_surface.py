@@ -30,6 +30,8 @@ from tests.support.kube_api import Fault, KubeApiServer
 
 VALID = "valid-sleep-token"
 
+pytestmark = pytest.mark.process  # starts the fake Kubernetes API server (real HTTP)
+
 
 @pytest.fixture
 def kube_api() -> Iterator[KubeApiServer]:
@@ -51,7 +53,7 @@ def _authenticator(clients: KubeClients, clock: Clock | None = None) -> TokenRev
         clients,
         audiences=["istio-ca"],
         trust_domain="cluster.local",
-        limiter=AsyncTokenBucket(50, 100),
+        limiter=AsyncTokenBucket(50, 100, SystemClock()),
         metrics=CaMetrics(),
         clock=clock or SystemClock(),
     )
