@@ -25,24 +25,14 @@ with atheris.instrument_imports():
     from agent.file_mounted import FileSecretProvider, FileWatcher, UnknownFileResourceError
     from agent.sds_decoding import _lenient
     from ca_server.authn import AuthnRequest
-    from ca_server.authz import authorize_csr
-    from ca_server.errors import AuthenticationError, RequestError
+    from ca_server.errors import AuthenticationError
     from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
     from ca_server.request_decoding import decode_certificate_request
-    from certs import CertsError, load_csr
     from meshca.clock import SystemClock
     from meshca_proto import ca_pb2
-    from tests.ca_server.conftest import K8S_ISSUER
-    from tests.hostile.inprocess_ca import SLEEP, good_csr, make_issuer
-
-
-def fuzz_csr(data: bytes) -> None:
-    try:
-        csr = load_csr(data)
-    except CertsError:
-        return
-    with contextlib.suppress(RequestError):
-        authorize_csr(csr, SLEEP)
+    from tests.ca_server.conftest import K8S_ISSUER, make_rsa_issuer
+    from tests.hostile.inprocess_ca import good_csr
+    from tests.hostile.parser_checks import check_csr
 
 
 def fuzz_ca_request(data: bytes) -> None:
@@ -50,7 +40,7 @@ def fuzz_ca_request(data: bytes) -> None:
 
 
 def _token_target() -> Callable[[bytes], None]:
-    issuer = make_issuer(Path(tempfile.mkdtemp(prefix="fuzz-jwks")))
+    issuer = make_rsa_issuer(Path(tempfile.mkdtemp(prefix="fuzz-jwks")))
     authenticator = JwtAuthenticator(
         [TrustedIssuer(K8S_ISSUER, JwksFile(issuer.jwks_path), ("istio-ca",))],
         "cluster.local",
@@ -88,7 +78,7 @@ def _sds_target() -> Callable[[bytes], None]:
 
 
 TARGETS: dict[str, Callable[[], Callable[[bytes], None]]] = {
-    "csr": lambda: fuzz_csr,
+    "csr": lambda: check_csr,
     "ca-request": lambda: fuzz_ca_request,
     "token": _token_target,
     "sds": _sds_target,
@@ -104,8 +94,8 @@ def _seeds(target: str) -> list[bytes]:
     if target == "ca-request":
         return [ca_pb2.IstioCertificateRequest(csr=csr, validity_duration=3600).SerializeToString()]
     if target == "token":
-        issuer = make_issuer(Path(tempfile.mkdtemp(prefix="fuzz-seed")))
-        return [issuer.token().encode()]
+        issuer = make_rsa_issuer(Path(tempfile.mkdtemp(prefix="fuzz-seed")))
+        return [issuer.token("default", "sleep").encode()]
     request = discovery_pb2.DiscoveryRequest(
         resource_names=["default", "file-cert:/etc/certs/a.pem~/etc/certs/b.pem", "file-root:/x"]
     )

@@ -12,16 +12,12 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
-import jwt
-from cryptography.hazmat.primitives.asymmetric import rsa
 from google.protobuf import struct_pb2
-from jwt.algorithms import RSAAlgorithm
 
 from ca_server.authn import AuthenticatorChain
 from ca_server.config import CaConfig, JwtIssuerConfig
@@ -37,11 +33,11 @@ from certs import SpiffeId, build_csr, cert_to_pem, generate_private_key
 from meshca.clock import SystemClock
 from meshca.logs import AUDIT_LOGGER
 from meshca_proto import ca_pb2, ca_pb2_grpc
-from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
+from tests.ca_server.conftest import K8S_ISSUER, make_rsa_issuer
 from tests.support.loop import LoopThread
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
-KID = "hostile-key-1"
+KID = "k8s-key-1"
 
 
 class AuditCapture(logging.Handler):
@@ -58,30 +54,6 @@ class AuditCapture(logging.Handler):
         self.lines.append({"msg": record.getMessage(), **fields})
 
 
-@dataclass
-class Issuer:
-    """An RS256 service-account token issuer whose JWKS file the CA trusts."""
-
-    key: rsa.RSAPrivateKey
-    jwks_path: Path
-
-    def sign(self, claims: dict[str, Any], *, kid: str | None = KID, **header: Any) -> str:
-        headers = {"kid": kid, **header} if kid is not None else dict(header)
-        return jwt.encode(claims, self.key, algorithm="RS256", headers=headers)
-
-    def token(self, namespace: str = "default", service_account: str = "sleep", **kw: Any) -> str:
-        return self.sign(k8s_claims(namespace, service_account, **kw))
-
-
-def make_issuer(directory: Path) -> Issuer:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
-    jwk.update({"kid": KID, "use": "sig", "alg": "RS256"})
-    path = directory / "jwks.json"
-    path.write_text(json.dumps({"keys": [jwk]}))
-    return Issuer(key, path)
-
-
 class InProcessCa:
     """`with InProcessCa(tmp) as ca:` — a serving CA; `ca.call(...)` sends one request."""
 
@@ -93,7 +65,7 @@ class InProcessCa:
         authenticators: AuthenticatorChain | None = None,
     ) -> None:
         self.directory = directory
-        self.issuer = make_issuer(directory)
+        self.issuer = make_rsa_issuer(directory, KID)
         self.config = CaConfig(
             data_dir=directory / "data",
             listen="127.0.0.1:0",
@@ -221,7 +193,7 @@ class InProcessCa:
         return list(response.cert_chain)
 
     def valid_request_succeeds(self) -> bool:
-        chain = self.call(good_csr(), token=self.issuer.token())
+        chain = self.call(good_csr(), token=self.issuer.token("default", "sleep"))
         return bool(chain) and "BEGIN CERTIFICATE" in chain[0]
 
 

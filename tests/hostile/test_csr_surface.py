@@ -94,7 +94,7 @@ def test_hostile_csr_is_refused(
     csr = builder()
     refused(
         hostile_ca,
-        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token("default", "sleep")),
         code,
         fragment,
         reason=reason,
@@ -109,7 +109,7 @@ def test_refusal_for_hundreds_of_sans_is_short_and_still_says_what_to_fix(
     csr = b.many_dns_sans(600)
     details = refused(
         hostile_ca,
-        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token("default", "sleep")),
         INVALID,
         "remove the other SANs",
         reason="csr-extra-sans",
@@ -122,7 +122,7 @@ def test_refusal_for_a_very_long_uri_is_short_and_names_the_caller(hostile_ca: I
     csr = b.long_uri_san(40_000)
     details = refused(
         hostile_ca,
-        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(csr, token=hostile_ca.issuer.token("default", "sleep")),
         DENIED,
         "spiffe://cluster.local/ns/default/sa/sleep; a workload can only request its own",
         reason="csr-identity-mismatch",

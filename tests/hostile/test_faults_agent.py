@@ -8,7 +8,6 @@ import asyncio
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,20 +20,13 @@ from agent.main import Agent
 from certs import load_cert
 from meshca.clock import FakeClock
 from tests.agent.pki import FakeCaServicer, start_fake_ca
+from tests.agent.wiring import until
 from tests.hostile.test_faults_ca import small_tmpfs
 from tests.support.pki import TestCa
 from tests.support.processes import http_status
 from tests.support.sds_client import fetch_secrets
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def served(socket: Path) -> x509.Certificate:

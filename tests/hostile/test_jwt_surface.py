@@ -75,7 +75,7 @@ def _jku_header(hostile_ca: InProcessCa) -> str:
 
 def _swap_payload(hostile_ca: InProcessCa) -> str:
     """A valid token's signature over another payload (claim smuggling by splicing)."""
-    header, _, signature = hostile_ca.issuer.token().split(".")
+    header, _, signature = hostile_ca.issuer.token("default", "sleep").split(".")
     forged = _b64(json.dumps(k8s_claims("kube-system", "admin")).encode())
     return f"{header}.{forged}.{signature}"
 
@@ -231,7 +231,7 @@ CASES: list[tuple[str, TokenMaker, grpc.StatusCode, str]] = [
     ),
     (
         "token with an inner space",
-        lambda hostile_ca: hostile_ca.issuer.token() + " extra",
+        lambda hostile_ca: hostile_ca.issuer.token("default", "sleep") + " extra",
         UNAUTH,
         "",
     ),

@@ -18,7 +18,7 @@ def _forged(hostile_ca: InProcessCa) -> str:
 
 @pytest.mark.parametrize("order", ["forged first", "valid first"])
 def test_two_authorization_headers_are_refused(hostile_ca: InProcessCa, order: str) -> None:
-    valid = f"Bearer {hostile_ca.issuer.token()}"
+    valid = f"Bearer {hostile_ca.issuer.token('default', 'sleep')}"
     forged = f"Bearer {_forged(hostile_ca)}"
     pair = [forged, valid] if order == "forged first" else [valid, forged]
     headers = [("authorization", value) for value in pair]
@@ -32,7 +32,7 @@ def test_two_authorization_headers_are_refused(hostile_ca: InProcessCa, order: s
 
 
 def test_the_same_valid_token_twice_is_still_ambiguous(hostile_ca: InProcessCa) -> None:
-    token = hostile_ca.issuer.token()
+    token = hostile_ca.issuer.token("default", "sleep")
     headers = [("authorization", f"Bearer {token}")] * 2
     refused(
         hostile_ca, lambda: hostile_ca.call(good_csr(), headers=headers), UNAUTH, "more than one"
@@ -43,7 +43,9 @@ def test_two_clusterid_headers_are_refused(hostile_ca: InProcessCa) -> None:
     headers = [("clusterid", "Kubernetes"), ("clusterid", "other")]
     refused(
         hostile_ca,
-        lambda: hostile_ca.call(good_csr(), token=hostile_ca.issuer.token(), headers=headers),
+        lambda: hostile_ca.call(
+            good_csr(), token=hostile_ca.issuer.token("default", "sleep"), headers=headers
+        ),
         UNAUTH,
         "more than one 'clusterid'",
     )
@@ -71,7 +73,9 @@ def test_malformed_authorization_values(hostile_ca: InProcessCa, value: str, fra
 
 
 def test_token_in_a_binary_header_is_not_a_credential(hostile_ca: InProcessCa) -> None:
-    headers = [("authorization-bin", f"Bearer {hostile_ca.issuer.token()}".encode())]
+    headers = [
+        ("authorization-bin", f"Bearer {hostile_ca.issuer.token('default', 'sleep')}".encode())
+    ]
     refused(
         hostile_ca, lambda: hostile_ca.call(good_csr(), headers=headers), UNAUTH, "no credential"
     )
@@ -93,7 +97,9 @@ def test_impersonation_without_a_node_authorizer_is_refused(
     refused(
         hostile_ca,
         lambda: hostile_ca.call(
-            good_csr(), token=hostile_ca.issuer.token(), metadata={"ImpersonatedIdentity": target}
+            good_csr(),
+            token=hostile_ca.issuer.token("default", "sleep"),
+            metadata={"ImpersonatedIdentity": target},
         ),
         UNAUTH,
         "impersonat",
@@ -104,7 +110,9 @@ def test_impersonated_identity_of_the_wrong_type_is_refused(hostile_ca: InProces
     refused(
         hostile_ca,
         lambda: hostile_ca.call(
-            good_csr(), token=hostile_ca.issuer.token(), metadata={"ImpersonatedIdentity": 42}
+            good_csr(),
+            token=hostile_ca.issuer.token("default", "sleep"),
+            metadata={"ImpersonatedIdentity": 42},
         ),
         UNAUTH,
         "impersonat",

@@ -63,7 +63,9 @@ def test_csr_that_is_not_utf8_is_invalid_argument_audited_and_counted(
     body = _with_csr_bytes(make())  # type: ignore[operator]
     details = refused(
         hostile_ca,
-        lambda: hostile_ca.call(raw_request=body, token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(
+            raw_request=body, token=hostile_ca.issuer.token("default", "sleep")
+        ),
         INVALID,
         "not UTF-8",
         reason="csr-invalid",
@@ -75,7 +77,9 @@ def test_der_csr_message_says_it_looks_like_der(hostile_ca: InProcessCa) -> None
     body = _with_csr_bytes(_der_csr())
     refused(
         hostile_ca,
-        lambda: hostile_ca.call(raw_request=body, token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(
+            raw_request=body, token=hostile_ca.issuer.token("default", "sleep")
+        ),
         INVALID,
         "like DER",
     )
@@ -93,7 +97,9 @@ GARBAGE_BODIES = {
 def test_undecodable_request_is_invalid_argument(hostile_ca: InProcessCa, body: bytes) -> None:
     refused(
         hostile_ca,
-        lambda: hostile_ca.call(raw_request=body, token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(
+            raw_request=body, token=hostile_ca.issuer.token("default", "sleep")
+        ),
         INVALID,
         "does not decode",
         reason="request-malformed",
@@ -110,7 +116,7 @@ def test_undecodable_request_without_credentials_is_unauthenticated_first(
 def test_empty_body_is_a_request_without_csr(hostile_ca: InProcessCa) -> None:
     refused(
         hostile_ca,
-        lambda: hostile_ca.call(raw_request=b"", token=hostile_ca.issuer.token()),
+        lambda: hostile_ca.call(raw_request=b"", token=hostile_ca.issuer.token("default", "sleep")),
         INVALID,
         "not PEM",
     )
@@ -120,7 +126,9 @@ def test_empty_body_is_a_request_without_csr(hostile_ca: InProcessCa) -> None:
 def test_extreme_ttls_never_exceed_policy(hostile_ca: InProcessCa, ttl: int) -> None:
     """Extreme TTLs are clamped into policy or refused; never an error from deep inside."""
     try:
-        chain = hostile_ca.call(good_csr(), token=hostile_ca.issuer.token(), ttl_seconds=ttl)
+        chain = hostile_ca.call(
+            good_csr(), token=hostile_ca.issuer.token("default", "sleep"), ttl_seconds=ttl
+        )
     except grpc.RpcError as error:
         assert error.code() == INVALID
         return
@@ -132,7 +140,7 @@ def test_extreme_ttls_never_exceed_policy(hostile_ca: InProcessCa, ttl: int) -> 
 def test_unknown_metadata_keys_are_ignored_not_trusted(hostile_ca: InProcessCa) -> None:
     chain = hostile_ca.call(
         good_csr(),
-        token=hostile_ca.issuer.token(),
+        token=hostile_ca.issuer.token("default", "sleep"),
         metadata={"CertSigner": "root", "x": "y" * 1000},
     )
     assert chain
@@ -142,7 +150,7 @@ def test_concurrent_mixed_requests_never_cross_talk(hostile_ca: InProcessCa) -> 
     """200 requests from 16 threads, every third one hostile (a CSR for another identity):
     each valid one gets a certificate for its own CSR's key, each hostile one is refused, and
     the issued counter and audit lines match the valid ones exactly."""
-    token = hostile_ca.issuer.token()
+    token = hostile_ca.issuer.token("default", "sleep")
     other = SpiffeId("cluster.local", "kube-system", "admin")
     issued_before = hostile_ca.issued_count()
     lines_before = len(hostile_ca.issued_lines())
