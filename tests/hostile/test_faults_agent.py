@@ -5,15 +5,24 @@ an in-process TLS CA, certificates observed the way Envoy sees them: over SDS.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import jwt
 import pytest
 from cryptography import x509
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from envoy.service.secret.v3 import sds_pb2_grpc
 
 from agent.config import AgentConfig
 from agent.main import Agent
@@ -22,8 +31,10 @@ from meshca.clock import FakeClock
 from tests.agent.pki import FakeCaServicer, start_fake_ca
 from tests.agent.wiring import until
 from tests.hostile.test_faults_ca import small_tmpfs
+from tests.support.agent_process import AgentProcess
+from tests.support.ca_process import CaProcess
 from tests.support.pki import TestCa
-from tests.support.processes import http_status
+from tests.support.processes import http_status, stop_child
 from tests.support.sds_client import fetch_secrets
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(60)]
@@ -149,3 +160,50 @@ def test_an_unwritable_output_dir_does_not_stop_sds_and_files_catch_up(
                     await server.stop(None)  # type: ignore[attr-defined]
 
             asyncio.run(main())
+
+
+def test_a_real_agent_asked_for_a_fifo_keeps_serving_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The process-level view of issue #11 item 6: before, `open()` on the FIFO blocked the
+    agent's loop, so other SDS clients timed out, /healthz/ready still said ready, and SIGTERM
+    (handled on the loop) did nothing until SIGKILL."""
+    ca = CaProcess(tmp_path / "ca")
+    ca.start()
+    agent = AgentProcess(tmp_path, ca, "app", extra_args=("--file-secret-dirs", str(tmp_path)))
+    try:
+        agent.start()
+        fifo = tmp_path / "cert.pem"
+        os.mkfifo(fifo)
+        key = tmp_path / "key.pem"
+        key.write_text("not read: the certificate is refused first")
+        name = f"file-cert:{fifo}~{key}"
+        done = threading.Event()
+
+        def hostile_client() -> None:
+            def requests() -> Iterator[discovery_pb2.DiscoveryRequest]:
+                yield discovery_pb2.DiscoveryRequest(
+                    node=base_pb2.Node(id="hostile"), resource_names=[name]
+                )
+                done.wait(10)
+
+            with grpc.insecure_channel(f"unix:{agent.sds_socket}") as channel:
+                stub = sds_pb2_grpc.SecretDiscoveryServiceStub(channel)
+                with contextlib.suppress(grpc.RpcError):
+                    for _ in stub.StreamSecrets(requests(), timeout=10):
+                        pass
+
+        hostile = threading.Thread(target=hostile_client, daemon=True)
+        hostile.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        secrets = fetch_secrets(agent.sds_socket, ["default"])
+        assert "default" in secrets and time.monotonic() - started < 2
+        assert http_status(f"{agent.status_url}/healthz/ready") == 200
+        assert agent.proc is not None
+        code = stop_child(agent.proc, signal.SIGTERM, timeout=8)
+        assert code == 0, f"the agent did not stop on SIGTERM (exit {code}):\n{agent.log()}"
+        assert "not a regular file" in agent.log()
+        done.set()
+        hostile.join(5)
+    finally:
+        agent.stop()
+        ca.stop()
