@@ -182,6 +182,9 @@ class _Watched:
     timer: asyncio.TimerHandle | None = None
     last_error: str | None = None
     directories: tuple[str, ...] = field(default=())
+    # The read in a worker thread; one at a time, so a stuck mount holds one thread, not one
+    # per resync (a thread blocked in a system call cannot be cancelled).
+    reading: asyncio.Future[Secret] | None = None
 
 
 class _DirectoryEvents(FileSystemEventHandler):
@@ -321,19 +324,21 @@ class FileWatcher:
 
     async def _reload(self, watched: _Watched) -> None:
         name = watched.resource.name
+        paths = ", ".join(str(p) for p in watched.resource.paths)
+        if watched.reading is not None and not watched.reading.done():
+            self._refuse(watched, f"the previous read of {paths} has still not finished")
+            return
+        watched.reading = asyncio.ensure_future(
+            asyncio.to_thread(watched.resource.load, self.clock.now())
+        )
         try:
-            secret = await asyncio.wait_for(
-                asyncio.to_thread(watched.resource.load, self.clock.now()), self.read_timeout
-            )
+            secret = await asyncio.wait_for(asyncio.shield(watched.reading), self.read_timeout)
         except FileSecretError as exc:
             self._refuse(watched, str(exc))
             return
         except TimeoutError:
-            self._refuse(
-                watched,
-                f"reading {', '.join(str(p) for p in watched.resource.paths)} did not finish "
-                f"within {self.read_timeout:g}s",
-            )
+            self._refuse(watched, f"reading {paths} did not finish within {self.read_timeout:g}s")
+            watched.reading.add_done_callback(_retrieve)  # its late outcome is not used
             return
         watched.last_error = None
         if await watched.cache.publish(secret):
@@ -358,6 +363,12 @@ class FileWatcher:
             await self.clock.sleep(self.resync_interval)
             for watched in list(self._watched.values()):
                 await self._reload(watched)
+
+
+def _retrieve(future: asyncio.Future[Secret]) -> None:
+    """Marks a read nobody awaits any more as retrieved (no 'exception never retrieved')."""
+    if not future.cancelled():
+        future.exception()
 
 
 class FileMountedSource:

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,10 +22,10 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 
-from agent.file_mounted import FileSecretProvider, FileWatcher
+from agent.file_mounted import FileResource, FileSecretProvider, FileWatcher
 from agent.metrics import AgentMetrics
 from agent.sds import SECRET_TYPE_URL, SdsServer, SecretResolver
-from agent.secrets import SecretCache
+from agent.secrets import Secret, SecretCache
 from agent.status import build_status_server
 from meshca.clock import SystemClock
 from meshca.loop_heartbeat import LoopHeartbeat
@@ -267,3 +268,40 @@ def test_readiness_reports_a_stuck_event_loop() -> None:
             status.stop()
             beating.cancel()
             time.sleep(0.1)  # let the loop process the cancellation before it stops
+
+
+class _StuckResource(FileResource):
+    """A file resource whose read hangs until released, as one on a dead NFS mount does."""
+
+    def load(self, now: datetime) -> Secret:
+        _STUCK["calls"] += 1
+        _RELEASE.wait(10)
+        return TestCa().root_secret(self.name)
+
+
+_STUCK = {"calls": 0}
+_RELEASE = threading.Event()
+
+
+def test_a_stuck_read_holds_one_thread_not_one_per_resync() -> None:
+    """A thread blocked in a read cannot be cancelled; starting another at every resync would
+    use up the worker threads the agent needs. While one read is stuck, none is started."""
+    resource = _StuckResource("file-root:/stuck/root.pem", (Path("/stuck/root.pem"),))
+
+    async def main() -> tuple[int, str | None, int, str | None]:
+        watcher = FileWatcher(clock=SystemClock(), read_timeout=0.2, resync_interval=0.1)
+        cache = SecretCache()
+        try:
+            await watcher.add(resource, cache)  # times out, keeps the read running
+            await asyncio.sleep(0.6)  # several resyncs
+            calls_while_stuck, error = _STUCK["calls"], watcher.last_error(resource.name)
+            _RELEASE.set()
+            await asyncio.sleep(0.5)  # the next resync reads again, and succeeds
+            return calls_while_stuck, error, _STUCK["calls"], watcher.last_error(resource.name)
+        finally:
+            await watcher.stop()
+
+    stuck_calls, stuck_error, later_calls, later_error = asyncio.run(main())
+    assert stuck_calls == 1
+    assert stuck_error is not None and "has still not finished" in stuck_error
+    assert later_calls >= 2 and later_error is None
