@@ -52,7 +52,9 @@ class JwksFile:
 
     The stat and read run in a worker thread under a timeout, and only a small regular file is
     read (`meshca.safe_read`): a JWKS path on a stuck mount, or replaced by a FIFO, must not
-    stall the event loop that serves every other request.
+    stall the event loop that serves every other request. Concurrent cache misses share one
+    read, and a read that timed out is not started again until it ends: its thread cannot be
+    cancelled, and one per request would use up the worker threads.
     """
 
     def __init__(self, path: Path, read_timeout: float = 5.0) -> None:
@@ -60,10 +62,14 @@ class JwksFile:
         self._read_timeout = read_timeout
         self._mtime: float | None = None
         self._keys: jwt.PyJWKSet | None = None
+        self._reading: asyncio.Future[jwt.PyJWKSet] | None = None
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(asyncio.to_thread(self._current_keys))
+            self._reading.add_done_callback(_retrieved)
         try:
-            keys = await asyncio.wait_for(asyncio.to_thread(self._current_keys), self._read_timeout)
+            keys = await asyncio.wait_for(asyncio.shield(self._reading), self._read_timeout)
         except TimeoutError:
             raise AuthenticationError(
                 "jwks-unavailable",
@@ -84,6 +90,12 @@ class JwksFile:
             keys = jwt.PyJWKSet.from_json(read_regular_file(self._path, _MAX_JWKS_BYTES).decode())
             self._keys, self._mtime = keys, mtime
         return keys
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Marks a shared read's outcome as retrieved: its waiters may all have timed out."""
+    if not future.cancelled():
+        future.exception()
 
 
 class JwksUrl:

@@ -304,3 +304,38 @@ def test_a_signed_token_expiring_in_year_10000_is_not_a_server_error(
     issued_before = hostile_ca.issued_count()
     chain = hostile_ca.call(good_csr(), token=token)
     assert chain and hostile_ca.issued_count() == issued_before + 1
+
+
+class _StuckJwks(JwksFile):
+    """A JWKS file whose read hangs until released, as one on a dead mount does."""
+
+    calls = 0
+    release = threading.Event()
+
+    def _current_keys(self) -> jwt.PyJWKSet:
+        type(self).calls += 1
+        self.release.wait(10)
+        raise OSError("released")
+
+
+def test_a_stuck_jwks_read_is_shared_not_repeated(tmp_path: Path) -> None:
+    """Twenty requests during a stuck JWKS read each get jwks-unavailable after the timeout,
+    and all of them wait on one read (one blocked thread), not twenty."""
+    source = _StuckJwks(tmp_path / "jwks.json", read_timeout=0.2)
+
+    async def attempt() -> str:
+        try:
+            await source.key_for(KID)
+        except AuthenticationError as exc:
+            return exc.message
+        return "a key was returned"
+
+    async def scenario() -> list[str]:
+        first = await asyncio.gather(*(attempt() for _ in range(10)))
+        second = await asyncio.gather(*(attempt() for _ in range(10)))  # still stuck
+        _StuckJwks.release.set()  # let the thread end before the loop shuts its executor
+        return [*first, *second]
+
+    messages = asyncio.run(scenario())
+    assert len(messages) == 20 and all("did not finish within" in m for m in messages)
+    assert _StuckJwks.calls == 1
