@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: up test lint proto prometheus-tools
+.PHONY: up test lint proto prometheus-tools fuzz
 
 up: $(VENV)/.installed
 	$(BIN)/meshca up $(UP_ARGS)
@@ -16,6 +16,17 @@ test: $(VENV)/.installed-test prometheus-tools
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+# Optional, not part of `make test`: coverage-guided fuzzing (atheris) of the parsers that face
+# the network, FUZZ_SECONDS per target; a crash is saved as fuzz-artifacts/crash-*.
+FUZZ_SECONDS ?= 60
+fuzz: $(VENV)/.installed-test
+	$(BIN)/python -m pip install --quiet -e '.[fuzz]'
+	mkdir -p fuzz-artifacts
+	for target in csr ca-request token sds; do \
+		$(BIN)/python -m tests.fuzz.fuzz_parsers $$target -max_total_time=$(FUZZ_SECONDS) \
+			-artifact_prefix=fuzz-artifacts/ || exit 1; \
+	done
 
 # Regenerates proto/meshca_proto/*_pb2*.py from ca.proto (CI fails if they are stale).
 proto: $(VENV)/.installed-test

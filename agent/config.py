@@ -30,6 +30,9 @@ DEFAULT_SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
 DEFAULT_FILE_MOUNTED_DIR = "./etc/certs"
 DEFAULT_STATUS_LISTEN = "127.0.0.1:15020"
 DEFAULT_MAX_CONCURRENT_FETCHES = 8  # ztunnel's limit
+# Where Istio's conventions mount certificates for file-cert:/file-root: (user certificates,
+# gateway certificates, Kubernetes-projected volumes). See docs/agent.md.
+DEFAULT_FILE_SECRET_DIRS = "/etc/certs:/etc/istio:/var/run/secrets"
 SYSTEM_ROOTS = "SYSTEM"
 CA_HEADER_PREFIX = "CA_HEADER_"
 
@@ -78,6 +81,8 @@ class AgentConfig:
     identities: tuple[tuple[str, str], ...] = ()  # static (namespace, service account) pairs
     identities_file: Path | None = None
     max_concurrent_fetches: int = DEFAULT_MAX_CONCURRENT_FETCHES
+    # Directories file-cert:/file-root: SDS names may read from (FILE_SECRET_DIRS).
+    file_secret_dirs: tuple[Path, ...] = tuple(Path(d) for d in DEFAULT_FILE_SECRET_DIRS.split(":"))
 
     def __post_init__(self) -> None:
         if not 0 < self.grace_period_ratio < 1:
@@ -186,6 +191,11 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "--file-mounted-dir",
         help=f"directory of FILE_MOUNTED_CERTS files [{DEFAULT_FILE_MOUNTED_DIR}]",
     )
+    add(
+        "--file-secret-dirs",
+        help="colon-separated directories that SDS file-cert:/file-root: names may read from "
+        f"[FILE_SECRET_DIRS; {DEFAULT_FILE_SECRET_DIRS}]",
+    )
     add("--status-listen", help=f"status/metrics HTTP address [{DEFAULT_STATUS_LISTEN}]")
     add("--ca-request-timeout", help="deadline for one CA call [10s]")
     add("--log-level", help="DEBUG, INFO, WARNING, ERROR [INFO]")
@@ -284,7 +294,22 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         identities=parse_identities(pick("identities", None, "") or "", "--identities"),
         identities_file=Path(identities_file) if identities_file else None,
         max_concurrent_fetches=_int("--max-concurrent-fetches", max_fetches or "0"),
+        file_secret_dirs=_directories(
+            "FILE_SECRET_DIRS", pick("file_secret_dirs", "FILE_SECRET_DIRS", None)
+        ),
     )
+
+
+def _directories(where: str, text: str | None) -> tuple[Path, ...]:
+    """`a:b` → (Path(a), Path(b)); absolute paths only (relative ones would depend on the
+    agent's working directory); `None` → the default list."""
+    if text is None:
+        text = DEFAULT_FILE_SECRET_DIRS
+    directories = tuple(Path(item) for item in text.split(":") if item.strip())
+    relative = [str(d) for d in directories if not d.is_absolute()]
+    if relative:
+        raise ConfigError(f"{where}: directories must be absolute paths (got {relative})")
+    return directories
 
 
 def parse_identities(text: str, where: str) -> tuple[tuple[str, str], ...]:

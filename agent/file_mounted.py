@@ -23,8 +23,14 @@ Refusal: a set of files whose certificate does not parse or that `agent.acceptan
 secret stays published, the reason is logged (never key material) and
 `file_reload_failures{resource_name}` is counted.
 
-Concurrency: everything except the observer thread runs on the agent's asyncio loop. File reads
-are small and done inline on the loop.
+Hostile names: a `file-*:` name comes from whoever can reach the SDS socket. Paths must lie
+inside the allowed directories (`allowed_dirs`, resolved, so `..` and symlinks cannot leave
+them); only regular files are read (a FIFO would block `open()` forever, `/dev/zero` never
+ends), at most `MAX_FILE_BYTES` each (`meshca.safe_read`).
+
+Concurrency: everything except the observer thread runs on the agent's asyncio loop. Loading
+(read + parse) runs in a worker thread under `read_timeout`, so a stuck mount or a special file
+never blocks the loop that serves every other SDS client.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from agent.secrets import (
 )
 from certs import CertsError, load_certs, load_private_key
 from meshca.clock import Clock
+from meshca.safe_read import UnsafeFileError, path_is_within, read_regular_file
 
 if TYPE_CHECKING:
     # Imported for real only when the first file is watched (`FileWatcher.start`): an agent
@@ -69,6 +76,8 @@ DEFAULT_KEY_PATH = Path("./etc/certs/key.pem")
 DEFAULT_ROOT_PATH = Path("./etc/certs/root-cert.pem")
 DEFAULT_DEBOUNCE = 0.1
 DEFAULT_RESYNC_INTERVAL = 60.0
+DEFAULT_READ_TIMEOUT = 5.0
+MAX_FILE_BYTES = 1024 * 1024
 
 # watchdog also reports reads (opened / closed without writing); those are our own re-reads.
 _CHANGE_EVENTS = frozenset({"created", "deleted", "modified", "moved", "closed"})
@@ -86,7 +95,9 @@ class FileMetrics(Protocol):
 
 def _read(path: Path, what: str) -> bytes:
     try:
-        return path.read_bytes()
+        return read_regular_file(path, MAX_FILE_BYTES)
+    except UnsafeFileError as exc:
+        raise FileSecretError(f"refusing {what}: {exc}") from exc
     except OSError as exc:
         raise FileSecretError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
 
@@ -173,6 +184,9 @@ class _Watched:
     timer: asyncio.TimerHandle | None = None
     last_error: str | None = None
     directories: tuple[str, ...] = field(default=())
+    # The read in a worker thread; one at a time, so a stuck mount holds one thread, not one
+    # per resync (a thread blocked in a system call cannot be cancelled).
+    reading: asyncio.Future[Secret] | None = None
 
 
 class _DirectoryEvents:
@@ -209,11 +223,13 @@ class FileWatcher:
         metrics: FileMetrics | None = None,
         debounce: float = DEFAULT_DEBOUNCE,
         resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
     ) -> None:
         self.clock = clock
         self.metrics = metrics
         self.debounce = debounce
         self.resync_interval = resync_interval
+        self.read_timeout = read_timeout
         self.failures = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._observer: BaseObserver | None = None
@@ -318,10 +334,21 @@ class FileWatcher:
 
     async def _reload(self, watched: _Watched) -> None:
         name = watched.resource.name
+        paths = ", ".join(str(p) for p in watched.resource.paths)
+        if watched.reading is not None and not watched.reading.done():
+            self._refuse(watched, f"the previous read of {paths} has still not finished")
+            return
+        watched.reading = asyncio.ensure_future(
+            asyncio.to_thread(watched.resource.load, self.clock.now())
+        )
         try:
-            secret = watched.resource.load(self.clock.now())
+            secret = await asyncio.wait_for(asyncio.shield(watched.reading), self.read_timeout)
         except FileSecretError as exc:
             self._refuse(watched, str(exc))
+            return
+        except TimeoutError:
+            self._refuse(watched, f"reading {paths} did not finish within {self.read_timeout:g}s")
+            watched.reading.add_done_callback(_retrieve)  # its late outcome is not used
             return
         watched.last_error = None
         if self.metrics is not None:
@@ -349,6 +376,12 @@ class FileWatcher:
             await self.clock.sleep(self.resync_interval)
             for watched in list(self._watched.values()):
                 await self._reload(watched)
+
+
+def _retrieve(future: asyncio.Future[Secret]) -> None:
+    """Marks a read nobody awaits any more as retrieved (no 'exception never retrieved')."""
+    if not future.cancelled():
+        future.exception()
 
 
 class FileMountedSource:
@@ -419,14 +452,48 @@ class FileSecretProvider:
     metric, hear of it), so nothing is reported for files no one serves any more.
     """
 
-    def __init__(self, watcher: FileWatcher) -> None:
+    def __init__(
+        self,
+        watcher: FileWatcher,
+        *,
+        allowed_dirs: tuple[Path, ...] | None = None,
+        forbidden_dirs: tuple[Path, ...] = (),
+    ) -> None:
+        """`allowed_dirs`: where `file-*:` paths may point (`None`: anywhere, for tests and
+        embedding; the agent always passes its configured list). `forbidden_dirs` are refused
+        even inside an allowed one: the agent's own output directory, which in node mode holds
+        every identity's private key."""
         self.cache = SecretCache()
         self.watcher = watcher
+        self.allowed_dirs = allowed_dirs
+        self.forbidden_dirs = forbidden_dirs
 
     def updates(self, name: str) -> AsyncIterator[Secret]:
-        """The secret for a `file-*:` name, then each accepted change. Malformed names raise
-        `UnknownFileResourceError` (a `ValueError`) right away."""
-        return self._follow(FileResource.parse(name))
+        """The secret for a `file-*:` name, then each accepted change. Malformed names, and
+        paths outside the allowed directories, raise `UnknownFileResourceError` (a
+        `ValueError`) right away."""
+        resource = FileResource.parse(name)
+        for path in resource.paths:
+            self._check_allowed(path)
+        return self._follow(resource)
+
+    def _check_allowed(self, path: Path) -> None:
+        if not path.is_absolute():
+            raise UnknownFileResourceError(
+                f"{FILE_CERT_PREFIX}/{FILE_ROOT_PREFIX} paths must be absolute (got {path})"
+            )
+        if self.forbidden_dirs and path_is_within(path, self.forbidden_dirs):
+            raise UnknownFileResourceError(
+                f"{path} is inside the agent's own output directory, which is never served "
+                "by file-cert:/file-root:"
+            )
+        if self.allowed_dirs is not None and not path_is_within(path, self.allowed_dirs):
+            allowed = ":".join(str(d) for d in self.allowed_dirs) or "(none)"
+            raise UnknownFileResourceError(
+                f"{path} is outside the directories allowed for file-cert:/file-root: "
+                f"({allowed}); add its directory with --file-secret-dirs or "
+                "FILE_SECRET_DIRS"
+            )
 
     async def _follow(self, resource: FileResource) -> AsyncIterator[Secret]:
         await self.watcher.add(resource, self.cache)

@@ -48,6 +48,7 @@ from agent.status import build_status_server
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.logs import configure_logging
+from meshca.loop_heartbeat import LoopHeartbeat
 
 __all__ = ["Agent", "AgentFailed", "main", "run_agent_command"]
 
@@ -73,7 +74,11 @@ class Agent:
             self.file_output = build(config.output_certs, clock)
             self.cache.add_listener(self.file_output.on_secret)
             self.cache.add_removal_listener(self.file_output.on_secret_removed)
-        self.files = FileSecretProvider(FileWatcher(clock=clock, metrics=self.metrics))
+        self.files = FileSecretProvider(
+            FileWatcher(clock=clock, metrics=self.metrics),
+            allowed_dirs=config.file_secret_dirs,
+            forbidden_dirs=(config.output_certs,) if config.output_certs else (),
+        )
         self.files.cache.add_listener(self.metrics.on_secret)
         self.files.cache.add_removal_listener(self.metrics.on_secret_removed)
         self.sds = SdsServer(
@@ -85,8 +90,16 @@ class Agent:
         self.certificates: CertificateSource = certificate_source_for(
             config, self.cache, clock, self.metrics, self.file_output
         )
+        # Readiness also says whether the loop is turning (a blocked loop serves nothing).
+        self.heartbeat = LoopHeartbeat()
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self.status = build_status_server(
-            config.status_host, config.status_port, self.certificates, self.metrics, clock
+            config.status_host,
+            config.status_port,
+            self.certificates,
+            self.metrics,
+            clock,
+            self.heartbeat,
         )
         self._worker: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
@@ -96,6 +109,7 @@ class Agent:
         ensure_dir(self.config.sds_socket.parent, 0o700)
         if self.config.output_certs is not None:
             ensure_dir(self.config.output_certs, 0o700)
+        self._heartbeat_task = asyncio.create_task(self.heartbeat.run(), name="loop-heartbeat")
         self.status.start()
         log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
         await self.sds.start()
@@ -138,6 +152,8 @@ class Agent:
             except Exception as exc:
                 log.warning("error stopping the %s: %s", what, exc or type(exc).__name__)
         await asyncio.to_thread(self.status.stop)
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
         with contextlib.suppress(FileNotFoundError):
             self.config.sds_socket.unlink()
 

@@ -47,6 +47,7 @@ from google.protobuf import any_pb2
 
 from agent.errors import UnknownResourceError
 from agent.metrics import LabeledCounter
+from agent.sds_decoding import UndecodableMessage, add_sds_servicer
 from agent.secrets import (
     FILE_CERT_PREFIX,
     FILE_ROOT_PREFIX,
@@ -155,8 +156,20 @@ def combined_version(secrets: Iterable[Secret]) -> str:
 _stream_ids = itertools.count(1)
 
 
+_MAX_MESSAGE_CHARS = 1024
+
+
+def _bounded(message: str) -> str:
+    """Refusals can quote a client's resource name; past the client's metadata limit the
+    status would arrive as RESOURCE_EXHAUSTED instead of the refusal, so it is cut."""
+    if len(message) <= _MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:_MAX_MESSAGE_CHARS]}...({len(message) - _MAX_MESSAGE_CHARS} more characters)"
+
+
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        message = _bounded(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -228,6 +241,8 @@ class _Stream:
                     if isinstance(event, _Eof):
                         return
                     if isinstance(event, _Request):
+                        if isinstance(event.message, UndecodableMessage):
+                            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, event.message.problem)
                         self._on_request(event.message)
                     elif isinstance(event, _SourceFailed):
                         raise _Abort(
@@ -459,8 +474,14 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         await _DeltaStream(self._server, context).run(request_iterator)
 
     async def FetchSecrets(
-        self, request: discovery_pb2.DiscoveryRequest, context: grpc.aio.ServicerContext
+        self,
+        request: discovery_pb2.DiscoveryRequest | UndecodableMessage,
+        context: grpc.aio.ServicerContext,
     ) -> discovery_pb2.DiscoveryResponse:
+        if isinstance(request, UndecodableMessage):
+            log.warning("SDS fetch refused: %s", request.problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+            raise AssertionError("unreachable: context.abort raises")
         if not request.HasField("node") or not request.node.id:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -479,7 +500,7 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         try:
             secrets = await asyncio.wait_for(asyncio.gather(*lookups), timeout)
         except UnknownResourceError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _bounded(str(exc)))
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -553,7 +574,7 @@ class SdsServer:
             raise RuntimeError("SDS server already started")
         self._prepare_socket_path()
         server = grpc.aio.server()
-        sds_pb2_grpc.add_SecretDiscoveryServiceServicer_to_server(_Servicer(self), server)
+        add_sds_servicer(_Servicer(self), server)
         if server.add_insecure_port(self.address) == 0:
             raise OSError(f"could not listen on {self.address}")
         await server.start()

@@ -6,9 +6,11 @@ thread, so a slow scrape never stalls the event loop that serves SDS and rotates
 Handlers only read: the readiness source's attributes are immutable snapshots replaced by single
 assignments, and prometheus_client is thread-safe.
 
-Readiness means "holding a valid (unexpired) certificate", not "the last CA call worked": while
-the CA is down the agent keeps serving its cached certificate and stays ready. When not ready
-the body says why (the last error), so `kubectl describe pod` shows something actionable.
+Readiness means "holding a valid (unexpired) certificate, and the event loop is turning", not
+"the last CA call worked": while the CA is down the agent keeps serving its cached certificate
+and stays ready; while the loop is stuck (`meshca.loop_heartbeat`) it serves nothing and is
+not. When not ready the body says why (the last error, or the stall), so `kubectl describe pod`
+shows something actionable.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 from agent.metrics import AgentMetrics
 from agent.secret_status import SecretReport, SecretStatus
 from meshca.clock import Clock
+from meshca.loop_heartbeat import LoopHeartbeat
 from meshca.status_http import Response, StatusServer, json_response, metrics_route, text
 
 READY_PATH = "/healthz/ready"
@@ -35,8 +38,16 @@ class ReadinessSource(Protocol):
     def last_error(self) -> str | None: ...
 
 
-def readiness_report(source: ReadinessSource, now: datetime) -> tuple[bool, str]:
+def readiness_report(
+    source: ReadinessSource, now: datetime, heartbeat: LoopHeartbeat | None = None
+) -> tuple[bool, str]:
     """(ready, body): the readiness decision and the text explaining it."""
+    stalled = heartbeat.stalled_for() if heartbeat is not None else None
+    if stalled is not None:
+        return False, (
+            f"not ready: the agent's event loop has not run for {stalled:.1f}s "
+            "(something is blocking it; SDS and rotation are stalled)\n"
+        )
     error = source.last_error
     if source.has_valid_certificate(now):
         body = "ready: holding a valid certificate\n"
@@ -88,12 +99,13 @@ def build_status_server(
     readiness: ReadinessSource,
     metrics: AgentMetrics,
     clock: Clock,
+    heartbeat: LoopHeartbeat | None = None,
 ) -> StatusServer:
     """`/healthz/ready`, `/metrics` and `/debug/secrets` on `host:port` (port 0 picks a free
     one); not started. The secrets endpoint holds no key material: serials and dates only."""
 
     def ready() -> Response:
-        is_ready, body = readiness_report(readiness, clock.now())
+        is_ready, body = readiness_report(readiness, clock.now(), heartbeat)
         return text(200 if is_ready else 503, body)
 
     def secrets() -> Response:

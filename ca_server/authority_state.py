@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ca_server.authority_slots import AuthorityState, HistoryEvent, Phase, Slot
-from ca_server.root_store import CaSetupError, data_dir_lock
+from ca_server.root_store import CaSetupError, data_dir_lock, writing_to_data_dir
 from certs import (
     CLOCK_SKEW_BACKDATE,
     CertsError,
@@ -210,8 +210,9 @@ class LocalAuthorityStateStore:
                 self._write_compat(current)
                 return current
             final = updated or current
-            atomic_write(self._path, encode_state(final), mode=0o600)
-            self._write_compat(final)
+            with writing_to_data_dir("the authority state (root keys)", self._path):
+                atomic_write(self._path, encode_state(final), mode=0o600)
+                self._write_compat(final)
             return final
 
     def _load_locked(self) -> tuple[AuthorityState, bool]:

@@ -12,7 +12,7 @@ from typing import cast
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from ca_server.errors import InvalidRequestError, PermissionDeniedError
+from ca_server.errors import InvalidRequestError, PermissionDeniedError, clip, clip_list
 from certs import SpiffeId, describe_csr, key_family
 from certs.csr import unexpected_extensions
 
@@ -24,7 +24,7 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> No
     """Raises unless the CSR asks for exactly `identity` as its one URI SAN, and nothing more."""
     contents = describe_csr(csr)
     extras = [
-        f"{kind} SAN(s) {list(values)}"
+        f"{len(values)} {kind} SAN(s) {clip_list(values)}"
         for kind, values in (
             ("DNS", contents.dns_sans),
             ("IP", contents.ip_sans),
@@ -44,11 +44,17 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> No
         raise InvalidRequestError(
             "csr-asks-ca", "CSR asks for CA:true; workloads cannot be issued CA certificates"
         )
+    if _asks_to_sign_certificates(csr):
+        raise InvalidRequestError(
+            "csr-asks-ca",
+            "CSR asks for key usage keyCertSign or cRLSign; workload certificates cannot sign "
+            "certificates: drop those usages",
+        )
     unexpected = unexpected_extensions(csr)
     if unexpected:
         raise InvalidRequestError(
             "csr-extensions",
-            f"CSR carries extensions {unexpected}; only subjectAltName, keyUsage and "
+            f"CSR carries extensions {clip_list(unexpected)}; only subjectAltName, keyUsage and "
             "extendedKeyUsage are accepted",
         )
     if not contents.uri_sans:
@@ -58,16 +64,26 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> No
     if len(contents.uri_sans) > 1:
         raise InvalidRequestError(
             "csr-multiple-identities",
-            f"CSR asks for {len(contents.uri_sans)} URI SANs {list(contents.uri_sans)}; "
+            f"CSR asks for {len(contents.uri_sans)} URI SANs {clip_list(contents.uri_sans)}; "
             f"ask for exactly one: {identity.uri}",
         )
     if contents.uri_sans[0] != identity.uri:
         raise PermissionDeniedError(
             "csr-identity-mismatch",
-            f"CSR asks for {contents.uri_sans[0]} but the caller is authenticated as "
+            f"CSR asks for {clip(contents.uri_sans[0])} but the caller is authenticated as "
             f"{identity.uri}; a workload can only request its own identity",
         )
     _check_public_key(csr)
+
+
+def _asks_to_sign_certificates(csr: x509.CertificateSigningRequest) -> bool:
+    """The issued profile never grants these, but a CSR asking for them is refused (like
+    CA:true) rather than silently answered with less than it asked for."""
+    try:
+        usage = csr.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        return False
+    return usage.key_cert_sign or usage.crl_sign
 
 
 def _check_public_key(csr: x509.CertificateSigningRequest) -> None:

@@ -2,11 +2,37 @@
 
 Each error carries a short machine `reason` (a metrics label and audit field) and a message for
 the caller that says what was wrong and what to do. Messages never echo tokens or keys.
+
+Messages are bounded (`MAX_MESSAGE_CHARS`) because parts of them come from the caller (SAN
+values, impersonated identities): an unbounded one travels back as gRPC trailing metadata, and
+past the client's metadata limit the caller sees `RESOURCE_EXHAUSTED`, a code clients retry,
+instead of the refusal. Builders of messages shorten caller input first (`clip`, `clip_list`) so
+the part that says what to fix survives; the cap in `RequestError` is the backstop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
+
+MAX_MESSAGE_CHARS = 1024
+MAX_VALUE_CHARS = 120
+_LIST_SHOWN = 3
+
+
+def clip(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text) - limit} more characters)"
+
+
+def clip_list(values: Sequence[str]) -> str:
+    """The first few values, each clipped, and how many more there were."""
+    shown = [clip(value) for value in values[:_LIST_SHOWN]]
+    more = f" and {len(values) - _LIST_SHOWN} more" if len(values) > _LIST_SHOWN else ""
+    return f"{shown}{more}"
 
 
 class RequestError(Exception):
@@ -15,6 +41,7 @@ class RequestError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(self, reason: str, message: str) -> None:
+        message = clip(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.reason = reason
         self.message = message

@@ -7,7 +7,8 @@ Verified tokens are cached (`ca_server.token_cache`: by digest, never the token 
 expire, at most five minutes, so a burst of renewals with the same token costs one signature check
 and a JWKS key withdrawn after a leak stops being honoured from the cache within minutes.
 
-Concurrency: runs on the event loop; fetching a JWKS URL blocks, so it runs in a worker thread.
+Concurrency: runs on the event loop; reading a JWKS file or fetching a JWKS URL blocks, so both
+run in worker threads.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from ca_server.token_cache import VerifiedTokenCache, token_digest
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
 from meshca.clock import Clock
+from meshca.safe_read import read_regular_file
 
 log = logging.getLogger(__name__)
 
 # Asymmetric only: HS* would let anyone holding the (public) JWKS forge tokens.
 ALLOWED_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "PS384", "PS512")
 _LEEWAY_SECONDS = 30
+_MAX_JWKS_BYTES = 1024 * 1024
 
 
 class KeySource(Protocol):
@@ -45,24 +48,54 @@ class KeySource(Protocol):
 
 
 class JwksFile:
-    """A JWKS JSON file, re-read when its modification time changes (rotated issuer keys)."""
+    """A JWKS JSON file, re-read when its modification time changes (rotated issuer keys).
 
-    def __init__(self, path: Path) -> None:
+    The stat and read run in a worker thread under a timeout, and only a small regular file is
+    read (`meshca.safe_read`): a JWKS path on a stuck mount, or replaced by a FIFO, must not
+    stall the event loop that serves every other request. Concurrent cache misses share one
+    read, and a read that timed out is not started again until it ends: its thread cannot be
+    cancelled, and one per request would use up the worker threads.
+    """
+
+    def __init__(self, path: Path, read_timeout: float = 5.0) -> None:
         self._path = path
+        self._read_timeout = read_timeout
         self._mtime: float | None = None
         self._keys: jwt.PyJWKSet | None = None
+        self._reading: asyncio.Future[jwt.PyJWKSet] | None = None
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(asyncio.to_thread(self._current_keys))
+            self._reading.add_done_callback(_retrieved)
         try:
-            mtime = self._path.stat().st_mtime
-            if self._keys is None or mtime != self._mtime:
-                self._keys = jwt.PyJWKSet.from_json(self._path.read_text())
-                self._mtime = mtime
+            keys = await asyncio.wait_for(asyncio.shield(self._reading), self._read_timeout)
+        except TimeoutError:
+            raise AuthenticationError(
+                "jwks-unavailable",
+                f"reading the issuer's JWKS file {self._path} did not finish within "
+                f"{self._read_timeout:g}s",
+            ) from None
         except (OSError, jwt.PyJWKSetError) as exc:
             raise AuthenticationError(
                 "jwks-unavailable", f"cannot read the issuer's JWKS file {self._path}: {exc}"
             ) from exc
-        return _pick_key(self._keys.keys, kid, str(self._path))
+        return _pick_key(keys.keys, kid, str(self._path))
+
+    def _current_keys(self) -> jwt.PyJWKSet:
+        """Runs in a worker thread: the cached set, or the file re-read if it changed."""
+        mtime = self._path.stat().st_mtime
+        keys = self._keys
+        if keys is None or mtime != self._mtime:
+            keys = jwt.PyJWKSet.from_json(read_regular_file(self._path, _MAX_JWKS_BYTES).decode())
+            self._keys, self._mtime = keys, mtime
+        return keys
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Marks a shared read's outcome as retrieved: its waiters may all have timed out."""
+    if not future.cancelled():
+        future.exception()
 
 
 class JwksUrl:
@@ -146,7 +179,7 @@ class JwtAuthenticator:
         self._cache.put(digest, caller, self._clock.now(), expires_at)
         return caller
 
-    async def _verify(self, token: str) -> tuple[Caller, datetime]:
+    async def _verify(self, token: str) -> tuple[Caller, datetime | None]:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -203,7 +236,7 @@ class JwtAuthenticator:
             ) from exc
         except jwt.PyJWTError as exc:
             raise AuthenticationError("jwt-invalid", f"token rejected: {exc}") from exc
-        return self._caller_from_claims(claims), datetime.fromtimestamp(claims["exp"], UTC)
+        return self._caller_from_claims(claims), _expiry(claims["exp"])
 
     def _caller_from_claims(self, claims: dict[str, Any]) -> Caller:
         subject = str(claims.get("sub", ""))
@@ -230,6 +263,16 @@ class JwtAuthenticator:
         except CertsError as exc:
             raise AuthenticationError("jwt-subject", f"token subject: {exc}") from exc
         return Caller(identity, self.name, subject=subject, pod_name=pod_name, pod_uid=pod_uid)
+
+
+def _expiry(exp: float) -> datetime | None:
+    """`exp` as a datetime; `None` (the cache's own cap applies) when it is beyond what a
+    datetime holds. A signed token may say year 10000; that must not become a server error
+    (found by the property tests in tests/hostile/test_properties.py)."""
+    try:
+        return datetime.fromtimestamp(exp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _field(claim: Any, name: str) -> Any:

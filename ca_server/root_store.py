@@ -59,10 +59,26 @@ class AuthoritySource(Protocol):
 
 
 @contextlib.contextmanager
+def writing_to_data_dir(what: str, path: Path) -> Iterator[None]:
+    """Turns a refused write (read-only or full disk, permissions) into `CaSetupError` naming
+    the file and what to fix, so start-up stops with a message instead of a traceback. Writes
+    go through `atomic_write`, so a refused one leaves the previous file intact."""
+    try:
+        yield
+    except OSError as exc:
+        raise CaSetupError(
+            f"cannot write {what} {path}: {exc.strerror or exc}; the data directory must be "
+            "writable and have free space"
+        ) from exc
+
+
+@contextlib.contextmanager
 def data_dir_lock(data_dir: Path) -> Iterator[None]:
     """Exclusive lock shared by every meshca process using `data_dir`."""
-    ensure_dir(data_dir)
-    with open(data_dir / ".lock", "a+") as handle:
+    with writing_to_data_dir("the lock file", data_dir / ".lock"):
+        ensure_dir(data_dir)
+        handle = open(data_dir / ".lock", "a+")  # noqa: SIM115 - closed below
+    with handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -136,5 +152,6 @@ def detect_plugged_ca(directory: Path) -> PluggedCaDirectory | None:
 def publish_root_bundle(data_dir: Path, authority: SigningAuthority) -> Path:
     """Writes the trust bundle workloads verify with (the local `istio-ca-root-cert`)."""
     path = data_dir / ROOT_CERT_FILE
-    atomic_write(path, authority.root_bundle_pem)
+    with writing_to_data_dir("the root bundle", path):
+        atomic_write(path, authority.root_bundle_pem)
     return path

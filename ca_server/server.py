@@ -47,6 +47,7 @@ from ca_server.plugged_rotation import (
     audit_refusal,
     audit_reload,
 )
+from ca_server.request_decoding import add_certificate_service
 from ca_server.root_store import (
     AuthoritySource,
     CaSetupError,
@@ -63,7 +64,7 @@ from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import atomic_write, ensure_dir
 from meshca.status_http import StatusServer, json_response, metrics_route, text
-from meshca_proto import ca_pb2, ca_pb2_grpc
+from meshca_proto import ca_pb2
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ async def _serve(
         admission=Admission(config.admission, clock.monotonic),
     )
     server = grpc.aio.server(options=server_options(config))
-    ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(service, server)
+    add_certificate_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -29,6 +29,7 @@ from ca_server.errors import (
 from ca_server.impersonation import ImpersonationPolicy
 from ca_server.issued_leaves import IssuedLeaf
 from ca_server.metrics import CaMetrics
+from ca_server.request_decoding import UndecodableRequest
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
 from certs import CertsError, SpiffeId, load_certs, load_csr, public_key_of
@@ -63,7 +64,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._clock = clock
 
     async def CreateCertificate(
-        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+        self,
+        request: ca_pb2.IstioCertificateRequest | UndecodableRequest,
+        context: grpc.aio.ServicerContext,
     ) -> ca_pb2.IstioCertificateResponse:
         """Admission control, then the request itself (`_create_certificate`)."""
         renewal = is_renewal(context.invocation_metadata() or ())
@@ -81,7 +84,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             ticket.release()
 
     async def _create_certificate(
-        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
+        self,
+        request: ca_pb2.IstioCertificateRequest | UndecodableRequest,
+        context: grpc.aio.ServicerContext,
     ) -> ca_pb2.IstioCertificateResponse:
         started = self._clock.monotonic()
         self._metrics.csr_requests.inc()
@@ -89,6 +94,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         peer = context.peer()
         try:
             caller = await self._authenticators.authenticate(_authn_request(context))
+            if isinstance(request, UndecodableRequest):
+                reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
+                raise InvalidRequestError(reason, request.problem)
             identity = await self._identity_for(caller, request.metadata)
             csr = load_csr(request.csr)
             authorize_csr(csr, identity)
@@ -180,12 +188,25 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         await context.abort(error.code, error.message)
 
 
+# Headers that decide who the caller is: one value each, or the request is ambiguous.
+_SINGLE_VALUED_HEADERS = ("authorization", "clusterid")
+
+
 def _authn_request(context: grpc.aio.ServicerContext) -> AuthnRequest:
-    headers = {
-        key.lower(): value
-        for key, value in (context.invocation_metadata() or ())
-        if isinstance(value, str)
-    }
+    """The headers authenticators look at. Two `authorization` (or `clusterid`) headers are
+    refused: which one a proxy or library honours differs (Istio takes the first bearer token,
+    a dict the last), so a forged token placed beside a valid one must not be read either way."""
+    headers: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if not isinstance(value, str):
+            continue
+        name = key.lower()
+        if name in headers and name in _SINGLE_VALUED_HEADERS:
+            raise AuthenticationError(
+                "ambiguous-credentials",
+                f"request carries more than one {name!r} header; send exactly one",
+            )
+        headers[name] = value
     return AuthnRequest(headers=headers, peer_chain=_peer_chain(context))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Generic, TypeVar
 
@@ -26,17 +27,34 @@ def token_digest(scope: str, token: str) -> str:
     return hashlib.sha256(f"{scope}\0{token}".encode()).hexdigest()
 
 
-def token_expiry(token: str) -> datetime | None:
-    """The `exp` claim of a JWT, unverified (the caller has just vouched for the token; the
-    claim only bounds how long that answer is trusted); `None` for an opaque token or no `exp`."""
+@dataclass(frozen=True)
+class TokenShape:
+    """What an unverified JWT says about itself: only good for refusing early or bounding a
+    cache entry, never for trusting the token."""
+
+    expires: datetime | None
+
+
+def token_shape(token: str) -> TokenShape | None:
+    """The unverified shape of a JWT; `None` when the token is not a JWT at all."""
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError:
         return None
     exp = claims.get("exp")
-    if not isinstance(exp, int | float):
-        return None
-    return datetime.fromtimestamp(exp, UTC)
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        return TokenShape(expires=None)
+    try:
+        return TokenShape(expires=datetime.fromtimestamp(exp, UTC))
+    except (OverflowError, OSError, ValueError):
+        return TokenShape(expires=None)
+
+
+def token_expiry(token: str) -> datetime | None:
+    """The `exp` claim of a JWT, unverified (the caller has just vouched for the token; the
+    claim only bounds how long that answer is trusted); `None` for an opaque token or no `exp`."""
+    shape = token_shape(token)
+    return shape.expires if shape is not None else None
 
 
 class VerifiedTokenCache(Generic[V]):

@@ -18,6 +18,8 @@ from certs.spiffe import SpiffeId
 
 MAX_CSR_BYTES = 64 * 1024
 _PEM_HEADER = "-----BEGIN CERTIFICATE REQUEST-----"
+_PEM_FOOTER = "-----END CERTIFICATE REQUEST-----"
+_ANY_PEM_HEADER = b"-----BEGIN "
 
 
 def build_csr(key: PrivateKey, identity: SpiffeId) -> str:
@@ -37,18 +39,21 @@ def build_csr(key: PrivateKey, identity: SpiffeId) -> str:
 def load_csr(pem: str | bytes, *, max_bytes: int = MAX_CSR_BYTES) -> x509.CertificateSigningRequest:
     """Parses a PEM CSR and verifies its self-signature.
 
-    Raises `CsrError` naming the problem: too large, not PEM, not a CSR, a signature that does
-    not verify (the requester does not hold the key it asks a certificate for), or extensions
-    that do not parse (malformed, or one extension twice, e.g. a second subjectAltName).
+    Raises `CsrError` naming the problem: too large, not PEM, not a CSR, more than one PEM
+    block or text around the block (the CA refuses what it would otherwise silently ignore),
+    a signature that does not verify (the requester does not hold the key it asks a
+    certificate for), or extensions that do not parse (malformed, or one extension twice, e.g. a
+    second subjectAltName).
     """
     raw = pem.encode("utf-8", "replace") if isinstance(pem, str) else pem
     if len(raw) > max_bytes:
         raise CsrError(f"CSR is {len(raw)} bytes; the limit is {max_bytes} bytes")
     if _PEM_HEADER.encode() not in raw:
         raise CsrError(f"CSR is not PEM: expected a '{_PEM_HEADER}' block")
+    _check_single_block(raw)
     try:
         csr = x509.load_pem_x509_csr(raw)
-    except ValueError as exc:
+    except (ValueError, x509.InvalidVersion) as exc:  # InvalidVersion is not a ValueError
         raise CsrError(f"CSR PEM block does not parse as PKCS#10 ({exc})") from exc
     try:
         valid = csr.is_signature_valid
@@ -61,6 +66,26 @@ def load_csr(pem: str | bytes, *, max_bytes: int = MAX_CSR_BYTES) -> x509.Certif
     except (ValueError, x509.DuplicateExtension) as exc:
         raise CsrError(f"CSR extensions do not parse ({exc})") from exc
     return csr
+
+
+def _check_single_block(raw: bytes) -> None:
+    """Exactly one PEM block and nothing but whitespace around it: one CSR per request."""
+    blocks = raw.count(_ANY_PEM_HEADER)
+    if blocks > 1:
+        raise CsrError(
+            f"the csr field holds {blocks} PEM blocks; send exactly one "
+            f"'{_PEM_HEADER}' block per request"
+        )
+    start = raw.index(_PEM_HEADER.encode())
+    end = raw.find(_PEM_FOOTER.encode(), start)
+    if end < 0:
+        raise CsrError(f"CSR PEM block has no '{_PEM_FOOTER}' line")
+    outside = raw[:start] + raw[end + len(_PEM_FOOTER) :]
+    if outside.strip():
+        raise CsrError(
+            f"the csr field has {len(outside.strip())} bytes of other content around the PEM "
+            "block; send only the block"
+        )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def load_certs(data: bytes | str, *, what: str = "certificate") -> list[x509.Cer
         raise PemError(f"{what}: no PEM CERTIFICATE block found")
     try:
         return x509.load_pem_x509_certificates(raw)
-    except ValueError as exc:
+    except (ValueError, x509.InvalidVersion) as exc:  # InvalidVersion is not a ValueError
         raise PemError(f"{what}: malformed PEM certificate ({exc})") from exc
 
 

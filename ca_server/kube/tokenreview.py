@@ -8,9 +8,20 @@ names its pod in `user.extra`, which the node authorizer needs.
 Outcomes: API says no → `AuthenticationError` (UNAUTHENTICATED, not retried); API unreachable
 or erroring → `DependencyUnavailableError` (UNAVAILABLE, clients retry).
 
+Spending the API server's rate limit: a verified token is remembered until it expires (at most
+five minutes); a token the API server *refused* is remembered for `negative_ttl` (default
+5 s), so a client retrying a bad token in a loop, or a flood of requests carrying one forged
+token, costs one review per token per `negative_ttl` instead of one per request. The TTL is
+short because a refusal can be transient on the API server's side (a pod just created, keys
+being rotated) and a legitimate workload must not stay locked out. A JWT past its `exp` is
+refused without a review (the API server would refuse it too). Transient API errors are never
+remembered.
+
 Concurrency: `authenticate` runs on the event loop. The review itself is a blocking HTTP call on
 the synchronous client, so it runs in a worker thread (`asyncio.to_thread`) after the token
-bucket admits it. Concurrent requests with the same token share one review.
+bucket admits it. Concurrent requests with the same token share one review, run as a task of
+its own: a caller that goes away (deadline, cancelled RPC) stops waiting but does not cancel
+the review the others are waiting for.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import kubernetes.client
@@ -25,11 +37,11 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from ca_server.authn import AuthnRequest, Caller
-from ca_server.errors import AuthenticationError, DependencyUnavailableError
+from ca_server.errors import AuthenticationError, DependencyUnavailableError, clip
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.metrics import CaMetrics
-from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
+from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry, token_shape
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
 from meshca.clock import Clock
@@ -40,6 +52,8 @@ SERVICE_ACCOUNTS_GROUP = "system:serviceaccounts"
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
 POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
 _REQUEST_TIMEOUT = (2.0, 5.0)  # (connect, read) seconds: a slow API server must not pile up
+DEFAULT_NEGATIVE_TTL = timedelta(seconds=5)
+_EXP_LEEWAY = timedelta(seconds=30)
 
 
 def caller_from_review(status: Any, trust_domain: str, cluster_id: str) -> Caller:
@@ -89,6 +103,17 @@ def _first(values: Sequence[str] | None) -> str | None:
     return values[0] if values else None
 
 
+def _refuse_expired_token(token: str, now: datetime) -> None:
+    """Refuses, without an API call, a JWT past its `exp` (the API server would refuse it).
+    Opaque tokens always go to the API server: it, not the CA, knows what they are."""
+    shape = token_shape(token)
+    if shape is not None and shape.expires is not None and shape.expires + _EXP_LEEWAY <= now:
+        raise AuthenticationError(
+            "token-rejected",
+            "token has expired; the kubelet refreshes projected tokens: re-read the token file",
+        )
+
+
 class TokenReviewAuthenticator:
     name = "kubernetes-tokenreview"
 
@@ -102,6 +127,7 @@ class TokenReviewAuthenticator:
         metrics: CaMetrics,
         clock: Clock,
         cache: VerifiedTokenCache[Caller] | None = None,
+        negative_ttl: timedelta = DEFAULT_NEGATIVE_TTL,
     ) -> None:
         self._clients = clients
         self._audiences = list(audiences)
@@ -110,7 +136,10 @@ class TokenReviewAuthenticator:
         self._metrics = metrics
         self._clock = clock
         self._cache: VerifiedTokenCache[Caller] = cache or VerifiedTokenCache()
-        self._in_flight: dict[str, asyncio.Future[Caller]] = {}
+        self._refusals: VerifiedTokenCache[AuthenticationError] = VerifiedTokenCache(
+            max_ttl=negative_ttl
+        )
+        self._in_flight: dict[str, asyncio.Task[Caller]] = {}
 
     async def authenticate(self, request: AuthnRequest) -> Caller | None:
         token = request.bearer_token
@@ -121,33 +150,42 @@ class TokenReviewAuthenticator:
         if api is None:
             raise AuthenticationError(
                 "unknown-cluster",
-                f"clusterid {cluster_id!r} is not a cluster this CA can review tokens for; "
-                "configure it with --remote-kubeconfig",
+                f"clusterid {clip(cluster_id)!r} is not a cluster this CA can review tokens "
+                "for; configure it with --remote-kubeconfig",
             )
         digest = token_digest(cluster_id, token)
-        cached = self._cache.get(digest, self._clock.now())
+        now = self._clock.now()
+        cached = self._cache.get(digest, now)
         if cached is not None:
             self._metrics.tokenreview_cache_hits.inc()
             return cached
-        pending = self._in_flight.get(digest)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Caller] = asyncio.get_running_loop().create_future()
-        self._in_flight[digest] = future
+        refusal = self._refusals.get(digest, now)
+        if refusal is not None:  # counted by the service as a denial, like the first time
+            raise AuthenticationError(refusal.reason, refusal.message)
+        _refuse_expired_token(token, now)
+        review = self._in_flight.get(digest)
+        if review is None:
+            review = asyncio.create_task(self._review_and_remember(api, token, cluster_id, digest))
+            self._in_flight[digest] = review
+            review.add_done_callback(lambda task: self._review_done(digest, task))
+        return await asyncio.shield(review)
+
+    async def _review_and_remember(
+        self, api: kubernetes.client.ApiClient, token: str, cluster_id: str, digest: str
+    ) -> Caller:
         try:
             caller = await self._review(api, token, cluster_id)
-        except asyncio.CancelledError:
-            future.cancel()
+        except AuthenticationError as exc:
+            self._refusals.put(digest, exc, self._clock.now(), None)
             raise
-        except Exception as exc:
-            future.set_exception(exc)
-            future.exception()  # marks it retrieved: there may be no other waiter
-            raise
-        finally:
-            del self._in_flight[digest]
-        future.set_result(caller)
         self._cache.put(digest, caller, self._clock.now(), token_expiry(token))
         return caller
+
+    def _review_done(self, digest: str, task: asyncio.Task[Caller]) -> None:
+        if self._in_flight.get(digest) is task:
+            del self._in_flight[digest]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have gone away
 
     async def _review(
         self, api: kubernetes.client.ApiClient, token: str, cluster_id: str

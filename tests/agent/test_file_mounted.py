@@ -333,7 +333,12 @@ def test_a_file_secret_no_one_watches_any_more_is_forgotten(ca: TestCa, workdir:
         write_plain(workdir, istio_files(ca.issue("app"), ca))
         clock = FakeClock(NOW)
         agent = Agent(
-            AgentConfig(file_mounted_certs=True, sds_socket=workdir / "s.sock", status_port=0),
+            AgentConfig(
+                file_mounted_certs=True,
+                sds_socket=workdir / "s.sock",
+                status_port=0,
+                file_secret_dirs=(workdir,),  # file-* names are confined to allowed dirs
+            ),
             clock=clock,
         )
         provider, metrics = agent.files, agent.metrics

@@ -63,14 +63,19 @@ class RsaIssuer:
         return self.sign(k8s_claims(namespace, service_account, **kwargs))
 
 
-@pytest.fixture(scope="module")
-def rsa_issuer(tmp_path_factory: pytest.TempPathFactory) -> RsaIssuer:
+def make_rsa_issuer(directory: Path, kid: str = "k8s-key-1") -> RsaIssuer:
+    """A new RS256 issuer whose JWKS (one key, `kid`) is written to `directory/jwks.json`."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
-    jwk.update({"kid": "k8s-key-1", "use": "sig", "alg": "RS256"})
-    path = tmp_path_factory.mktemp("issuer") / "jwks.json"
+    jwk.update({"kid": kid, "use": "sig", "alg": "RS256"})
+    path = directory / "jwks.json"
     path.write_text(json.dumps({"keys": [jwk]}))
-    return RsaIssuer(key, "k8s-key-1", path)
+    return RsaIssuer(key, kid, path)
+
+
+@pytest.fixture(scope="module")
+def rsa_issuer(tmp_path_factory: pytest.TempPathFactory) -> RsaIssuer:
+    return make_rsa_issuer(tmp_path_factory.mktemp("issuer"))
 
 
 @pytest.fixture(scope="module")

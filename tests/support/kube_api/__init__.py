@@ -10,6 +10,7 @@ or out of process: ``python -m tests.support.kube_api --port 0 --port-file PATH`
 """
 
 from .errors import ApiError
+from .faults import Fault, FaultPlan
 from .recorder import RequestRecord
 from .resources import CONFIGMAPS, LEASES, NAMESPACES, PODS, SECRETS, ResourceType
 from .server import KubeApiServer
@@ -24,6 +25,8 @@ __all__ = [
     "POD_UID_KEY",
     "SECRETS",
     "ApiError",
+    "Fault",
+    "FaultPlan",
     "KubeApiServer",
     "RequestRecord",
     "ResourceType",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from .faults import FaultPlan
 from .issuer import ServiceAccountIssuer
 from .recorder import RequestRecorder
 from .store import Store
@@ -24,3 +25,4 @@ class Backend:
     # Seconds every list waits before it is answered (a slow API server, for stop tests).
     list_delay: float = 0.0
     stopping: threading.Event = field(default_factory=threading.Event)
+    faults: FaultPlan = field(default_factory=FaultPlan)

@@ -25,6 +25,7 @@ from . import errors
 from .admin import ADMIN_PREFIX, handle_admin
 from .backend import Backend
 from .errors import ApiError
+from .faults import Fault
 from .issuer import DISCOVERY_PATH, JWKS_PATH
 from .recorder import RequestRecord
 from .resources import NAMESPACES, PODS, ResourceType
@@ -119,6 +120,8 @@ class KubeApiHandler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if code == 429:
+            self.send_header("Retry-After", "1")
         self.end_headers()
         self.wfile.write(body)
 
@@ -207,6 +210,7 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 )
                 if method != "POST":
                     raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
+                self._apply_fault("create", "tokenreviews")
                 record.code = 201
                 self._send_json(201, self.backend.tokens.review(body))
                 return
@@ -224,9 +228,10 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                     user_agent=self.headers.get("User-Agent"),
                 )
             )
+            fault = self._apply_fault(verb, resource)
             if verb == "watch":
                 record.code = 200
-                self._watch(route, query)
+                self._watch(route, query, fault)
                 return
             code, payload = self._handle(verb, route, query, body)
             record.code = code
@@ -246,6 +251,19 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self._send_json(500, error.to_status())
             self.close_connection = True
+
+    def _apply_fault(self, verb: str, resource: str) -> Fault | None:
+        """Delays and/or fails the request if a matching fault is armed (`faults.py`). A 410
+        on a watch is delivered in the stream, as kube-apiserver does."""
+        fault = self.backend.faults.take(verb, resource)
+        if fault is None:
+            return None
+        if fault.delay:
+            time.sleep(fault.delay)
+        error = fault.error()
+        if error is not None and not (verb == "watch" and error.code == 410):
+            raise error
+        return fault
 
     def _handle(self, verb: str, route: Route, query: dict[str, str], body: Any) -> tuple[int, Any]:
         store, rt = self.backend.store, route.rt
@@ -359,7 +377,7 @@ class KubeApiHandler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    def _watch(self, route: Route, query: dict[str, str]) -> None:
+    def _watch(self, route: Route, query: dict[str, str], fault: Fault | None = None) -> None:
         backend, rt = self.backend, route.rt
         predicate = self._predicate(rt, query)
         timeout = float(query.get("timeoutSeconds") or backend.watch_timeout)
@@ -371,6 +389,15 @@ class KubeApiHandler(BaseHTTPRequestHandler):
         self.end_headers()
         watcher: Watcher | None = None
         try:
+            if fault is not None and fault.status == 410:
+                self._write_event(
+                    "ERROR",
+                    ApiError(
+                        410, "Expired", "too old resource version (injected fault)"
+                    ).to_status(),
+                )
+                self.wfile.write(b"0\r\n\r\n")
+                return
             try:
                 watcher = backend.store.watch(
                     rt, route.namespace, predicate, query.get("resourceVersion")
@@ -379,7 +406,8 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 # Like kube-apiserver: a 200 stream carrying a single ERROR event (e.g. 410).
                 self._write_event("ERROR", exc.to_status())
             else:
-                self._pump(watcher, rt, timeout, bookmarks)
+                limit = fault.drop_watch_after if fault is not None else None
+                self._pump(watcher, rt, timeout, bookmarks, limit)
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
             self.close_connection = True
@@ -387,10 +415,21 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             if watcher is not None:
                 backend.store.unwatch(watcher)
 
-    def _pump(self, watcher: Watcher, rt: ResourceType, timeout: float, bookmarks: bool) -> None:
+    def _pump(
+        self,
+        watcher: Watcher,
+        rt: ResourceType,
+        timeout: float,
+        bookmarks: bool,
+        drop_after: int | None = None,
+    ) -> None:
         backend = self.backend
         deadline = time.monotonic() + timeout
+        sent = 0
         while not backend.stopping.is_set():
+            if drop_after is not None and sent >= drop_after:
+                self.close_connection = True  # an injected fault: the stream just ends
+                return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -404,6 +443,7 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             if item is None:
                 return
             self._write_event(*item)
+            sent += 1
         if bookmarks and not backend.stopping.is_set():
             # Drain under the store lock so the bookmark's version covers every sent event.
             with backend.store.locked():

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .backend import Backend
+from .faults import FaultPlan
 from .handler import KubeApiHTTPServer
 from .issuer import ServiceAccountIssuer
 from .recorder import RequestRecord, RequestRecorder
@@ -97,6 +98,20 @@ class KubeApiServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+    def restart(self, downtime: float = 0.0) -> None:
+        """Stop (cutting every watch and connection) and serve again on the same port with the
+        same objects, as a restarted kube-apiserver behind a stable address would."""
+        self._address = (self.host, self.port)
+        self.stop()
+        if downtime:
+            time.sleep(downtime)
+        self.start()
+
+    @property
+    def faults(self) -> FaultPlan:
+        """Injected faults (`tests.support.kube_api.faults`)."""
+        return self.backend.faults
 
     def __enter__(self) -> KubeApiServer:
         return self.start()

@@ -1,0 +1,209 @@
+"""A real meshca CA served in-process: the production `CertificateService`, authenticators and
+signer on a `grpc.aio` server with TLS on a free loopback port, driven on a background loop.
+
+Hostile cases need hundreds of requests and the CA's own view of each one (metrics, audit
+lines); a child process per case would cost seconds, this costs milliseconds. Requests go over
+real gRPC + TLS with the plain synchronous client, as an attacker's would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+
+from ca_server.authn import AuthenticatorChain
+from ca_server.config import CaConfig, JwtIssuerConfig
+from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
+from ca_server.metrics import CaMetrics
+from ca_server.request_decoding import add_certificate_service
+from ca_server.server import build_authenticators
+from ca_server.service import CertificateService
+from ca_server.serving_tls import ServingTls
+from ca_server.signer import LocalSigner
+from certs import (
+    SpiffeId,
+    build_csr,
+    cert_to_pem,
+    generate_private_key,
+    new_self_signed_authority,
+)
+from meshca.clock import SystemClock
+from meshca.logs import AUDIT_LOGGER
+from meshca_proto import ca_pb2, ca_pb2_grpc
+from tests.ca_server.conftest import K8S_ISSUER, make_rsa_issuer
+from tests.support.loop import LoopThread
+
+SLEEP = SpiffeId("cluster.local", "default", "sleep")
+KID = "k8s-key-1"
+
+
+class AuditCapture(logging.Handler):
+    """Collects the `meshca.audit` records' fields (the JSON line's content) in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = dict(getattr(record, "audit", {}) or {})
+        # Serialised as the real formatter does: a field that cannot be written is a bug.
+        json.dumps(fields, default=str)
+        self.lines.append({"msg": record.getMessage(), **fields})
+
+
+class InProcessCa:
+    """`with InProcessCa(tmp) as ca:` — a serving CA; `ca.call(...)` sends one request."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        impersonation: ImpersonationPolicy | None = None,
+        authenticators: AuthenticatorChain | None = None,
+    ) -> None:
+        self.directory = directory
+        self.issuer = make_rsa_issuer(directory, KID)
+        self.config = CaConfig(
+            data_dir=directory / "data",
+            listen="127.0.0.1:0",
+            jwt_issuers=(JwtIssuerConfig(K8S_ISSUER, str(self.issuer.jwks_path)),),
+            trust_dev_issuer=False,
+        )
+        self.clock = SystemClock()
+        self.metrics = CaMetrics()
+        self.config.data_dir.mkdir(parents=True)
+        self.authority = new_self_signed_authority(
+            self.config.root_key,
+            self.config.trust_domain,
+            now=self.clock.now(),
+            lifetime=self.config.root_lifetime,
+        )
+        self.root_pem = cert_to_pem(self.authority.roots[0]).encode()
+        self.signer = LocalSigner(self.authority)
+        self.service = CertificateService(
+            authenticators=authenticators
+            or build_authenticators(self.config, self.signer, self.clock),
+            impersonation=impersonation or DenyImpersonation(),
+            signer=self.signer,
+            ttl_policy=self.config.ttl,
+            metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.audit = AuditCapture()
+        self._loop = LoopThread()
+        self._server: grpc.aio.Server | None = None
+        self.addr = ""
+
+    def __enter__(self) -> InProcessCa:
+        logging.getLogger(AUDIT_LOGGER).addHandler(self.audit)
+        logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+        self._loop.__enter__()
+        try:
+            self._loop.run(self._start())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._server is not None:
+            self._loop.run(self._server.stop(0))
+            self._server = None
+        self._loop.stop()
+        logging.getLogger(AUDIT_LOGGER).removeHandler(self.audit)
+
+    async def _start(self) -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024)])
+        add_certificate_service(self.service, server)
+        tls = ServingTls(self.config, self.signer, self.clock, require_client_cert=False)
+        port = server.add_secure_port("127.0.0.1:0", tls.credentials())
+        await server.start()
+        self._server = server
+        self.addr = f"127.0.0.1:{port}"
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def issued_count(self) -> float:
+        value = self.metrics.registry.get_sample_value("meshca_ca_certificates_issued_total")
+        return value or 0.0
+
+    def denials(self, reason: str | None = None) -> float:
+        total = 0.0
+        for metric in self.metrics.registry.collect():
+            for sample in metric.samples:
+                if sample.name == "meshca_ca_denials_total" and (
+                    reason is None or sample.labels.get("reason") == reason
+                ):
+                    total += sample.value
+        return total
+
+    def issued_lines(self) -> list[dict[str, Any]]:
+        return [line for line in self.audit.lines if line["msg"] == "issued"]
+
+    def denied_lines(self) -> list[dict[str, Any]]:
+        return [line for line in self.audit.lines if line["msg"] == "denied"]
+
+    # -- calling -----------------------------------------------------------------------------
+
+    @contextmanager
+    def channel(self) -> Iterator[grpc.Channel]:
+        credentials = grpc.ssl_channel_credentials(root_certificates=self.root_pem)
+        options = [("grpc.ssl_target_name_override", "localhost")]
+        with grpc.secure_channel(self.addr, credentials, options=options) as channel:
+            yield channel
+
+    def call(
+        self,
+        csr: str | None = None,
+        *,
+        token: str | None = None,
+        headers: Sequence[tuple[str, str | bytes]] = (),
+        metadata: dict[str, Any] | None = None,
+        ttl_seconds: int = 0,
+        raw_request: bytes | None = None,
+        timeout: float = 10,
+    ) -> list[str]:
+        """CreateCertificate; returns `cert_chain` or raises `grpc.RpcError`. `raw_request`
+        sends those bytes as the request body (for requests the stub could not encode)."""
+        call_headers: list[tuple[str, str | bytes]] = list(headers)
+        if token is not None:
+            call_headers.append(("authorization", f"Bearer {token}"))
+        with self.channel() as channel:
+            if raw_request is not None:
+                method = channel.unary_unary(
+                    "/istio.v1.auth.IstioCertificateService/CreateCertificate",
+                    request_serializer=None,
+                    response_deserializer=ca_pb2.IstioCertificateResponse.FromString,
+                )
+                response = method(raw_request, metadata=call_headers, timeout=timeout)
+            else:
+                request = ca_pb2.IstioCertificateRequest(
+                    csr=csr if csr is not None else good_csr(), validity_duration=ttl_seconds
+                )
+                if metadata:
+                    struct = struct_pb2.Struct()
+                    struct.update(metadata)
+                    request.metadata.CopyFrom(struct)
+                stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
+                response = stub.CreateCertificate(request, metadata=call_headers, timeout=timeout)
+        return list(response.cert_chain)
+
+    def valid_request_succeeds(self) -> bool:
+        chain = self.call(good_csr(), token=self.issuer.token("default", "sleep"))
+        return bool(chain) and "BEGIN CERTIFICATE" in chain[0]
+
+
+def good_csr(identity: SpiffeId = SLEEP) -> str:
+    return build_csr(generate_private_key(), identity)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
