@@ -106,24 +106,29 @@ class AuthorityGauges:
             "1 for the phase each authority is in (prepared, active, old)",
             ["authority", "phase"],
             registry=r,
+            # With `meshca ca --workers N`: the state the latest-updating worker saw, once.
+            multiprocess_mode="livemostrecent",
         )
         self.tainted = Gauge(
             "meshca_ca_authority_tainted",
             "1 if the authority is tainted",
             ["authority"],
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.not_after = Gauge(
             "meshca_ca_authority_not_after_timestamp",
             "Unix time the authority's certificate expires",
             ["authority"],
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.live_leaves = Gauge(
             "meshca_ca_authority_live_leaves",
             "Unexpired leaves this CA process signed with the authority",
             ["authority"],
             registry=r,
+            multiprocess_mode="livesum",  # with workers: all of this CA's workers together
         )
         self._known: set[str] = set()
 
