@@ -25,7 +25,8 @@ plus the CA's own count of shed requests and issuances from `/metrics`.
 (`tests/support/kube_api`, its own process) with opaque service-account tokens the CA must
 check with TokenReview, rate limited by `--kube-qps`/`--kube-burst` as in a cluster: requests
 then wait *inside* the CA, which is where admission control sheds (and renewals first). It also
-prints the TokenReviews the API server answered.
+prints the TokenReviews the API server answered and its API calls per 1,000 certificates
+(`bench/kube_api_calls.py` compares TokenReview with offline validation).
 
 The client runs on the same machine as the CA (one Python process); on 2 cores it takes a
 noticeable share of the CPU, so read the figures as a lower bound of the CA's capacity.
@@ -158,10 +159,11 @@ def fake_api_server(workdir: Path, identities: int) -> Iterator[tuple[Path, str]
         stop_child(proc)
 
 
-def tokenreviews(api_url: str) -> int:
+def api_calls(api_url: str) -> dict[str, int]:
+    """Requests the fake API server answered, by `verb resource`."""
     with urllib.request.urlopen(f"{api_url}/_test/counts", timeout=10) as response:
         counts = json.loads(response.read())
-    return sum(c["count"] for c in counts if c["resource"] == "tokenreviews")
+    return {f"{c['verb']} {c['resource']}": int(c["count"]) for c in counts}
 
 
 async def run_storm(
@@ -298,12 +300,19 @@ def main() -> None:
             url = f"{ca.monitoring_url}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 metrics = response.read().decode()
-            reviews = tokenreviews(api_url) if api_url else None
+            calls = api_calls(api_url) if api_url else None
         finally:
             ca.stop()
     report(outcomes, wall, metrics)
-    if reviews is not None:
-        print(f"TokenReviews answered by the API server: {reviews}")
+    if calls is not None:
+        issued = sum(o.latency is not None for o in outcomes)
+        print(f"TokenReviews answered by the API server: {calls.get('create tokenreviews', 0)}")
+        per_thousand = sum(calls.values()) * 1000 / max(issued, 1)
+        print(
+            f"API calls per 1,000 certificates: {per_thousand:.0f} (all requests, start-up "
+            f"included: {dict(sorted(calls.items()))}); offline validation's figure: "
+            "bench/kube_api_calls.py"
+        )
 
 
 if __name__ == "__main__":
