@@ -344,12 +344,25 @@ def _key_spec(flag: str | None, env: Mapping[str, str]) -> KeySpec:
     raise ConfigError(f"ECC_SIGNATURE_ALGORITHM={algorithm!r}: use ECDSA or RSA")
 
 
+# Headers the agent sets itself; a second copy from CA_HEADER_* makes the request ambiguous,
+# and the CA refuses two credentials (or two cluster ids) rather than guess which one counts.
+_RESERVED_CA_HEADERS = {
+    "authorization": "the token file (--token-file) supplies it",
+    "clusterid": "set the cluster with ISTIO_META_CLUSTER_ID / --cluster-id instead",
+}
+
+
 def _ca_headers(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """`CA_HEADER_TENANT=a` → header `tenant: a`, like Istio (gRPC metadata keys are lowercase)."""
     headers = []
     for name, value in sorted(env.items()):
         if name.startswith(CA_HEADER_PREFIX) and len(name) > len(CA_HEADER_PREFIX):
             key = name[len(CA_HEADER_PREFIX) :].lower()
+            if key in _RESERVED_CA_HEADERS:
+                raise ConfigError(
+                    f"{name}: the agent sends `{key}` itself and the CA refuses a request "
+                    f"carrying two; {_RESERVED_CA_HEADERS[key]}"
+                )
             headers.append((key, value))
     return tuple(headers)
 

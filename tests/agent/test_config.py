@@ -86,6 +86,17 @@ def test_system_roots_and_ca_headers() -> None:
 
 
 @pytest.mark.parametrize(
+    ("variable", "hint"),
+    [("CA_HEADER_AUTHORIZATION", "--token-file"), ("CA_HEADER_CLUSTERID", "--cluster-id")],
+)
+def test_ca_headers_that_would_duplicate_the_agents_own_are_refused(variable: str, hint: str):
+    """The CA refuses a request with two `authorization` (or `clusterid`) headers, so an agent
+    configured to send a second one would never get a certificate: say so at start-up."""
+    with pytest.raises(ConfigError, match=f"{variable}.*{hint}"):
+        parse([], {variable: "x"})
+
+
+@pytest.mark.parametrize(
     ("env", "flag", "expected"),
     [
         ({}, None, KeySpec("ECDSA", curve="P256")),
