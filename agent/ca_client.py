@@ -23,10 +23,16 @@ CA's retry hint (the `grpc-retry-pushback-ms` trailer of a shed request) times a
 in [1, 1.5], and a response is only accepted if `agent.acceptance` accepts it for exactly the
 identity and key asked for, verified to the root bundle it carries. Errors: the `CaClientError`
 family of `agent.errors`. Latency is measured on the injected clock's `monotonic()`.
+
+Trust bundle: `trust(pem)` (called by `agent.trust_bundle` when the served bundle changes) makes
+the next call use a channel trusting that bundle; the old channel is closed once its calls
+finish. With a `PropagationReport` (`agent.propagation`) every call also carries the agent id,
+its bundle digest and the authority of the leaf being renewed (`SigningRequest.leaf_authority`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Sequence
@@ -49,6 +55,7 @@ from agent.errors import (
     CertificateRefused,
 )
 from agent.metrics import AgentMetrics
+from agent.propagation import PropagationReport
 from agent.token import TokenProvider
 from certs import CertsError, PrivateKey, SpiffeId, certs_to_pem, load_certs
 from meshca.clock import Clock
@@ -70,6 +77,7 @@ log = logging.getLogger(__name__)
 CA_SERVING_NAMES = frozenset({"localhost", "127.0.0.1", "istiod.istio-system.svc"})
 CA_TLS_NAME = "istiod.istio-system.svc"
 IMPERSONATED_IDENTITY_KEY = "ImpersonatedIdentity"
+RETIRE_GRACE_SECONDS = 10.0
 CALL_RETRY_BACKOFF = Backoff(initial=0.1, maximum=1.0)
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -89,6 +97,7 @@ class SigningRequest:
     ttl: timedelta
     impersonate: SpiffeId | None = None  # node mode: ask on behalf of this workload identity
     renewal: bool = False  # the caller still holds a valid certificate for `identity`
+    leaf_authority: str | None = None  # SKI hex of the issuer of the leaf being renewed
 
 
 # Request header telling a meshca CA that this agent still holds a valid certificate, so the
@@ -149,6 +158,7 @@ class CaClient:
         retry: Backoff = CALL_RETRY_BACKOFF,
         max_attempts: int = 3,
         rng: random.Random | None = None,
+        report: PropagationReport | None = None,
     ) -> None:
         self.addr = addr
         self._root_ca = root_ca
@@ -164,11 +174,31 @@ class CaClient:
         self._rng = rng or random.Random()
         self._channel: grpc.aio.Channel | None = None
         self._root_pem: bytes | None = None
+        self._report = report
+        self._trusted: bytes | None = None  # the served trust bundle, once known
+        self._retiring: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    def trust(self, root_pem: bytes) -> None:
+        """Trusts `root_pem` for the connection to the CA from the next call on; calls in
+        flight finish on the old channel, which is then closed."""
+        if root_pem == self._trusted:
+            return
+        self._trusted = root_pem
+        channel, self._channel = self._channel, None
+        if channel is not None and root_pem != self._root_pem:
+            log.info("trusting the new bundle for the connection to the CA")
+            task = asyncio.get_running_loop().create_task(channel.close(RETIRE_GRACE_SECONDS))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        elif channel is not None:
+            self._channel = channel  # already trusts exactly this
 
     async def sign(self, request: SigningRequest) -> SignedCertificate:
         """One certificate for `request.identity`, retrying transient failures a few times.
@@ -203,6 +233,8 @@ class CaClient:
         metadata = self._metadata()  # reads the token: may raise TokenError
         if request.renewal:
             metadata += ((RENEWAL_HEADER, "1"),)
+        if self._report is not None:
+            metadata += self._report.headers(request.leaf_authority)
         channel = self._get_channel()
         stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
         message = ca_pb2.IstioCertificateRequest(
@@ -285,7 +317,7 @@ class CaClient:
             ) from None
 
     def _build_channel(self) -> grpc.aio.Channel:
-        self._root_pem = self._read_root()
+        self._root_pem = self._trusted if self._trusted is not None else self._read_root()
         private_key = chain = None
         if self._prov_cert is not None:
             try:
@@ -302,7 +334,10 @@ class CaClient:
         return grpc.aio.secure_channel(self.addr, credentials, options=channel_options(self.addr))
 
     async def _refresh_root_if_changed(self) -> None:
-        """The CA is unreachable: maybe the mesh root rotated. Rebuild if the file changed."""
+        """The CA is unreachable: maybe the mesh root rotated. Rebuild if the file changed
+        (unless `trust()` is in use: then the trust bundle keeper watches the file)."""
+        if self._trusted is not None:
+            return
         try:
             current = self._read_root()
         except CaConnectionError:

@@ -2,6 +2,7 @@
 
     CertificateSource (protocol)           start · run · close · has_valid_certificate · last_error
     ├── CaCertificateSource                an identity source feeding `agent.scheduler`, CA-backed
+    │     + `agent.trust_bundle`: the served ROOTCA from the watched root file and CA answers
     │     pod agent:  SingleIdentitySource -> default        (restores from OUTPUT/)
     │     node agent: pods on the node | static list -> SPIFFE IDs, by impersonation
     │                                                        (restores from OUTPUT/<ns>/<sa>/)
@@ -25,9 +26,11 @@ from agent.config import AgentConfig
 from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
+from agent.propagation import PropagationReport, new_agent_id
 from agent.scheduler import CertificateScheduler, SingleIdentitySource
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider, IdentityResolver
+from agent.trust_bundle import RootFileWatch, TrustBundleKeeper
 from meshca.clock import Clock
 
 if TYPE_CHECKING:
@@ -67,10 +70,14 @@ class CaCertificateSource:
         scheduler: CertificateScheduler,
         identities: IdentitySource,
         ca_client: CaClient,
+        trust_bundle: TrustBundleKeeper | None = None,
+        root_file: RootFileWatch | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.identities = identities
         self.ca_client = ca_client
+        self.trust_bundle = trust_bundle
+        self.root_file = root_file
 
     async def start(self) -> None:
         log.info(
@@ -79,12 +86,16 @@ class CaCertificateSource:
             self.ca_client.addr,
             self.scheduler.max_concurrent,
         )
+        if self.root_file is not None:  # the file's bundle first, before any CA answer
+            await self.root_file.start()
         self.identities.start(self.scheduler.set_identities)
 
     async def run(self) -> None:
         await self.scheduler.run()
 
     async def close(self) -> None:
+        if self.root_file is not None:
+            await self.root_file.stop()
         await self.identities.stop()
         await self.scheduler.aclose()
         await self.ca_client.close()
@@ -117,6 +128,9 @@ def certificate_source_for(
     # In node mode this is the node agent's own token: it authenticates as itself and
     # impersonates the workloads on its node.
     tokens = FileTokenProvider(config.token_path, required=config.prov_cert is None)
+    trust_bundle = TrustBundleKeeper(cache, clock, metrics)
+    agent_name = config.node_name if config.node_mode else config.pod_name
+    report = PropagationReport(new_agent_id(agent_name), lambda: trust_bundle.digest)
     ca_client = CaClient(
         config.ca_addr,
         config.ca_root_ca,
@@ -127,6 +141,13 @@ def certificate_source_for(
         timeout=config.ca_request_timeout,
         prov_cert=config.prov_cert,
         metrics=metrics,
+        report=report,
+    )
+    trust_bundle.add_trust_listener(ca_client.trust)
+    root_file = (
+        RootFileWatch(config.ca_root_ca, trust_bundle, clock, metrics)
+        if config.ca_root_ca is not None
+        else None
     )
     scheduler = CertificateScheduler.from_config(
         config,
@@ -135,6 +156,7 @@ def certificate_source_for(
         clock,
         start_hook=file_output.restore if file_output is not None else None,
         metrics=metrics,
+        trust_bundle=trust_bundle,
     )
     identities: IdentitySource
     if config.node_mode:
@@ -148,4 +170,4 @@ def certificate_source_for(
             scheduler.policy.backoff,
             on_failure=scheduler.source_failed,
         )
-    return CaCertificateSource(scheduler, identities, ca_client)
+    return CaCertificateSource(scheduler, identities, ca_client, trust_bundle, root_file)

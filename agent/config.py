@@ -75,6 +75,8 @@ class AgentConfig:
     # Node mode (ztunnel's pattern): one agent, one certificate per identity on its node.
     node_mode: bool = False
     node_name: str | None = None
+    # POD_NAME (Istio's downward-API variable): names this agent in `x-meshca-agent-id`.
+    pod_name: str | None = None
     kubeconfig: Path | None = None
     # True when running in a pod (KUBERNETES_SERVICE_HOST set): in-cluster API credentials.
     in_cluster: bool = False
@@ -289,6 +291,7 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         log_level=(pick("log_level", None, "INFO") or "INFO").upper(),
         node_mode=bool(getattr(args, "node_mode", None)),
         node_name=pick("node_name", "NODE_NAME", None),
+        pod_name=env.get("POD_NAME") or None,
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
         in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
         identities=parse_identities(pick("identities", None, "") or "", "--identities"),

@@ -13,6 +13,7 @@
     ├── CertificateNotRestored     a previous run's files are not served again (`agent.cert_state`)
     │   └── NoPreviousCertificate  ... there are none (a first start)
     ├── FileSecretError            mounted or `file-cert:` files refused (`agent.file_mounted`)
+    ├── TrustBundleRefused         a trust bundle not served: not PEM, no CA certificate, expired
     ├── UnknownResourceError       an SDS name this agent cannot serve (also a ValueError)
     │   └── UnknownFileResourceError  ... a malformed `file-cert:`/`file-root:` name
     └── AgentFailed                a background worker died: the agent stops, exit status 1
@@ -23,7 +24,8 @@ exit status 2.
 
 Who catches what: the scheduler (`agent.scheduler`) catches every failure of one attempt,
 records its message for readiness and retries with backoff, so none of these ends the agent;
-the file watchers log `FileSecretError` and keep the previous secret; the SDS server answers
+the file watchers log `FileSecretError` and keep the previous secret (so does
+`agent.trust_bundle` with `TrustBundleRefused`); the SDS server answers
 `UnknownResourceError` with INVALID_ARGUMENT on that stream only; `AgentFailed` is the one
 that ends the process (`agent.main`). Messages name files,
 identities and checks, never key material or tokens.
@@ -108,6 +110,11 @@ class NoPreviousCertificate(CertificateNotRestored):
 
 class FileSecretError(AgentError):
     """Why a set of files was refused; the message names files and reasons, never content."""
+
+
+class TrustBundleRefused(AgentError):
+    """A trust bundle (the root file or a CA answer's roots) the agent will not serve; the
+    previous bundle stays (`agent.trust_bundle`)."""
 
 
 class UnknownResourceError(AgentError, ValueError):

@@ -128,6 +128,36 @@ class AgentMetrics:
             "meshca_agent_fetches_queued",
             "Identities waiting for a fetch slot (first certificates and due renewals).",
         )
+        # The served trust bundle (`agent.trust_bundle`); `source` is one of three values.
+        by_source = "source"
+        self.trust_bundle_updates = counter(
+            "meshca_agent_trust_bundle_updates",
+            "Changes of the served trust bundle (ROOTCA, root-cert.pem), by the source that "
+            "changed it (root-file, ca-response, restored). No new leaf is requested for them.",
+            by_source,
+        )
+        self.trust_bundle_refused = counter(
+            "meshca_agent_trust_bundle_refused",
+            "Trust bundles refused (unreadable, not PEM, no CA certificate, expired); the served "
+            "bundle stayed as it was.",
+            by_source,
+        )
+        self.trust_bundle_roots = gauge(
+            "meshca_agent_trust_bundle_roots", "CA certificates in the served trust bundle."
+        )
+        self.trust_bundle_retained_roots = gauge(
+            "meshca_agent_trust_bundle_retained_roots",
+            "Roots kept in the served bundle only because a served certificate chains to them.",
+        )
+        self.trust_bundle_info = Gauge(
+            "meshca_agent_trust_bundle_info",
+            "1 for the served trust bundle's digest (first 16 hex digits; one series at a time).",
+            ["digest"],
+            registry=reg,
+        )
+        for source in ("root-file", "ca-response", "restored"):
+            self.trust_bundle_updates.labels(source)
+            self.trust_bundle_refused.labels(source)
         for family in (
             self.ca_requests,
             self.ca_request_failures,
@@ -148,6 +178,13 @@ class AgentMetrics:
 
     def record_retry(self) -> None:
         self.ca_retries.labels(CSR_REQUEST).inc()
+
+    def record_trust_bundle(self, digest: str, roots: int, retained: int) -> None:
+        """The served bundle changed: one `trust_bundle_info` series, for its digest."""
+        self.trust_bundle_info.clear()
+        self.trust_bundle_info.labels(digest[:16]).set(1)
+        self.trust_bundle_roots.set(roots)
+        self.trust_bundle_retained_roots.set(retained)
 
     def on_secret(self, secret: Secret) -> None:
         """Cache listener: every published secret, from any source, replaces its entry."""

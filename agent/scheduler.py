@@ -12,8 +12,11 @@ module's driver acts. The pod agent and the node agent are the same scheduler fe
 
 Per identity, in order: the start hook (restore a previous run's certificate, see
 `agent.file_output.FileOutput.restore`), else key + CSR → `signer.sign` → publish root, then
-leaf → schedule the renewal at the jittered grace ratio. A failure keeps serving the cached
-certificate and retries that identity alone with backoff, never past its expiry.
+leaf → schedule the renewal at the jittered grace ratio. With a `TrustBundleKeeper` the root is
+not published as is: the answer's bundle is one source of the served `ROOTCA`
+(`agent.trust_bundle`), and a bundle change never makes the scheduler ask for a leaf. A failure
+keeps serving the cached certificate and retries that identity alone with backoff, never past
+its expiry.
 
 Scheduling:
 
@@ -59,6 +62,7 @@ from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig, ConfigError
 from agent.errors import CertificateNotRestored, NoPreviousCertificate, TokenError
 from agent.metrics import AgentMetrics
+from agent.propagation import leaf_authority
 from agent.rotation import (
     NODE_BACKOFF,
     SINGLE_IDENTITY_BACKOFF,
@@ -67,6 +71,7 @@ from agent.rotation import (
     new_key_and_csr,
 )
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
 from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
 from meshca.clock import Clock
 
@@ -191,6 +196,7 @@ class CertificateScheduler:
         restore_from: Path | None = None,
         metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
+        trust_bundle: TrustBundleKeeper | None = None,
     ) -> None:
         self.policy = policy
         self.max_concurrent = max(1, max_concurrent)
@@ -204,6 +210,7 @@ class CertificateScheduler:
         self._restore_from = restore_from  # only for log lines
         self._metrics = metrics
         self._rng = rng or random.Random()
+        self._trust_bundle = trust_bundle  # None: ROOTCA is each answer's bundle, as is
         self.queue = FetchQueue()
         self.states: dict[SpiffeId, IdentityState] = {}
         self.synced = False
@@ -225,6 +232,7 @@ class CertificateScheduler:
         start_hook: StartHook | None = None,
         metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
+        trust_bundle: TrustBundleKeeper | None = None,
     ) -> CertificateScheduler:
         """The scheduler for a pod agent, or with `config.node_mode` a node agent: naming,
         impersonation, concurrency cap and backoff follow the mode."""
@@ -248,6 +256,7 @@ class CertificateScheduler:
             restore_from=config.output_certs,
             metrics=metrics,
             rng=rng,
+            trust_bundle=trust_bundle,
         )
 
     # -- the identity source's side ---------------------------------------------------------
@@ -403,6 +412,7 @@ class CertificateScheduler:
                     self.policy.ttl,
                     impersonate=identity if self._impersonate else None,
                     renewal=state.valid(self._clock.now()),
+                    leaf_authority=leaf_authority(state.current.leaf) if state.current else None,
                 )
             )
         except asyncio.CancelledError:
@@ -430,8 +440,14 @@ class CertificateScheduler:
         schedules its renewal. The state changes only once the secrets are published (and so
         written out by the cache's listeners): readiness never runs ahead of SDS and files."""
         # Root first: a peer may already present a leaf from a new root.
-        await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
+        if self._trust_bundle is None:
+            await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
+        else:
+            source = SOURCE_RESTORED if restored_from else SOURCE_CA_RESPONSE
+            await self._trust_bundle.learn(signed.root_bundle_pem, source, replacing=state.name)
         await self._cache.publish(TlsSecret(state.name, signed.chain_pem, key_pem))
+        if self._trust_bundle is not None:
+            await self._trust_bundle.recheck()
         if self.states.get(state.identity) is not state:  # it left while we published
             await self._cache.remove(state.name)
             return
