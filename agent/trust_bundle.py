@@ -207,10 +207,13 @@ class TrustBundleKeeper:
             return False
         retained = self._roots_to_retain(latest, replacing)
         served = latest.with_roots(retained)
+        self.retained = tuple(retained)
         if self.served is not None and served.digest == self.served.digest:
+            if self._metrics is not None:  # the same roots, maybe kept for another reason
+                self._metrics.served(self.served, len(retained))
             return False
         before = self.served
-        self.served, self.retained = served, tuple(retained)
+        self.served = served
         self.updates += 1
         source = next((s for s, b in self._from.items() if b is latest), "unknown")
         if self._metrics is not None:
