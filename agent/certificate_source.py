@@ -143,12 +143,10 @@ def certificate_source_for(
         metrics=metrics,
         report=report,
     )
-    trust_bundle.add_trust_listener(ca_client.trust)
-    root_file = (
-        RootFileWatch(config.ca_root_ca, trust_bundle, clock, metrics)
-        if config.ca_root_ca is not None
-        else None
-    )
+    root_file: RootFileWatch | None = None
+    if config.ca_root_ca is not None:  # with the OS roots (SYSTEM) the CA's TLS is not ours
+        trust_bundle.add_trust_listener(ca_client.trust)
+        root_file = RootFileWatch(config.ca_root_ca, trust_bundle, clock, metrics)
     scheduler = CertificateScheduler.from_config(
         config,
         ca_client,

@@ -13,7 +13,8 @@ Sources (`SOURCE_*`, the `source` label of the metrics):
   the `istio-ca-root-cert` ConfigMap mount), watched by `RootFileWatch` (the directory is
   watched, so the kubelet's `..data` symlink swap, in-place rewrites and renames are all seen);
 - `ca-response`: the root bundle at the end of every CA answer (`agent.scheduler` hands it in);
-- `restored`: the bundle in a previous run's output files, at start-up.
+- `restored`: the bundle in a previous run's output files, at start-up; it is served only when
+  no other source has delivered one (it may be older than the root file).
 
 The rule (`TrustBundleKeeper.learn`):
 
@@ -198,7 +199,8 @@ class TrustBundleKeeper:
         previous = self._from.get(source)
         if previous is None or previous.digest != bundle.digest:
             self._from[source] = bundle
-            self._latest = bundle
+            if source != SOURCE_RESTORED or self._latest is None:
+                self._latest = bundle
         return await self._recompute(replacing)
 
     async def _recompute(self, replacing: str | None) -> bool:
@@ -328,7 +330,12 @@ class RootFileWatch:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Learns the file's bundle before returning (so it precedes any CA answer or restored
+        file), then follows its changes."""
         await self._watcher.add(FileResource(ROOT_FILE_RESOURCE, (self.path,)), self._files)
+        current = self._files.get(ROOT_FILE_RESOURCE)
+        if isinstance(current, RootSecret):
+            await self._keeper.learn(current.trusted_ca_pem, SOURCE_ROOT_FILE)
         self._task = asyncio.create_task(self._follow(), name="root-file")
 
     async def _follow(self) -> None:

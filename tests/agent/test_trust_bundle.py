@@ -25,6 +25,7 @@ from agent.propagation import (
 from agent.secrets import ROOT_RESOURCE, RootSecret, SecretCache
 from agent.trust_bundle import (
     SOURCE_CA_RESPONSE,
+    SOURCE_RESTORED,
     SOURCE_ROOT_FILE,
     TrustBundle,
     TrustBundleKeeper,
@@ -100,6 +101,22 @@ def test_each_source_change_is_served_once_and_a_refusal_keeps_the_bundle() -> N
         assert digest is not None
         assert sample_value(exposition, "meshca_agent_trust_bundle_info", {"digest": digest[:16]})
         assert exposition.count("meshca_agent_trust_bundle_info{") == 1  # one series at a time
+
+    asyncio.run(main())
+
+
+def test_a_restored_bundle_never_overrides_a_live_source() -> None:
+    async def main() -> None:
+        clock = SystemClock()
+        current, stale = TestCa(NOW), TestCa(NOW)
+        cache = SecretCache()
+        keeper = TrustBundleKeeper(cache, clock)
+        await keeper.learn(current.root_pem, SOURCE_ROOT_FILE)
+        assert await keeper.learn(stale.root_pem, SOURCE_RESTORED) is False
+        assert served_roots(cache) == [current.root]
+        alone = SecretCache()  # no root file (or an unreadable one): the restored bundle serves
+        assert await TrustBundleKeeper(alone, clock).learn(stale.root_pem, SOURCE_RESTORED)
+        assert served_roots(alone) == [stale.root]
 
     asyncio.run(main())
 
