@@ -179,12 +179,6 @@ class AgentMetrics:
     def record_retry(self) -> None:
         self.ca_retries.labels(CSR_REQUEST).inc()
 
-    def record_trust_bundle(self, digest: str, roots: int, retained: int) -> None:
-        """The served bundle changed: one `trust_bundle_info` series, for its digest."""
-        self.trust_bundle_info.clear()
-        self.trust_bundle_info.labels(digest[:16]).set(1)
-        self.trust_bundle_roots.set(roots)
-        self.trust_bundle_retained_roots.set(retained)
 
     def on_secret(self, secret: Secret) -> None:
         """Cache listener: every published secret, from any source, replaces its entry."""

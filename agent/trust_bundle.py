@@ -148,7 +148,12 @@ class TrustBundleMetrics:
         return self._metrics.trust_bundle_refused.labels(source=source)
 
     def served(self, bundle: TrustBundle, retained: int) -> None:
-        self._metrics.record_trust_bundle(bundle.digest, len(bundle.roots), retained)
+        """The served bundle: one `trust_bundle_info` series, for its digest."""
+        metrics = self._metrics
+        metrics.trust_bundle_info.clear()
+        metrics.trust_bundle_info.labels(bundle.digest[:16]).set(1)
+        metrics.trust_bundle_roots.set(len(bundle.roots))
+        metrics.trust_bundle_retained_roots.set(retained)
 
 
 class TrustBundleKeeper:
@@ -229,11 +234,12 @@ class TrustBundleKeeper:
             source,
             before.digest[:16] if before else "none",
         )
-        # Root before anything else hears of it; the cache's listeners rewrite root-cert.pem.
-        await self._cache.publish(RootSecret(ROOT_RESOURCE, served.pem))
+        # Everything up to the cache's own store runs without yielding, so concurrent learns
+        # (node mode's workers) apply in order. The cache's listeners rewrite root-cert.pem.
         trust = served.with_roots(self._from.get(SOURCE_ROOT_FILE, TrustBundle(())).roots)
         for listener in self._trust_listeners:
             listener(trust.pem.encode("ascii"))
+        await self._cache.publish(RootSecret(ROOT_RESOURCE, served.pem))
         return True
 
     async def recheck(self) -> bool:
