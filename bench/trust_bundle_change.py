@@ -30,14 +30,13 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
-from agent.config import AgentConfig  # noqa: E402
 from agent.main import Agent  # noqa: E402
 from agent.secrets import RootSecret  # noqa: E402
 from agent.trust_bundle import root_fingerprint  # noqa: E402
 from certs import load_certs  # noqa: E402
 from meshca.clock import SystemClock  # noqa: E402
 from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca  # noqa: E402
-from tests.agent.wiring import scheduler_of  # noqa: E402
+from tests.agent.wiring import node_agent_config, scheduler_of  # noqa: E402
 from tests.support.pki import TestCa  # noqa: E402
 
 
@@ -61,17 +60,7 @@ async def run(tmp: Path, count: int) -> None:
     server, addr = await start_fake_ca(ca, tmp, clock.now())
     (tmp / "token").write_text(NODE_TOKEN)
     pairs = tuple((f"ns{i % 10}", f"sa{i}") for i in range(count))
-    config = AgentConfig(
-        ca_addr=addr,
-        ca_root_ca=tmp / "root-cert.pem",
-        token_path=tmp / "token",
-        sds_socket=tmp / "sds" / "socket",
-        output_certs=tmp / "certs",
-        status_port=0,
-        node_mode=True,
-        node_name="bench",
-        identities=pairs,
-    )
+    config = node_agent_config(tmp, addr, pairs)
     agent = Agent(config, clock=clock)
     await agent.start()
     try:

@@ -38,7 +38,7 @@ from certs import SpiffeId, load_certs
 from meshca.clock import SystemClock
 from tests.agent.pki import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.agent.test_node_agent import fetch_secrets as node_fetch_secrets
-from tests.agent.wiring import scheduler_of, until
+from tests.agent.wiring import node_agent_config, scheduler_of, until
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
 from tests.support.envoy import EnvoyProcess, envoy_binary, start_server_envoy
@@ -199,17 +199,7 @@ def test_node_agent_serves_a_new_bundle_without_csrs_and_reports_it_on_each_csr(
         server, addr = await start_fake_ca(ca, tmp, clock.now())  # writes tmp/root-cert.pem
         (tmp / "token").write_text(NODE_TOKEN)
         pairs = (("shop", "cart"), ("shop", "pay"), ("web", "front"))
-        config = AgentConfig(
-            ca_addr=addr,
-            ca_root_ca=tmp / "root-cert.pem",
-            token_path=tmp / "token",
-            sds_socket=tmp / "sds" / "socket",
-            output_certs=tmp / "certs",
-            status_port=0,
-            node_mode=True,
-            node_name="node-1",
-            identities=pairs,
-        )
+        config = node_agent_config(tmp, addr, pairs)
         agent = Agent(config, clock=clock)
         await agent.start()
         try:
@@ -219,7 +209,7 @@ def test_node_agent_serves_a_new_bundle_without_csrs_and_reports_it_on_each_csr(
             assert first == len(pairs)
             old_digest = bundle_digest([pki.root])
             agent_ids = {headers[AGENT_ID_HEADER] for headers in ca.metadata}
-            assert len(agent_ids) == 1 and agent_ids.pop().startswith("node-1-")
+            assert len(agent_ids) == 1 and agent_ids.pop().startswith(f"{config.node_name}-")
             for headers in ca.metadata:  # first certificates: nothing renewed, no authority
                 assert LEAF_AUTHORITY_HEADER not in headers
                 assert headers[TRUST_BUNDLE_HEADER] == old_digest  # the root file, read first

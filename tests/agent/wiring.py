@@ -1,15 +1,35 @@
 """Reaching into a wired-up `Agent` from tests: its scheduler, and its one identity's state;
-and waiting on the loop for a condition."""
+waiting on the loop for a condition; the configuration of a node agent against a fake CA."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from agent.certificate_source import CaCertificateSource
+from agent.config import AgentConfig
 from agent.main import Agent
 from agent.scheduler import CertificateScheduler, IdentityState
+
+
+def node_agent_config(
+    directory: Path, ca_addr: str, identities: tuple[tuple[str, str], ...]
+) -> AgentConfig:
+    """A node agent serving the static `identities` (no API server) from the CA at `ca_addr`,
+    with its token, root file (`start_fake_ca` writes it), socket and files in `directory`."""
+    return AgentConfig(
+        ca_addr=ca_addr,
+        ca_root_ca=directory / "root-cert.pem",
+        token_path=directory / "token",
+        sds_socket=directory / "sds" / "socket",
+        output_certs=directory / "certs",
+        status_port=0,
+        node_mode=True,
+        node_name="node-1",
+        identities=identities,
+    )
 
 
 def scheduler_of(agent: Agent) -> CertificateScheduler:
