@@ -179,7 +179,6 @@ class AgentMetrics:
     def record_retry(self) -> None:
         self.ca_retries.labels(CSR_REQUEST).inc()
 
-
     def on_secret(self, secret: Secret) -> None:
         """Cache listener: every published secret, from any source, replaces its entry."""
         self.secrets.on_secret(secret)
