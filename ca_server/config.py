@@ -116,6 +116,12 @@ class WorkerRole:
     slot: int
     ready_file: Path
 
+    @property
+    def status_file(self) -> Path:
+        """Where this worker publishes its part of the supervisor's `/debug/ca`
+        (`ca_server.worker_status`): beside its ready file, in the supervisor's run directory."""
+        return self.ready_file.with_name(f"debug-ca-{self.slot}.json")
+
 
 @dataclass(frozen=True)
 class CaConfig:

@@ -38,11 +38,24 @@ class IssuedLeaves:
         self._capacity = capacity
         self._lock = threading.Lock()
         self._latest: OrderedDict[str, IssuedLeaf] = OrderedDict()
+        self._recorded = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def recorded(self) -> int:
+        """How many leaves were ever recorded: a publisher compares it with the figure it last
+        wrote to skip rewriting an unchanged set."""
+        with self._lock:
+            return self._recorded
 
     def record(self, leaf: IssuedLeaf) -> None:
         with self._lock:
             self._latest.pop(leaf.identity, None)
             self._latest[leaf.identity] = leaf
+            self._recorded += 1
             while len(self._latest) > self._capacity:
                 self._latest.popitem(last=False)
 
@@ -54,6 +67,11 @@ class IssuedLeaves:
                 del self._latest[identity]
             leaves = list(self._latest.values())
         return heapq.nsmallest(limit, leaves, key=lambda leaf: leaf.not_after)
+
+    def latest(self) -> list[IssuedLeaf]:
+        """Every leaf held (the latest per identity), least recently renewed first."""
+        with self._lock:
+            return list(self._latest.values())
 
     def __len__(self) -> int:
         with self._lock:

@@ -13,8 +13,9 @@ Kubernetes mode adds its own threads (see `ca_server.kube`).
 
 As worker `slot` of `meshca ca --workers N` (`CaConfig.worker` set; see `ca_server.workers`)
 the same assembly serves the same ports as its siblings (`SO_REUSEPORT`: the kernel spreads
-connections across the workers), leaves `/metrics` and `/ready` to the supervisor, and tells
-it that it is serving by creating its ready file. A worker dies with its supervisor.
+connections across the workers), leaves `/metrics`, `/ready` and `/debug/ca` to the supervisor
+(publishing its part of `/debug/ca`: `ca_server.worker_status`), and tells it that it is serving
+by creating its ready file. A worker dies with its supervisor.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
 from ca_server.status import ca_document
+from ca_server.worker_status import WorkerStatusPublisher
 from ca_server.workers import die_with_parent
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
@@ -247,6 +249,14 @@ async def _serve(
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    publisher: WorkerStatusPublisher | None = None
+    publishing: asyncio.Task[None] | None = None
+    if config.worker is not None:
+        # Published before the ready file, so the supervisor's `/debug/ca` answers once
+        # `/ready` does.
+        publisher = WorkerStatusPublisher(config.worker.status_file, signer, metrics.leaves, clock)
+        await asyncio.to_thread(publisher.publish)
+        publishing = asyncio.create_task(publisher.run())
     state.ready = True
     if config.worker is not None:
         atomic_write(config.worker.ready_file, f"{os.getpid()}\n".encode())
@@ -272,9 +282,13 @@ async def _serve(
         state.ready = False
         if config.worker is not None:
             config.worker.ready_file.unlink(missing_ok=True)
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for task in (watcher, publishing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if publisher is not None:
+            publisher.remove()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(config.shutdown_grace.total_seconds())
         if monitoring is not None:

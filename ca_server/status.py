@@ -7,14 +7,31 @@ Rates (issuance, refusals by reason) are not repeated here: `meshca status` read
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography import x509
 
 from ca_server.issued_leaves import IssuedLeaves
-from certs import SigningAuthority
 
 SOONEST_LEAVES = 10
+
+
+class SigningChain(Protocol):
+    """The public half of a signing authority, all `/debug/ca` shows of it: a worker's
+    `SigningAuthority`, or the chain a worker published for its supervisor
+    (`ca_server.worker_status.PublishedChain`), which has no key."""
+
+    @property
+    def cert(self) -> x509.Certificate: ...
+
+    @property
+    def intermediates(self) -> tuple[x509.Certificate, ...]: ...
+
+    @property
+    def roots(self) -> tuple[x509.Certificate, ...]: ...
+
+    @property
+    def not_after(self) -> datetime: ...
 
 
 def _certificate_entry(role: str, cert: x509.Certificate, now: datetime) -> dict[str, Any]:
@@ -29,7 +46,7 @@ def _certificate_entry(role: str, cert: x509.Certificate, now: datetime) -> dict
 
 
 def ca_document(
-    authority: SigningAuthority, leaves: IssuedLeaves, started: datetime, now: datetime
+    authority: SigningChain, leaves: IssuedLeaves, started: datetime, now: datetime
 ) -> dict[str, Any]:
     """What `meshca status` shows for a CA: each certificate of the signing chain and bundle,
     the chain's expiry (the latest NotAfter a leaf may get), and the soonest-expiring leaves."""

@@ -11,11 +11,13 @@ What each side does:
   worker is then a replica with its own instance id). Each writes its metrics into
   prometheus-client's multiprocess directory (`PROMETHEUS_MULTIPROC_DIR`, one per run).
 - The supervisor (this module) owns the monitoring port: `/metrics` summed over the workers
-  (`ca_server.metrics.aggregated_registry`), `/healthz`, and `/ready` (200 once every worker has
-  created its ready file and is alive). It restarts a worker that dies, after a backoff that
-  grows while workers keep dying, and on SIGTERM/SIGINT stops them all (SIGTERM, then SIGKILL
-  after the shutdown grace plus a margin). A worker that fails before any worker was ever ready
-  is a configuration problem, not a crash: the supervisor stops and exits with its status.
+  (`ca_server.metrics.aggregated_registry`), `/healthz`, `/ready` (200 once every worker has
+  created its ready file and is alive), and `/debug/ca` merged from the parts the live workers
+  publish in the run directory (`ca_server.worker_status`, about 1 s fresh). It restarts a
+  worker that dies, after a backoff that grows while workers keep dying, and on SIGTERM/SIGINT
+  stops them all (SIGTERM, then SIGKILL after the shutdown grace plus a margin). A worker that
+  fails before any worker was ever ready is a configuration problem, not a crash: the
+  supervisor stops and exits with its status.
 - Port 0 means "pick one": the supervisor reserves a concrete port with a bound, non-listening
   `SO_REUSEPORT` socket and hands it to every worker, so they all share the same one.
 
@@ -38,13 +40,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prometheus_client import multiprocess
 
-from ca_server.config import CaConfig
+from ca_server.config import CaConfig, WorkerRole
 from ca_server.metrics import aggregated_registry
-from meshca.status_http import StatusServer, metrics_route, split_host_port, text
+from ca_server.worker_status import merged_document
+from meshca.status_http import (
+    Response,
+    StatusServer,
+    json_response,
+    metrics_route,
+    split_host_port,
+    text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +155,10 @@ class _Slot:
     def ready(self) -> bool:
         return self.alive() and self.ready_file.exists()
 
+    @property
+    def status_file(self) -> Path:
+        return WorkerRole(self.index, self.ready_file).status_file
+
 
 WorkerCommand = Callable[[int, Path, Sequence[str]], list[str]]
 
@@ -162,11 +177,14 @@ class WorkerSupervisor:
         worker_command: WorkerCommand,
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._config = config
         self._count = count
         self._worker_command = worker_command
         self._monotonic = monotonic
+        self._now = now
+        self._started = now()
         self._stop = threading.Event()
         self._run_dir = Path(tempfile.mkdtemp(prefix="meshca-ca-"))
         self._metrics_dir = self._run_dir / "metrics"
@@ -177,6 +195,14 @@ class WorkerSupervisor:
 
     def ready(self) -> bool:
         return all(slot.ready() for slot in self._slots)
+
+    def debug_ca(self) -> Response:
+        """The single CA's `/debug/ca` document over the live workers' published parts."""
+        parts = [slot.status_file for slot in self._slots if slot.alive()]
+        document = merged_document(parts, self._started, self._now())
+        if document is None:
+            return text(503, "no CA worker has published its status yet\n")
+        return json_response(document)
 
     def request_stop(self, *_: object) -> None:
         self._stop.set()
@@ -192,6 +218,7 @@ class WorkerSupervisor:
                     "/ready": lambda: (
                         text(200, "ready\n") if self.ready() else text(503, "starting\n")
                     ),
+                    "/debug/ca": self.debug_ca,
                 },
             )
         except BaseException:
@@ -258,6 +285,7 @@ class WorkerSupervisor:
         status = slot.proc.wait()
         multiprocess.mark_process_dead(slot.proc.pid, str(self._metrics_dir))
         slot.ready_file.unlink(missing_ok=True)
+        slot.status_file.unlink(missing_ok=True)  # a killed worker could not remove it
         return status
 
     def _schedule_restart(self, slot: _Slot, status: int, now: float) -> None:

@@ -10,15 +10,19 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from ca_server.workers import default_worker_count
-from certs import SpiffeId, build_csr, generate_private_key, private_key_to_pem
+from certs import SpiffeId, build_csr, generate_private_key, load_cert, private_key_to_pem
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
-from tests.support.processes import http_status, wait_for
+from tests.support.processes import child_env, http_status, wait_for
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
@@ -179,5 +183,89 @@ def test_workers_share_a_port_0_and_the_mtls_port(tmp_path: Path):
         renewals = _issuing_pids(ca)[before:]
         assert len(renewals) == 20
         assert set(renewals) == _children(ca.proc.pid), "both workers serve the mTLS port"
+    finally:
+        ca.stop()
+
+
+def _debug_ca(ca: CaProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{ca.monitoring_url}/debug/ca", timeout=5) as response:
+        document: dict[str, Any] = json.loads(response.read())
+    return document
+
+
+def _latest_leaves(document: dict[str, Any]) -> dict[str, str]:
+    return {leaf["identity"]: leaf["serial"] for leaf in document["soonest_expiring_leaves"]}
+
+
+def _issue_for_identities(ca: CaProcess, accounts: list[str], rounds: int) -> dict[str, str]:
+    """`rounds` leaves per account, each on a new connection (so spread over the workers); the
+    serial of each identity's last leaf, which is the one `/debug/ca` must show."""
+    latest: dict[str, str] = {}
+    key = generate_private_key()
+    for _ in range(rounds):
+        for account in accounts:
+            identity = SpiffeId("cluster.local", "default", account)
+            token = ca.mint_token(identity.namespace, identity.service_account)
+            with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+                chain = create_certificate(stub, build_csr(key, identity), token=token)
+            latest[identity.uri] = f"{load_cert(chain[0].encode()).serial_number:x}"
+    return latest
+
+
+def test_debug_ca_and_meshca_status_cover_every_worker(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--workers", "2")
+    ca.start()
+    try:
+        assert ca.proc is not None
+        root = load_cert(ca.root_cert_path.read_bytes())
+        accounts = [f"svc-{i}" for i in range(5)]
+        latest = _issue_for_identities(ca, accounts, 4)
+        assert set(_issuing_pids(ca)) == _children(ca.proc.pid), "both workers must issue"
+
+        # Each worker publishes within about a second of issuing.
+        wait_for(lambda: _latest_leaves(_debug_ca(ca)) == latest, 10, "every worker's leaves")
+        document = _debug_ca(ca)
+        assert document["kind"] == "ca" and document["workers_reporting"] == 2
+        assert document["leaves_known"] == len(accounts)
+        assert document["certificates"][0]["role"] == "signing"
+        assert document["certificates"][0]["serial"] == f"{root.serial_number:x}"
+        assert document["root_not_after"] == root.not_valid_after_utc.isoformat()
+        not_afters = [leaf["not_after"] for leaf in document["soonest_expiring_leaves"]]
+        assert not_afters == sorted(not_afters)
+
+        status = subprocess.run(
+            [sys.executable, "-m", "meshca", "status", "-o", "json", ca.monitoring_url],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        assert shown["kind"] == "ca" and _latest_leaves(shown) == latest
+        assert shown["rates"]["issued"]["total"] == 4 * len(accounts)
+
+        # A killed worker's replacement publishes too; what the dead one knew is gone with it.
+        supervisor = ca.proc.pid
+        first = _children(supervisor)
+        os.kill(min(first), signal.SIGKILL)
+        wait_for(
+            lambda: (
+                len(_children(supervisor) - first) == 1
+                and http_status(f"{ca.monitoring_url}/ready") == 200
+            ),
+            20,
+            "a replacement worker serving",
+        )
+        assert http_status(f"{ca.monitoring_url}/debug/ca") == 200
+        more = _issue_for_identities(ca, ["after-restart-0", "after-restart-1"], 3)
+        wait_for(
+            lambda: more.items() <= _latest_leaves(_debug_ca(ca)).items(),
+            10,
+            "leaves issued after the restart",
+        )
+        document = _debug_ca(ca)
+        assert document["workers_reporting"] == 2
+        assert document["certificates"][0]["serial"] == f"{root.serial_number:x}"
     finally:
         ca.stop()
