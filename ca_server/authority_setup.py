@@ -18,6 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ca_server.agent_reports import AgentReports
 from ca_server.authority_state import AuthorityStateStore, LocalAuthorityStateStore, SlotFactory
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.kube.mode import KubernetesMode
@@ -47,6 +48,7 @@ class AuthoritySetup:
     ttl_policy: TtlPolicy
     rotator: AuthorityRotator | None = None
     guard: PluggedChangeGuard | None = None
+    agent_reports: AgentReports | None = None  # published with the leaf ledger
 
 
 def instance_name(config: CaConfig) -> str:
@@ -94,14 +96,22 @@ async def set_up_authority(
         rotator = rotator_for(config, metrics, clock, kube)
         signer = await rotator.start()
         log.info("signing with self-signed authority slots (trust domain %s)", config.trust_domain)
-        return AuthoritySetup(signer, cap_leaf_lifetimes(config.ttl, rotator.policy), rotator)
+        ttl = cap_leaf_lifetimes(config.ttl, rotator.policy)
+        rotator.ledger.agents.expire_after = 2 * ttl.maximum
+        return AuthoritySetup(signer, ttl, rotator, agent_reports=rotator.ledger.agents)
     authority = await asyncio.to_thread(source.load, clock.now())
     publish_root_bundle(config.data_dir, authority)
     log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
     record_expiry(metrics, authority)
     ledger = LeafLedger()
     guard = PluggedChangeGuard(ledger, ledger_sink_for(config, kube))
-    return AuthoritySetup(RecordingSigner(authority, ledger, clock), config.ttl, guard=guard)
+    ledger.agents.expire_after = 2 * config.ttl.maximum
+    return AuthoritySetup(
+        RecordingSigner(authority, ledger, clock),
+        config.ttl,
+        guard=guard,
+        agent_reports=ledger.agents,
+    )
 
 
 def record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:

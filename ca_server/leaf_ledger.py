@@ -13,9 +13,10 @@ in Kubernetes mode (`ca_server.kube.replica_reports`). Readers sum every snapsho
 processes that are gone still count until their leaves expire — that is the point — and are
 swept once they are spent.
 
-Agent reports (which bundle an agent trusts, which authority signed the leaf it serves) are the
-next step (they need the agent side); they will travel the same way, as one more snapshot per
-CA process keyed by agent, summed by the reader.
+Agent reports (which bundle an agent trusts, `ca_server.agent_reports`) travel the same way: the
+ledger carries this process's `AgentReports` table and a sink publishes it beside the leaf
+snapshot (`data_dir/agents/<instance>.json`, or the replica ConfigMap's `agents.json`); readers
+merge them (`LedgerSink.agents`).
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ import logging
 import math
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
+from ca_server.agent_reports import AgentReports, FleetReports, merge_snapshots
+from ca_server.agent_reports import is_spent as agents_spent
 from meshca.files import atomic_write, ensure_dir
 
 log = logging.getLogger(__name__)
 
 LEDGER_DIR = "leaves"
+AGENTS_DIR = "agents"
 # (leaves ending within, bucket width in seconds): finer near expiry, where it matters.
 _STEPS = ((timedelta(minutes=10), 5), (timedelta(hours=1), 60))
 _COARSE = 3600
@@ -53,6 +57,8 @@ class LeafLedger:
         self._lock = threading.Lock()
         self._buckets: dict[str, Counter[int]] = {}
         self.changed = False
+        # Published with the ledger, on its cadence; the RPC edge records into it.
+        self.agents = AgentReports()
 
     def record(self, authority: str, not_after: datetime, now: datetime) -> None:
         with self._lock:
@@ -120,39 +126,57 @@ class LedgerSink(Protocol):
         """Live leaves per authority, summed over every process's snapshot."""
         ...
 
+    def agents(self, now: datetime) -> FleetReports:
+        """Every process's agent reports, merged."""
+        ...
+
 
 class DirectoryLedgerSink:
     """One file per process in `data_dir/leaves/` (shared by the processes on one host)."""
 
     def __init__(self, data_dir: Path, instance: str) -> None:
         self._directory = data_dir / LEDGER_DIR
+        self._agents_directory = data_dir / AGENTS_DIR
         self._own = f"{instance}.json"
 
     def save(self, ledger: LeafLedger, now: datetime) -> None:
-        if not ledger.changed:
-            return
         try:
-            ensure_dir(self._directory)
-            atomic_write(self._directory / self._own, ledger.snapshot_json(now))
-            self._sweep(now)
+            if ledger.changed:
+                ensure_dir(self._directory)
+                atomic_write(self._directory / self._own, ledger.snapshot_json(now))
+                self._sweep(self._directory, is_spent, now)
+            if ledger.agents.changed:
+                ensure_dir(self._agents_directory)
+                atomic_write(self._agents_directory / self._own, ledger.agents.snapshot_json(now))
+                self._sweep(self._agents_directory, agents_spent, now)
         except OSError as exc:
             log.warning("could not save the leaf ledger in %s: %s", self._directory, exc)
 
-    def _sweep(self, now: datetime) -> None:
-        for path in self._directory.glob("*.json"):
+    def _sweep(
+        self, directory: Path, spent: Callable[[str, datetime], bool], now: datetime
+    ) -> None:
+        for path in directory.glob("*.json"):
             if path.name == self._own:
                 continue
             try:
-                if is_spent(path.read_text(), now):
+                if spent(path.read_text(), now):
                     path.unlink()
             except OSError:
                 continue
 
     def live(self, now: datetime) -> dict[str, int]:
-        snapshots = []
-        for path in sorted(self._directory.glob("*.json")):
-            try:
-                snapshots.append((str(path), path.read_text()))
-            except OSError as exc:
-                log.warning("ignoring unreadable leaf ledger %s: %s", path, exc)
-        return sum_snapshots(snapshots, now)
+        return sum_snapshots(_read_all(self._directory), now)
+
+    def agents(self, now: datetime) -> FleetReports:
+        return merge_snapshots(_read_all(self._agents_directory), now)
+
+
+def _read_all(directory: Path) -> list[tuple[str, str]]:
+    """(path, text) of every snapshot in `directory`; unreadable ones skipped with a warning."""
+    snapshots = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            snapshots.append((str(path), path.read_text()))
+        except OSError as exc:
+            log.warning("ignoring unreadable snapshot %s: %s", path, exc)
+    return snapshots

@@ -224,6 +224,7 @@ async def _serve(
         metrics=metrics,
         clock=clock,
         admission=Admission(config.admission, clock.monotonic),
+        agent_reports=setup.agent_reports,
     )
     server = grpc.aio.server(options=server_options(config))
     add_certificate_service(service, server)

@@ -16,6 +16,7 @@ from cryptography import x509
 from google.protobuf import struct_pb2
 
 from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
+from ca_server.agent_reports import REPORT_HEADERS, AgentReports
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
 from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
@@ -54,7 +55,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         metrics: CaMetrics,
         clock: Clock,
         admission: Admission | None = None,
+        agent_reports: AgentReports | None = None,
     ) -> None:
+        self._agent_reports = agent_reports
         self._admission = admission or Admission(AdmissionPolicy(), clock.monotonic)
         self._authenticators = authenticators
         self._impersonation = impersonation
@@ -94,6 +97,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         peer = context.peer()
         try:
             caller = await self._authenticators.authenticate(_authn_request(context))
+            self._record_report(context, caller)
             if isinstance(request, UndecodableRequest):
                 reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
                 raise InvalidRequestError(reason, request.problem)
@@ -145,6 +149,18 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             peer=peer,
         )
         return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
+
+    def _record_report(self, context: grpc.aio.ServicerContext, caller: Caller) -> None:
+        """Notes what an authenticated agent says it trusts (`ca_server.agent_reports`): only
+        after authentication, so an anonymous client cannot fill the table; never refuses."""
+        if self._agent_reports is None:
+            return
+        headers = {
+            key.lower(): value
+            for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str) and key.lower() in REPORT_HEADERS
+        }
+        self._agent_reports.record(headers, caller.identity.uri, self._clock.now())
 
     async def _identity_for(self, caller: Caller, metadata: struct_pb2.Struct) -> SpiffeId:
         """The caller's own identity, or the one a trusted node agent impersonates."""

@@ -2,10 +2,11 @@
 
 `meshca-ca-replica-<instance>` (label `app.kubernetes.io/component: meshca-ca-replica`) holds
 what only that replica knows and everybody needs summed: today `leaves.json`, its leaf ledger
-(live leaves signed per authority, see `ca_server.leaf_ledger`); next, the agent reports it
-received. One writer per object, so writes need no resourceVersion; readers (`meshca authority
-show`, the other replicas) list by label and sum. A replica sweeps the spent reports of replicas
-that are gone (every leaf expired), so pod churn does not pile objects up.
+(live leaves signed per authority, see `ca_server.leaf_ledger`), and `agents.json`, the agent
+reports it received (`ca_server.agent_reports`). One writer per object, so writes need no
+resourceVersion; readers (`meshca authority show`, the other replicas) list by label and sum.
+A replica sweeps the spent reports of replicas that are gone (every leaf and agent report
+expired), so pod churn does not pile objects up.
 
 Concurrency: called from a worker thread (the rotation driver's `asyncio.to_thread`); every API
 call blocks only that thread. Failures are logged, never raised: a report is advisory.
@@ -21,6 +22,8 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from ca_server.agent_reports import FleetReports, merge_snapshots
+from ca_server.agent_reports import is_spent as agents_spent
 from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,7 @@ COMPONENT = "meshca-ca-replica"
 LABELS = {"app.kubernetes.io/name": "meshca", "app.kubernetes.io/component": COMPONENT}
 SELECTOR = f"app.kubernetes.io/component={COMPONENT}"
 LEAVES = "leaves.json"
+AGENTS = "agents.json"
 _REQUEST_TIMEOUT = (2.0, 5.0)
 _CONFLICT, _NOT_FOUND = 409, 404
 
@@ -47,7 +51,7 @@ class ConfigMapLedgerSink:
         self._name = report_name(instance)
 
     def save(self, ledger: LeafLedger, now: datetime) -> None:
-        if not ledger.changed:
+        if not (ledger.changed or ledger.agents.changed):
             return
         body = kubernetes.client.V1ConfigMap(
             api_version="v1",
@@ -55,7 +59,7 @@ class ConfigMapLedgerSink:
             metadata=kubernetes.client.V1ObjectMeta(
                 name=self._name, namespace=self._namespace, labels=LABELS
             ),
-            data={LEAVES: ledger.snapshot_json(now)},
+            data={LEAVES: ledger.snapshot_json(now), AGENTS: ledger.agents.snapshot_json(now)},
         )
         try:
             try:
@@ -70,12 +74,12 @@ class ConfigMapLedgerSink:
                 )
             self._sweep(now)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-            ledger.changed = True  # try again at the next poll
+            ledger.changed = ledger.agents.changed = True  # try again at the next poll
             log.warning("could not publish %s/%s: %s", self._namespace, self._name, exc)
 
     def _sweep(self, now: datetime) -> None:
-        for name, leaves in self._reports():
-            if name == self._name or not is_spent(leaves, now):
+        for name, leaves, agents in self._reports():
+            if name == self._name or not (is_spent(leaves, now) and agents_spent(agents, now)):
                 continue
             try:
                 self._core.delete_namespaced_config_map(
@@ -86,17 +90,25 @@ class ConfigMapLedgerSink:
                 if exc.status != _NOT_FOUND:
                     raise
 
-    def _reports(self) -> list[tuple[str, str]]:
-        """(ConfigMap name, its `leaves.json`) of every replica's report."""
+    def _reports(self) -> list[tuple[str, str, str]]:
+        """(ConfigMap name, its `leaves.json`, its `agents.json`) of every replica's report."""
         result = self._core.list_namespaced_config_map(
             self._namespace, label_selector=SELECTOR, _request_timeout=_REQUEST_TIMEOUT
         )
         return [
-            (str(item.metadata.name), (item.data or {}).get(LEAVES, "{}"))
+            (
+                str(item.metadata.name),
+                (item.data or {}).get(LEAVES, "{}"),
+                (item.data or {}).get(AGENTS, "{}"),
+            )
             for item in result.items or []
             if item.metadata is not None
         ]
 
     def live(self, now: datetime) -> dict[str, int]:
         where = f"ConfigMap {self._namespace}/"
-        return sum_snapshots(((where + name, text) for name, text in self._reports()), now)
+        return sum_snapshots(((where + name, text) for name, text, _ in self._reports()), now)
+
+    def agents(self, now: datetime) -> FleetReports:
+        where = f"ConfigMap {self._namespace}/"
+        return merge_snapshots(((where + name, text) for name, _, text in self._reports()), now)

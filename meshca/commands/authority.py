@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from ca_server.agent_reports import Coverage, coverage
 from ca_server.authority_slots import AuthorityCommandError, AuthorityState, Phase, Slot
 from ca_server.authority_state import (
     LEGACY_CERT,
@@ -125,13 +126,14 @@ def run(args: argparse.Namespace) -> int:
             else:
                 state = _change(args, target.store, factory, lifetime, name)
             live = _live_leaves(target.ledgers, name)
+            agents = _coverage(target.ledgers, state, name)
     except AuthorityCommandError as exc:
         print(f"{name}: refused: {exc}", file=sys.stderr)
         return 3
     except CaSetupError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    _print(state, live, args.output)
+    _print(state, live, agents, args.output)
     return 0
 
 
@@ -142,6 +144,17 @@ def _live_leaves(ledgers: LedgerSink, name: str) -> dict[str, int] | None:
     except Exception as exc:  # an API or file failure must not hide the authorities themselves
         print(f"{name}: cannot read the CA processes' leaf ledgers: {exc}", file=sys.stderr)
         return None
+
+
+def _coverage(ledgers: LedgerSink, state: AuthorityState, name: str) -> Coverage | None:
+    """Which authorities the reporting agents trust (`ca_server.agent_reports`), or `None`
+    (printed "unknown") if the CA processes' reports cannot be read."""
+    try:
+        fleet = ledgers.agents(datetime.now(UTC))
+    except Exception as exc:  # an API or file failure must not hide the authorities themselves
+        print(f"{name}: cannot read the CA processes' agent reports: {exc}", file=sys.stderr)
+        return None
+    return coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
 
 
 def _change(
@@ -174,12 +187,14 @@ def _change(
     return state
 
 
-def slot_rows(state: AuthorityState, live: dict[str, int] | None) -> list[dict[str, Any]]:
+def slot_rows(
+    state: AuthorityState, live: dict[str, int] | None, agents: Coverage | None = None
+) -> list[dict[str, Any]]:
     """One row per slot, the same fields for the table and JSON."""
-    return [_row(slot, live) for slot in state.ranked()]
+    return [_row(slot, live, agents) for slot in state.ranked()]
 
 
-def _row(slot: Slot, live: dict[str, int] | None) -> dict[str, Any]:
+def _row(slot: Slot, live: dict[str, int] | None, agents: Coverage | None) -> dict[str, Any]:
     issuer = slot.cert.issuer.rfc4514_string()
     return {
         "id": slot.id,
@@ -189,24 +204,53 @@ def _row(slot: Slot, live: dict[str, int] | None) -> dict[str, Any]:
         "not_after": slot.not_after.isoformat(),
         "issuer": issuer,
         "live_leaves": live.get(slot.id, 0) if live is not None else UNKNOWN,
-        # Agent reports arrive with the agent side of rotation; until then nobody is counted.
-        "agents_trusting": UNKNOWN,
-        "agents_reporting": UNKNOWN,
+        # Agents whose bundle holds this authority, out of every agent that reported.
+        "agents_trusting": agents.trusting.get(slot.id, 0) if agents is not None else UNKNOWN,
+        "agents_reporting": agents.reporting if agents is not None else UNKNOWN,
     }
 
 
-def _print(state: AuthorityState, live: dict[str, int] | None, output: str) -> None:
-    rows = slot_rows(state, live)
+def _print(
+    state: AuthorityState, live: dict[str, int] | None, agents: Coverage | None, output: str
+) -> None:
+    rows = slot_rows(state, live, agents)
+    unknown = agents.unknown if agents is not None else UNKNOWN
     if output == "json":
-        print(json.dumps({"authorities": rows}, indent=2))
+        print(json.dumps({"authorities": rows, "agents_unknown": unknown}, indent=2))
         return
-    columns = ("id", "state", "tainted", "not_before", "not_after", "live_leaves", "issuer")
-    header = ("ID", "STATE", "TAINTED", "NOT BEFORE", "NOT AFTER", "LIVE LEAVES", "ISSUER")
-    table = [header] + [
-        tuple(("yes" if row[c] else "no") if c == "tainted" else str(row[c]) for c in columns)
-        for row in rows
+    columns = [
+        "id",
+        "state",
+        "tainted",
+        "not_before",
+        "not_after",
+        "live_leaves",
+        "agents",
+        "issuer",
     ]
+    header = [
+        "ID",
+        "STATE",
+        "TAINTED",
+        "NOT BEFORE",
+        "NOT AFTER",
+        "LIVE LEAVES",
+        "AGENTS",
+        "ISSUER",
+    ]
+    table = [header] + [[_cell(row, c) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
-    print("agents trusting / reporting: unknown (agent reports are not collected yet)")
+    print(
+        "AGENTS = agents trusting it / agents reporting; callers sending no report "
+        f"(e.g. Istio's agents, counted as unknown): {unknown}"
+    )
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "tainted":
+        return "yes" if row["tainted"] else "no"
+    if column == "agents":
+        return f"{row['agents_trusting']}/{row['agents_reporting']}"
+    return str(row[column])

@@ -64,7 +64,7 @@ def test_show_prints_every_field_and_the_live_leaves_of_every_process(tmp_path: 
     assert set(row) == FIELDS
     assert row["id"] == active and row["state"] == "active" and row["tainted"] is False
     assert row["live_leaves"] == 5
-    assert row["agents_trusting"] == row["agents_reporting"] == "unknown"
+    assert row["agents_trusting"] == row["agents_reporting"] == 0  # nobody reported
     assert row["issuer"] == "CN=meshca root,O=cluster.local"
     table = run(tmp_path, "show").stdout
     assert "LIVE LEAVES" in table and active in table and "active" in table

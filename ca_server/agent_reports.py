@@ -1,0 +1,185 @@
+"""Which trust bundle each agent holds — the figure that says how far a new root has spread.
+
+meshca agents send three headers on every CSR (`agent.propagation`): their run's agent id, the
+canonical digest of the trust bundle they serve, and the authority of the leaf they renew. The
+RPC edge hands them to `AgentReports.record`; a malformed or over-long value is ignored (a
+report is advisory, never a reason to refuse a certificate). A caller without an agent id
+(Istio's agents) is recorded by its identity as *unknown*: counted apart, never as covered.
+
+Each CA process keeps its own table (bounded: `capacity` agents, the least recently seen
+evicted first; an entry expires `expire_after` — twice the maximum leaf TTL — after it was last
+seen, since a live agent renews well before that) and publishes it with its leaf ledger (same
+sink, same cadence). Readers merge every process's snapshot: per agent id the most recent
+entry wins, so an agent that renewed through two replicas counts once.
+
+Coverage rule (`coverage`): a digest says nothing by itself about which roots it covers, so the
+reader computes the digest of every non-empty subset of the authorities in the shared state
+(there are at most a handful) and an agent trusts authority X exactly when its digest is that of
+a subset containing X. An agent whose digest matches no subset (a bundle holding roots the CA
+no longer knows, or none yet) is *reporting* and trusts none of them: it is never counted as
+covered by guesswork.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+log = logging.getLogger(__name__)
+
+AGENT_ID_HEADER = "x-meshca-agent-id"
+TRUST_BUNDLE_HEADER = "x-meshca-trust-bundle-sha256"
+LEAF_AUTHORITY_HEADER = "x-meshca-leaf-authority"
+REPORT_HEADERS = frozenset((AGENT_ID_HEADER, TRUST_BUNDLE_HEADER, LEAF_AUTHORITY_HEADER))
+DEFAULT_CAPACITY = 100_000
+_AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_AUTHORITY = re.compile(r"[0-9a-f]{2,128}")
+_MAX_SUBSET_AUTHORITIES = 10  # 1023 digests; the state never holds that many slots
+
+
+def bundle_digest(roots: Iterable[x509.Certificate]) -> str:
+    """The agents' canonical digest (`agent.trust_bundle.bundle_digest`, which must agree):
+    SHA-256 over the sorted SHA-256 digests of the roots' DER."""
+    digest = hashlib.sha256()
+    for fingerprint in sorted(
+        {hashlib.sha256(r.public_bytes(Encoding.DER)).digest() for r in roots}
+    ):
+        digest.update(fingerprint)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    bundle: str | None  # the trust bundle digest the agent serves, if it sent a valid one
+    authority: str | None  # the authority of the leaf it renewed, if any
+    until: float  # unix seconds after which the entry is forgotten
+
+
+def _valid(value: str | None, pattern: re.Pattern[str]) -> str | None:
+    return value if value is not None and pattern.fullmatch(value) else None
+
+
+def _bound(table: OrderedDict[str, Any], capacity: int) -> None:
+    """Evicts the least recently seen entries beyond `capacity`."""
+    while len(table) > capacity:
+        table.popitem(last=False)
+
+
+class AgentReports:
+    """This process's table: agent id -> its latest report; unknown callers -> expiry."""
+
+    def __init__(
+        self, expire_after: timedelta = timedelta(hours=48), capacity: int = DEFAULT_CAPACITY
+    ) -> None:
+        self.expire_after = expire_after
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._agents: OrderedDict[str, AgentReport] = OrderedDict()
+        self._unknown: OrderedDict[str, float] = OrderedDict()
+        self.changed = False
+
+    def record(self, headers: Mapping[str, str], caller: str, now: datetime) -> None:
+        """One request's headers (lower-case names); `caller` names an agent without an id."""
+        until = (now + self.expire_after).timestamp()
+        agent_id = _valid(headers.get(AGENT_ID_HEADER), _AGENT_ID)
+        with self._lock:
+            if agent_id is None:
+                self._unknown[caller] = until
+                self._unknown.move_to_end(caller)
+                _bound(self._unknown, self._capacity)
+            else:
+                self._agents[agent_id] = AgentReport(
+                    _valid(headers.get(TRUST_BUNDLE_HEADER), _DIGEST),
+                    _valid(headers.get(LEAF_AUTHORITY_HEADER), _AUTHORITY),
+                    until,
+                )
+                self._agents.move_to_end(agent_id)
+                _bound(self._agents, self._capacity)
+            self.changed = True
+
+    def snapshot_json(self, now: datetime) -> str:
+        """The unexpired entries as JSON (what a sink publishes); clears `changed`."""
+        cutoff = now.timestamp()
+        with self._lock:
+            self.changed = False
+            agents = {
+                agent: [report.bundle, report.authority, round(report.until, 1)]
+                for agent, report in self._agents.items()
+                if report.until > cutoff
+            }
+            unknown = {c: round(u, 1) for c, u in self._unknown.items() if u > cutoff}
+        return json.dumps({"agents": agents, "unknown": unknown}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class FleetReports:
+    """Every process's reports merged: per agent its latest bundle digest, and the callers
+    that sent no agent id."""
+
+    bundles: dict[str, str | None]
+    unknown: frozenset[str]
+
+
+def merge_snapshots(snapshots: Iterable[tuple[str, str]], now: datetime) -> FleetReports:
+    """Merges `(where, snapshot JSON)` pairs, the latest entry per agent winning; unreadable
+    snapshots are skipped with a warning naming `where`."""
+    cutoff = now.timestamp()
+    latest: dict[str, tuple[float, str | None]] = {}
+    unknown: set[str] = set()
+    for where, text in snapshots:
+        try:
+            snapshot = json.loads(text)
+            for agent, (bundle, _authority, until) in snapshot.get("agents", {}).items():
+                if float(until) > cutoff and float(until) > latest.get(agent, (0.0, None))[0]:
+                    latest[agent] = (float(until), bundle if isinstance(bundle, str) else None)
+            unknown.update(c for c, u in snapshot.get("unknown", {}).items() if float(u) > cutoff)
+        except (ValueError, AttributeError, TypeError) as exc:
+            log.warning("ignoring unreadable agent reports %s: %s", where, exc)
+    return FleetReports({a: b for a, (_u, b) in latest.items()}, frozenset(unknown))
+
+
+def is_spent(text: str, now: datetime) -> bool:
+    """True when a snapshot holds no unexpired entry (a gone process's file may be swept)."""
+    try:
+        snapshot = json.loads(text)
+        untils = [e[2] for e in snapshot.get("agents", {}).values()]
+        untils += list(snapshot.get("unknown", {}).values())
+        return all(float(u) <= now.timestamp() for u in untils)
+    except (ValueError, AttributeError, TypeError, IndexError):
+        return False
+
+
+@dataclass(frozen=True)
+class Coverage:
+    trusting: dict[str, int]  # authority ID -> agents whose bundle holds it
+    reporting: int  # agents that sent an agent id (and have not expired)
+    unknown: int  # callers that sent none (Istio's agents)
+
+
+def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports) -> Coverage:
+    """Applies the module's rule: `authorities` are (ID, root certificate) of every slot."""
+    by_digest: dict[str, frozenset[str]] = {}
+    known = list(authorities)[:_MAX_SUBSET_AUTHORITIES]
+    for size in range(1, len(known) + 1):
+        for subset in itertools.combinations(known, size):
+            by_digest[bundle_digest(cert for _id, cert in subset)] = frozenset(
+                i for i, _c in subset
+            )
+    trusting = dict.fromkeys((ident for ident, _cert in authorities), 0)
+    for bundle in fleet.bundles.values():
+        for ident in by_digest.get(bundle or "", frozenset()):
+            trusting[ident] += 1
+    return Coverage(trusting, len(fleet.bundles), len(fleet.unknown))

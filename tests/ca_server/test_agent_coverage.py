@@ -1,0 +1,90 @@
+"""Issue #9 "coverage": a real `meshca ca` counts which authorities the agents trust from the
+report headers on their CSRs, and `meshca authority show -o json` prints it — Istio-style
+callers (no headers) counted apart as unknown, never as covered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agent.propagation import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
+from agent.trust_bundle import bundle_digest
+from ca_server.authority_slots import authority_id
+from certs import SpiffeId, build_csr, generate_private_key, load_certs
+from tests.support.authority_cli import data_dir_target, meshca_authority
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_process import CaProcess
+from tests.support.processes import wait_for
+
+
+def _show(data_dir: Path) -> dict[str, Any]:
+    result = meshca_authority(data_dir_target(data_dir), "show", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    shown: dict[str, Any] = json.loads(result.stdout)
+    return shown
+
+
+def _fractions(shown: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    return {
+        row["id"]: (row["agents_trusting"], row["agents_reporting"]) for row in shown["authorities"]
+    }
+
+
+def test_show_reports_which_authorities_the_agents_trust(tmp_path: Path) -> None:
+    ca = CaProcess(tmp_path / "data", "--ca-reload-interval", "200ms")
+    ca.start()
+    try:
+        assert meshca_authority(data_dir_target(ca.data_dir), "prepare").returncode == 0
+        wait_for(lambda: len(load_certs(ca.root_cert_path.read_bytes())) == 2, 20, "bundle {A, B}")
+        roots = load_certs(ca.root_cert_path.read_bytes())
+        by_state = {row["state"]: row["id"] for row in _show(ca.data_dir)["authorities"]}
+        a = next(r for r in roots if authority_id(r) == by_state["active"])
+        b = next(r for r in roots if authority_id(r) == by_state["prepared"])
+        both, old_only = bundle_digest([a, b]), bundle_digest([a])
+        token = ca.mint_token("default", "sleep")
+        istio_token = ca.mint_token("default", "istio-style")
+
+        def csr(headers: list[tuple[str, str]], with_token: str = token) -> None:
+            with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+                identity = SpiffeId("cluster.local", "default", "sleep")
+                if with_token is istio_token:
+                    identity = SpiffeId("cluster.local", "default", "istio-style")
+                create_certificate(
+                    stub,
+                    build_csr(generate_private_key(), identity),
+                    token=with_token,
+                    headers=headers,
+                )
+
+        a_id = authority_id(a)
+        for n in range(4):  # renewed, holding {A, B}
+            csr(
+                [
+                    (AGENT_ID_HEADER, f"new-{n}"),
+                    (TRUST_BUNDLE_HEADER, both),
+                    (LEAF_AUTHORITY_HEADER, a_id),
+                ]
+            )
+        for n in range(3):  # held back: still {A}
+            csr([(AGENT_ID_HEADER, f"held-{n}"), (TRUST_BUNDLE_HEADER, old_only)])
+        # A malformed digest is ignored, not refused: reporting, trusting nothing.
+        csr([(AGENT_ID_HEADER, "garbled"), (TRUST_BUNDLE_HEADER, "not-a-digest")])
+        csr([], with_token=istio_token)  # Istio's agent: no report at all
+        csr([], with_token=istio_token)  # twice: still one unknown caller
+
+        expected = {a_id: (7, 8), authority_id(b): (4, 8)}
+        wait_for(lambda: _fractions(_show(ca.data_dir)) == expected, 20, f"coverage {expected}")
+        assert _show(ca.data_dir)["agents_unknown"] == 1
+
+        # One held-back agent sees the new root: the same agent counts once, with its latest.
+        csr([(AGENT_ID_HEADER, "held-0"), (TRUST_BUNDLE_HEADER, both)])
+        expected = {a_id: (7, 8), authority_id(b): (5, 8)}
+        wait_for(lambda: _fractions(_show(ca.data_dir)) == expected, 20, f"coverage {expected}")
+
+        table = meshca_authority(data_dir_target(ca.data_dir), "show")
+        assert table.returncode == 0, table.stderr
+        assert "5/8" in table.stdout and "7/8" in table.stdout
+        assert "counted as unknown): 1" in table.stdout
+    finally:
+        ca.stop()

@@ -1,0 +1,110 @@
+"""The CA's per-process table of agent reports and the coverage rule (`ca_server.agent_reports`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+
+from agent import trust_bundle
+from ca_server.agent_reports import (
+    AGENT_ID_HEADER,
+    LEAF_AUTHORITY_HEADER,
+    TRUST_BUNDLE_HEADER,
+    AgentReports,
+    FleetReports,
+    bundle_digest,
+    coverage,
+    is_spent,
+    merge_snapshots,
+)
+from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from certs import KeySpec, new_self_signed_authority
+
+NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
+DIGEST = "ab" * 32
+
+
+def _root() -> x509.Certificate:
+    return new_self_signed_authority(
+        KeySpec(), "cluster.local", now=NOW, lifetime=timedelta(days=1)
+    ).roots[0]
+
+
+def _report(agent: str, digest: str | None = DIGEST) -> dict[str, str]:
+    headers = {AGENT_ID_HEADER: agent}
+    if digest is not None:
+        headers[TRUST_BUNDLE_HEADER] = digest
+    return headers
+
+
+def test_the_digest_is_the_agents_own() -> None:
+    a, b = _root(), _root()
+    assert bundle_digest([a, b]) == trust_bundle.bundle_digest([b, a])
+    assert bundle_digest([a]) != bundle_digest([a, b])
+
+
+def test_malformed_headers_are_ignored_and_a_missing_id_is_an_unknown_caller() -> None:
+    reports = AgentReports()
+    reports.record(_report("pod-1", "NOT-HEX"), "spiffe://x/ns/a/sa/a", NOW)
+    reports.record({**_report("pod-2"), LEAF_AUTHORITY_HEADER: "zz"}, "spiffe://x/ns/a/sa/a", NOW)
+    reports.record({AGENT_ID_HEADER: "bad id with spaces"}, "spiffe://x/ns/a/sa/b", NOW)
+    reports.record({AGENT_ID_HEADER: "x" * 300}, "spiffe://x/ns/a/sa/c", NOW)
+    reports.record({}, "spiffe://x/ns/a/sa/b", NOW)
+    fleet = merge_snapshots([("own", reports.snapshot_json(NOW))], NOW)
+    assert fleet.bundles == {"pod-1": None, "pod-2": DIGEST}
+    assert fleet.unknown == {"spiffe://x/ns/a/sa/b", "spiffe://x/ns/a/sa/c"}
+
+
+def test_the_table_is_bounded_and_entries_expire() -> None:
+    reports = AgentReports(expire_after=timedelta(minutes=10), capacity=3)
+    for n in range(5):
+        reports.record(_report(f"pod-{n}"), "caller", NOW + timedelta(minutes=n))
+    later = NOW + timedelta(minutes=12, seconds=30)  # pod-0..2 seen > 10 min before
+    fleet = merge_snapshots([("own", reports.snapshot_json(later))], later)
+    assert set(fleet.bundles) == {"pod-3", "pod-4"}  # pod-0, pod-1 evicted; pod-2 expired
+    assert not is_spent(reports.snapshot_json(later), later)
+    assert is_spent(reports.snapshot_json(later), NOW + timedelta(hours=1))
+
+
+def test_merging_keeps_each_agents_latest_report_and_skips_garbage() -> None:
+    old, new = AgentReports(), AgentReports()
+    old.record(_report("pod-1", "11" * 32), "caller", NOW)
+    new.record(_report("pod-1", "22" * 32), "caller", NOW + timedelta(seconds=5))
+    snapshots = [("new", new.snapshot_json(NOW)), ("old", old.snapshot_json(NOW)), ("bad", "[")]
+    fleet = merge_snapshots(snapshots, NOW)
+    assert fleet.bundles == {"pod-1": "22" * 32}
+
+
+def test_coverage_counts_an_agent_only_for_the_authorities_its_bundle_holds() -> None:
+    a, b = _root(), _root()
+    fleet = FleetReports(
+        {
+            "new": bundle_digest([a, b]),
+            "held": bundle_digest([a]),
+            "stranger": bundle_digest([_root()]),  # a bundle the CA knows nothing of
+            "empty": None,
+        },
+        frozenset({"istio"}),
+    )
+    result = coverage([("A", a), ("B", b)], fleet)
+    assert result.trusting == {"A": 2, "B": 1}
+    assert (result.reporting, result.unknown) == (4, 1)
+
+
+def test_the_directory_sink_publishes_reports_beside_the_ledger(tmp_path: Path) -> None:
+    mine, gone = LeafLedger(), LeafLedger()
+    mine.agents.record(_report("pod-1"), "caller", NOW)
+    gone.agents.expire_after = timedelta(seconds=1)
+    gone.agents.record(_report("pod-2"), "caller", NOW)
+    DirectoryLedgerSink(tmp_path, "gone").save(gone, NOW)
+    sink = DirectoryLedgerSink(tmp_path, "mine")
+    sink.save(mine, NOW)
+    assert set(sink.agents(NOW).bundles) == {"pod-1", "pod-2"}
+    assert not mine.agents.changed
+    later = NOW + timedelta(minutes=1)
+    mine.agents.record(_report("pod-3"), "caller", later)
+    sink.save(mine, later)  # sweeps the gone process's spent report
+    assert sorted(p.name for p in (tmp_path / "agents").iterdir()) == ["mine.json"]
+    assert set(sink.agents(later).bundles) == {"pod-1", "pod-3"}
