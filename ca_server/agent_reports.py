@@ -10,7 +10,9 @@ Each CA process keeps its own table (bounded: `capacity` agents, the least recen
 evicted first; an entry expires `expire_after` — twice the maximum leaf TTL — after it was last
 seen, since a live agent renews well before that) and publishes it with its leaf ledger (same
 sink, same cadence). Readers merge every process's snapshot: per agent id the most recent
-entry wins, so an agent that renewed through two replicas counts once.
+entry wins (by its expiry, to the millisecond, as each process's clock set it: replicas' clocks
+are assumed to agree far better than an agent's renewal interval), so an agent that renewed
+through two replicas counts once, with what it said last.
 
 Coverage rule (`coverage`): a digest says nothing by itself about which roots it covers, so the
 reader computes the digest of every non-empty subset of the authorities in the shared state
@@ -116,11 +118,11 @@ class AgentReports:
         with self._lock:
             self.changed = False
             agents = {
-                agent: [report.bundle, report.authority, round(report.until, 1)]
+                agent: [report.bundle, report.authority, round(report.until, 3)]
                 for agent, report in self._agents.items()
                 if report.until > cutoff
             }
-            unknown = {c: round(u, 1) for c, u in self._unknown.items() if u > cutoff}
+            unknown = {c: round(u, 3) for c, u in self._unknown.items() if u > cutoff}
         return json.dumps({"agents": agents, "unknown": unknown}, sort_keys=True)
 
 
