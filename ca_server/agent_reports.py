@@ -112,18 +112,44 @@ class AgentReports:
                 _bound(self._agents, self._capacity)
             self.changed = True
 
-    def snapshot_json(self, now: datetime) -> str:
-        """The unexpired entries as JSON (what a sink publishes); clears `changed`."""
+    def snapshot_json(self, now: datetime, max_bytes: int | None = None) -> str:
+        """The unexpired entries as JSON (what a sink publishes); clears `changed`. Beyond
+        `max_bytes` (a ConfigMap holds 1 MiB) the most recently seen entries that fit are
+        kept and the rest are counted in `dropped`, which `show` reports."""
         cutoff = now.timestamp()
         with self._lock:
             self.changed = False
-            agents = {
-                agent: [report.bundle, report.authority, round(report.until, 3)]
-                for agent, report in self._agents.items()
+            agents = [
+                (agent, [report.bundle, report.authority, round(report.until, 3)])
+                for agent, report in reversed(self._agents.items())
                 if report.until > cutoff
-            }
-            unknown = {c: round(u, 3) for c, u in self._unknown.items() if u > cutoff}
-        return json.dumps({"agents": agents, "unknown": unknown}, sort_keys=True)
+            ]
+            unknown = [(c, round(u, 3)) for c, u in reversed(self._unknown.items()) if u > cutoff]
+        budget = max_bytes if max_bytes is not None else -1
+        # Three quarters for agents that report, the rest for callers that do not.
+        kept_agents, dropped = _within(agents, budget * 3 // 4 if budget >= 0 else None)
+        kept_unknown, dropped_unknown = _within(unknown, budget // 4 if budget >= 0 else None)
+        snapshot = {
+            "agents": dict(kept_agents),
+            "unknown": dict(kept_unknown),
+            "dropped": dropped + dropped_unknown,
+        }
+        return json.dumps(snapshot, sort_keys=True)
+
+
+def _within(
+    entries: list[tuple[str, Any]], budget: int | None
+) -> tuple[list[tuple[str, Any]], int]:
+    """The leading entries whose JSON fits in `budget` bytes (all of them if `None`), and how
+    many did not fit."""
+    if budget is None:
+        return entries, 0
+    used = 0
+    for index, (key, value) in enumerate(entries):
+        used += len(json.dumps(key)) + len(json.dumps(value)) + 4  # ': ' and ', '
+        if used > budget:
+            return entries[:index], len(entries) - index
+    return entries, 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +159,7 @@ class FleetReports:
 
     bundles: dict[str, str | None]
     unknown: frozenset[str]
+    dropped: int = 0  # entries a process could not publish (size limit): not counted
 
 
 def merge_snapshots(snapshots: Iterable[tuple[str, str]], now: datetime) -> FleetReports:
@@ -141,16 +168,18 @@ def merge_snapshots(snapshots: Iterable[tuple[str, str]], now: datetime) -> Flee
     cutoff = now.timestamp()
     latest: dict[str, tuple[float, str | None]] = {}
     unknown: set[str] = set()
+    dropped = 0
     for where, text in snapshots:
         try:
             snapshot = json.loads(text)
+            dropped += int(snapshot.get("dropped", 0))
             for agent, (bundle, _authority, until) in snapshot.get("agents", {}).items():
                 if float(until) > cutoff and float(until) > latest.get(agent, (0.0, None))[0]:
                     latest[agent] = (float(until), bundle if isinstance(bundle, str) else None)
             unknown.update(c for c, u in snapshot.get("unknown", {}).items() if float(u) > cutoff)
         except (ValueError, AttributeError, TypeError) as exc:
             log.warning("ignoring unreadable agent reports %s: %s", where, exc)
-    return FleetReports({a: b for a, (_u, b) in latest.items()}, frozenset(unknown))
+    return FleetReports({a: b for a, (_u, b) in latest.items()}, frozenset(unknown), dropped)
 
 
 def is_spent(text: str, now: datetime) -> bool:
@@ -169,6 +198,7 @@ class Coverage:
     trusting: dict[str, int]  # authority ID -> agents whose bundle holds it
     reporting: int  # agents that sent an agent id (and have not expired)
     unknown: int  # callers that sent none (Istio's agents)
+    dropped: int = 0  # reports a CA process could not publish (size limit): not counted
 
 
 def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports) -> Coverage:
@@ -184,4 +214,4 @@ def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetRe
     for bundle in fleet.bundles.values():
         for ident in by_digest.get(bundle or "", frozenset()):
             trusting[ident] += 1
-    return Coverage(trusting, len(fleet.bundles), len(fleet.unknown))
+    return Coverage(trusting, len(fleet.bundles), len(fleet.unknown), fleet.dropped)

@@ -34,6 +34,9 @@ LABELS = {"app.kubernetes.io/name": "meshca", "app.kubernetes.io/component": COM
 SELECTOR = f"app.kubernetes.io/component={COMPONENT}"
 LEAVES = "leaves.json"
 AGENTS = "agents.json"
+# A ConfigMap holds at most 1 MiB; leaves.json stays small (bounded buckets), agents.json is
+# cut to the most recently seen agents that fit in this (about 3 500 reporting agents per replica).
+AGENTS_MAX_BYTES = 768 * 1024
 _REQUEST_TIMEOUT = (2.0, 5.0)
 _CONFLICT, _NOT_FOUND = 409, 404
 
@@ -59,7 +62,10 @@ class ConfigMapLedgerSink:
             metadata=kubernetes.client.V1ObjectMeta(
                 name=self._name, namespace=self._namespace, labels=LABELS
             ),
-            data={LEAVES: ledger.snapshot_json(now), AGENTS: ledger.agents.snapshot_json(now)},
+            data={
+                LEAVES: ledger.snapshot_json(now),
+                AGENTS: ledger.agents.snapshot_json(now, AGENTS_MAX_BYTES),
+            },
         )
         try:
             try:

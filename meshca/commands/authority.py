@@ -154,6 +154,12 @@ def _coverage(ledgers: LedgerSink, state: AuthorityState, name: str) -> Coverage
     except Exception as exc:  # an API or file failure must not hide the authorities themselves
         print(f"{name}: cannot read the CA processes' agent reports: {exc}", file=sys.stderr)
         return None
+    if fleet.dropped:
+        print(
+            f"{name}: {fleet.dropped} agent reports did not fit in the CA processes' published "
+            "reports (size limit) and are not counted: coverage is a lower bound",
+            file=sys.stderr,
+        )
     return coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
 
 

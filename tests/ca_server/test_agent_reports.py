@@ -108,3 +108,15 @@ def test_the_directory_sink_publishes_reports_beside_the_ledger(tmp_path: Path) 
     sink.save(mine, later)  # sweeps the gone process's spent report
     assert sorted(p.name for p in (tmp_path / "agents").iterdir()) == ["mine.json"]
     assert set(sink.agents(later).bundles) == {"pod-1", "pod-3"}
+
+
+def test_a_size_limited_snapshot_keeps_the_most_recent_and_counts_the_rest() -> None:
+    reports = AgentReports()
+    for n in range(100):
+        reports.record(_report(f"pod-{n:03}"), "caller", NOW + timedelta(seconds=n))
+    text = reports.snapshot_json(NOW, max_bytes=4096)
+    assert len(text) <= 4096 + 100
+    fleet = merge_snapshots([("own", text)], NOW)
+    assert 0 < len(fleet.bundles) < 100 and fleet.dropped == 100 - len(fleet.bundles)
+    assert "pod-099" in fleet.bundles and "pod-000" not in fleet.bundles
+    assert merge_snapshots([("own", reports.snapshot_json(NOW))], NOW).dropped == 0
