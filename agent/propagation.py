@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 from cryptography import x509
 
-TRUST_BUNDLE_HEADER = "x-meshca-trust-bundle-sha256"
-LEAF_AUTHORITY_HEADER = "x-meshca-leaf-authority"
-AGENT_ID_HEADER = "x-meshca-agent-id"
+from meshca.report_headers import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
+
 AGENT_ID_SUFFIX_BYTES = 4
 
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -54,13 +53,13 @@ from datetime import datetime
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
 
 from agent.errors import TrustBundleRefused
 from agent.file_mounted import FileResource, FileWatcher
 from agent.metrics import AgentMetrics, CounterChild
 from agent.secrets import ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
 from certs import CertsError, certs_to_pem, is_ca, load_certs, verify_chain
+from certs.bundle import bundle_digest, root_fingerprint
 from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -73,18 +72,6 @@ SOURCES = (SOURCE_ROOT_FILE, SOURCE_CA_RESPONSE, SOURCE_RESTORED)
 ANCHOR_MEMO_LIMIT = 65536
 ROOT_FILE_RESOURCE = "trust-bundle:root-file"
 """The name under which `RootFileWatch` keeps the root file in its private cache."""
-
-
-def root_fingerprint(cert: x509.Certificate) -> bytes:
-    return hashlib.sha256(cert.public_bytes(Encoding.DER)).digest()
-
-
-def bundle_digest(roots: Iterable[x509.Certificate]) -> str:
-    """Canonical digest of a set of roots: SHA-256 over their sorted DER SHA-256 digests."""
-    digest = hashlib.sha256()
-    for fingerprint in sorted({root_fingerprint(root) for root in roots}):
-        digest.update(fingerprint)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ covered by guesswork.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -37,30 +36,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
+
+from certs.bundle import bundle_digest
+from meshca.report_headers import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 
 log = logging.getLogger(__name__)
 
-AGENT_ID_HEADER = "x-meshca-agent-id"
-TRUST_BUNDLE_HEADER = "x-meshca-trust-bundle-sha256"
-LEAF_AUTHORITY_HEADER = "x-meshca-leaf-authority"
 REPORT_HEADERS = frozenset((AGENT_ID_HEADER, TRUST_BUNDLE_HEADER, LEAF_AUTHORITY_HEADER))
 DEFAULT_CAPACITY = 100_000
 _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _AUTHORITY = re.compile(r"[0-9a-f]{2,128}")
 _MAX_SUBSET_AUTHORITIES = 10  # 1023 digests; the state never holds that many slots
-
-
-def bundle_digest(roots: Iterable[x509.Certificate]) -> str:
-    """The agents' canonical digest (`agent.trust_bundle.bundle_digest`, which must agree):
-    SHA-256 over the sorted SHA-256 digests of the roots' DER."""
-    digest = hashlib.sha256()
-    for fingerprint in sorted(
-        {hashlib.sha256(r.public_bytes(Encoding.DER)).digest() for r in roots}
-    ):
-        digest.update(fingerprint)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
