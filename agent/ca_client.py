@@ -107,6 +107,9 @@ RETRY_PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 # A hinted retry waits the hint times a factor in [1, 1 + this]: never sooner than the CA asked,
 # and spread so the agents it refused together do not come back together.
 PUSHBACK_JITTER = 0.5
+# Statuses that mean the call never got an answer from the CA (an UNAVAILABLE that carries a
+# retry hint is the CA answering "not now", so it does not count).
+UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def retry_pushback(trailers: Sequence[tuple[str, str | bytes]] | None) -> float | None:
@@ -248,18 +251,17 @@ class CaClient:
                 message, metadata=metadata, timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
-            self._record(started, exc.code().name)
-            raise CaRequestError(
-                exc.code(),
-                exc.details() or "",
-                retry_after=retry_pushback(exc.trailing_metadata()),
-            ) from None
-        self._record(started, "OK")
+            retry_after = retry_pushback(exc.trailing_metadata())
+            unanswered = exc.code() in UNANSWERED and retry_after is None
+            self._record(started, exc.code().name, answered=not unanswered)
+            raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
+        self._record(started, "OK", answered=True)
         return self._validate(list(response.cert_chain), request.identity, request.key)
 
-    def _record(self, started: float, outcome: str) -> None:
+    def _record(self, started: float, outcome: str, *, answered: bool) -> None:
         if self._metrics:
-            self._metrics.record_ca_request(self._clock.monotonic() - started, outcome)
+            elapsed = self._clock.monotonic() - started
+            self._metrics.record_ca_request(elapsed, outcome, answered=answered)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         headers: list[tuple[str, str]] = []

@@ -51,6 +51,7 @@ class AgentMetrics:
     """
 
     def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
 
@@ -90,6 +91,19 @@ class AgentMetrics:
             ["outcome"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=reg,
+        )
+        # Whether the CA is reachable, as two timestamps rather than windows over counters: the
+        # alert "the latest call got no answer" is then one comparison, true from the first
+        # unanswered call after the last answer, however long ago that answer was.
+        self.ca_last_answer = gauge(
+            "meshca_agent_ca_last_answer_timestamp_seconds",
+            "When the CA last answered a CreateCertificate call (any status it sent, refusals and "
+            "load-shedding included); 0 before the first answer.",
+        )
+        self.ca_last_unanswered = gauge(
+            "meshca_agent_ca_last_unanswered_timestamp_seconds",
+            "When a CreateCertificate call last got no answer from the CA (UNAVAILABLE without a "
+            "retry hint, DEADLINE_EXCEEDED); 0 if none has failed so.",
         )
         self.rotations = counter(
             "meshca_agent_rotations",
@@ -169,7 +183,11 @@ class AgentMetrics:
         self.secrets = SecretStatus()
         reg.register(_SecretStatusCollector(self.secrets, clock))
 
-    def record_ca_request(self, seconds: float, outcome: str) -> None:
+    def record_ca_request(self, seconds: float, outcome: str, *, answered: bool = True) -> None:
+        """One CreateCertificate call: `outcome` is OK or the gRPC status name; `answered` is
+        False when the CA never answered it (connection refused, deadline)."""
+        now = self._clock.now().timestamp()
+        (self.ca_last_answer if answered else self.ca_last_unanswered).set(now)
         self.ca_requests.labels(CSR_REQUEST).inc()
         self.ca_latency_ms.labels(CSR_REQUEST).inc(seconds * 1000.0)
         self.ca_request_seconds.labels(outcome).observe(seconds)

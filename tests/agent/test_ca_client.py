@@ -29,7 +29,12 @@ from tests.support.pki import TestCa
 Scenario = Callable[[CaClient, FakeCaServicer, Path], Awaitable[None]]
 
 
-def run(tmp_path: Path, scenario: Scenario, token: str = "tok-123") -> None:
+def run(
+    tmp_path: Path,
+    scenario: Scenario,
+    token: str = "tok-123",
+    metrics: AgentMetrics | None = None,
+) -> None:
     async def main() -> None:
         clock = SystemClock()
         servicer = FakeCaServicer(TestCa(datetime.now(UTC)), clock)
@@ -43,7 +48,7 @@ def run(tmp_path: Path, scenario: Scenario, token: str = "tok-123") -> None:
             cluster_id="c1",
             extra_headers=[("tenant", "blue")],
             timeout=timedelta(seconds=5),
-            metrics=AgentMetrics(clock),
+            metrics=metrics or AgentMetrics(clock),
         )
         try:
             await scenario(client, servicer, tmp_path)
@@ -89,6 +94,29 @@ def test_transient_codes_are_retried_others_are_not(tmp_path: Path) -> None:
         assert len(ca.metadata) == 3
 
     run(tmp_path, scenario)
+
+
+def test_reachability_gauges_tell_an_unanswered_call_from_a_refusal(tmp_path: Path) -> None:
+    """What MeshcaCaUnreachable compares: the last unanswered call against the last answer."""
+    metrics = AgentMetrics(SystemClock())
+
+    def stamp(name: str) -> float:
+        value = metrics.registry.get_sample_value(f"meshca_agent_ca_last_{name}_timestamp_seconds")
+        assert value is not None
+        return value
+
+    async def scenario(client: CaClient, ca: FakeCaServicer, _: Path) -> None:
+        assert stamp("answer") == stamp("unanswered") == 0
+        ca.abort_with = [(grpc.StatusCode.UNAVAILABLE, "connection refused")] * 10
+        with pytest.raises(CaRequestError):
+            await sign(client)
+        assert stamp("unanswered") > stamp("answer") == 0
+        ca.abort_with = [(grpc.StatusCode.PERMISSION_DENIED, "not your identity")]
+        with pytest.raises(CaRequestError):
+            await sign(client)
+        assert stamp("answer") >= stamp("unanswered") > 0
+
+    run(tmp_path, scenario, metrics=metrics)
 
 
 def test_rejects_wrong_identity_short_chain_and_foreign_root(tmp_path: Path) -> None:
