@@ -8,6 +8,7 @@ code under test whether or not the project is installed.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,11 +34,29 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# Ports for servers that tests start in child processes: below Linux's ephemeral range
+# (32768-60999), which the kernel hands to every outgoing connection. A port asked of the kernel
+# with bind(port 0) comes from that range, and between the test closing it and the child binding
+# it, any client connection could take it ("Failed to bind" in CI).
+_PORT_RANGE = (20000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range, and never handed
+    out before by this test process (so two servers of one test cannot be given the same one)."""
+    for _ in range(1000):
+        port = random.randrange(*_PORT_RANGE)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE}")
 
 
 def wait_for(
