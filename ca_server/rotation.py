@@ -35,6 +35,8 @@ from pathlib import Path
 from cryptography import x509
 from prometheus_client import Gauge
 
+from ca_server.agent_reports import FleetReports
+from ca_server.authority_report import AuthorityReport
 from ca_server.authority_slots import (
     AuthorityState,
     HistoryEvent,
@@ -196,6 +198,9 @@ class AuthorityRotator:
         self._settings = settings
         self.on_change = on_change
         self.ledger = LeafLedger()
+        # What `/debug/ca` shows of the slots, rebuilt at the end of every round.
+        self.report = AuthorityReport()
+        self._report_failing = False
         self._gauges = AuthorityGauges(metrics)
         self._converged_digest = ""
         self._audited: set[HistoryEvent] = set()
@@ -208,6 +213,7 @@ class AuthorityRotator:
         state = await asyncio.to_thread(self._advance)
         self.signer = SlotSigner(state, self.ledger, self._clock)
         self._converge(state)
+        await asyncio.to_thread(self._refresh_report)
         return self.signer
 
     async def run(self) -> None:
@@ -226,6 +232,7 @@ class AuthorityRotator:
                 elif self.signer is not None:
                     self._gauges.update(self.signer.state, self.ledger.live(self._clock.now()))
                 await asyncio.to_thread(self._save_ledger)
+                await asyncio.to_thread(self._refresh_report)
             except Exception:
                 log.exception(
                     "keeping the current authority: updating from %s failed; retrying",
@@ -301,6 +308,26 @@ class AuthorityRotator:
 
     def _save_ledger(self) -> None:
         self._settings.ledger_sink.save(self.ledger, self._clock.now())
+
+    def _refresh_report(self) -> None:
+        """Rebuilds `report` from the converged state and every process's published figures
+        (blocking: worker thread). A figure that cannot be read is shown as unknown; the
+        failure is logged once per run of failures, not every round."""
+        if self.signer is None:
+            return
+        now = self._clock.now()
+        sink = self._settings.ledger_sink
+        live: dict[str, int] | None = None
+        fleet: FleetReports | None = None
+        try:
+            live = sink.live(now)
+            fleet = sink.agents(now)
+            self._report_failing = False
+        except Exception as exc:  # an API or file failure must not hide the slots themselves
+            if not self._report_failing:
+                log.warning("cannot read the CA processes' reports for /debug/ca: %s", exc)
+            self._report_failing = True
+        self.report.update(self.signer.state, live, fleet, now)
 
 
 def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:

@@ -35,6 +35,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ca_server.admission import Admission
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
+from ca_server.authority_report import AuthorityReport, report_section
 from ca_server.authority_setup import record_expiry, set_up_authority
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
@@ -240,7 +241,8 @@ async def _serve(
     if config.mtls_listen:
         mtls = ServingTls(config, signer, clock, require_client_cert=True)
         server.add_secure_port(config.mtls_listen, mtls.credentials())
-    monitoring = _monitoring(config, metrics, state, signer, started, clock)
+    report = setup.rotator.report if setup.rotator is not None else None
+    monitoring = _monitoring(config, metrics, state, signer, started, clock, report)
     if monitoring is not None:
         monitoring.start()
     stop = asyncio.Event()
@@ -255,7 +257,9 @@ async def _serve(
     if config.worker is not None:
         # Published before the ready file, so the supervisor's `/debug/ca` answers once
         # `/ready` does.
-        publisher = WorkerStatusPublisher(config.worker.status_file, signer, metrics.leaves, clock)
+        publisher = WorkerStatusPublisher(
+            config.worker.status_file, signer, metrics.leaves, clock, report=report
+        )
         await asyncio.to_thread(publisher.publish)
         publishing = asyncio.create_task(publisher.run())
     state.ready = True
@@ -312,9 +316,10 @@ def _monitoring(
     signer: LocalSigner,
     started: datetime,
     clock: Clock,
+    report: AuthorityReport | None = None,
 ) -> StatusServer | None:
     """`/metrics`, `/healthz`, `/ready` and `/debug/ca` of a single CA; a worker's are served by
-    its supervisor."""
+    its supervisor. `report` holds the authority slots (self-signed slots only)."""
     if config.worker is not None:
         return None
     return StatusServer(
@@ -324,7 +329,9 @@ def _monitoring(
             "/healthz": lambda: text(200, "ok\n"),
             "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
             "/debug/ca": lambda: json_response(
-                ca_document(signer.authority, metrics.leaves, started, clock.now())
+                ca_document(
+                    signer.authority, metrics.leaves, started, clock.now(), report_section(report)
+                )
             ),
         },
     )

@@ -1,4 +1,6 @@
-"""The CA's `/debug/ca` document for `meshca status`: its signing material and soonest leaves.
+"""The CA's `/debug/ca` document for `meshca status`: its signing material, its authority slots
+with coverage (`ca_server.authority_report`; absent — `null` — for a plugged-in CA, whose
+authorities the operator rotates through `--cacerts-dir`), and the soonest-expiring leaves.
 
 Rates (issuance, refusals by reason) are not repeated here: `meshca status` reads them from
 `/metrics`, the same counters Prometheus scrapes, so the two views cannot disagree.
@@ -14,6 +16,7 @@ from cryptography import x509
 from ca_server.issued_leaves import IssuedLeaves
 
 SOONEST_LEAVES = 10
+SLOT_KEYS = ("authorities", "agents_unknown", "coverage")  # `status_section`'s keys
 
 
 class SigningChain(Protocol):
@@ -46,10 +49,16 @@ def _certificate_entry(role: str, cert: x509.Certificate, now: datetime) -> dict
 
 
 def ca_document(
-    authority: SigningChain, leaves: IssuedLeaves, started: datetime, now: datetime
+    authority: SigningChain,
+    leaves: IssuedLeaves,
+    started: datetime,
+    now: datetime,
+    slots: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What `meshca status` shows for a CA: each certificate of the signing chain and bundle,
-    the chain's expiry (the latest NotAfter a leaf may get), and the soonest-expiring leaves."""
+    the chain's expiry (the latest NotAfter a leaf may get), the authority slots (`slots`: an
+    `authority_report.status_section`, or `None` without slots), and the soonest-expiring
+    leaves."""
     certificates = [_certificate_entry("signing", authority.cert, now)]
     certificates += [_certificate_entry("intermediate", c, now) for c in authority.intermediates]
     certificates += [
@@ -62,6 +71,7 @@ def ca_document(
         "chain_not_after": authority.not_after.isoformat(),
         "root_not_after": min(r.not_valid_after_utc for r in authority.roots).isoformat(),
         "certificates": certificates,
+        **(slots if slots is not None else dict.fromkeys(SLOT_KEYS)),
         "leaves_known": len(leaves),
         "soonest_expiring_leaves": [
             {

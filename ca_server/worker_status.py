@@ -11,6 +11,12 @@ written file (after a rotation that is the newest one), the leaves merged throug
 `IssuedLeaves` of the single CA's capacity, recorded oldest issuance first so that the latest leaf
 per identity wins. The view is therefore at most about `interval` old.
 
+The authority slots (`ca_server.authority_report`) are shared state: every worker converges on
+the same slots and reads the same published figures, so any worker's section is the CA's. A
+worker writes its section with its part (and again whenever its section changes); the
+supervisor shows the section that changed most recently, i.e. the newest view of the slots (a
+worker that has not seen the latest change yet, or whose figures are a round older, loses).
+
 Each worker publishes every leaf it holds (bounded by `IssuedLeaves`' capacity), not only its
 soonest ones: an identity renewed on another worker would otherwise show its stale leaf as
 "expiring soon".
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from ca_server.authority_report import AuthorityReport, ReportSnapshot
 from ca_server.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
 from ca_server.status import SigningChain, ca_document
 from meshca.clock import Clock
@@ -63,13 +70,20 @@ class WorkerPart:
     written_at: datetime
     chain: PublishedChain
     leaves: list[IssuedLeaf]
+    slots: dict[str, Any] | None = None  # the worker's `authority_report.status_section`
+    slots_changed_at: datetime | None = None  # when that section last changed
 
 
 def _pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(Encoding.PEM).decode()
 
 
-def encode_part(chain: SigningChain, leaves: Iterable[IssuedLeaf], written_at: datetime) -> str:
+def encode_part(
+    chain: SigningChain,
+    leaves: Iterable[IssuedLeaf],
+    written_at: datetime,
+    slots: ReportSnapshot | None = None,
+) -> str:
     return json.dumps(
         {
             "format": FORMAT,
@@ -87,6 +101,8 @@ def encode_part(chain: SigningChain, leaves: Iterable[IssuedLeaf], written_at: d
                 ]
                 for leaf in leaves
             ],
+            "slots": slots.section if slots is not None else None,
+            "slots_changed_at": slots.changed_at.isoformat() if slots is not None else None,
         }
     )
 
@@ -108,11 +124,22 @@ def decode_part(text: str) -> WorkerPart:
         IssuedLeaf(identity, serial, datetime.fromisoformat(issued), datetime.fromisoformat(until))
         for identity, serial, issued, until in raw["leaves"]
     ]
-    return WorkerPart(datetime.fromisoformat(raw["written_at"]), chain, leaves)
+    slots = raw.get("slots")
+    if slots is not None and not isinstance(slots, dict):
+        raise ValueError("slots is not an object")
+    changed_at = raw.get("slots_changed_at")
+    return WorkerPart(
+        datetime.fromisoformat(raw["written_at"]),
+        chain,
+        leaves,
+        slots,
+        datetime.fromisoformat(changed_at) if slots is not None and changed_at else None,
+    )
 
 
 class WorkerStatusPublisher:
-    """Keeps `path` holding this worker's part: the current authority and its leaves."""
+    """Keeps `path` holding this worker's part: the current authority, its leaves and (with
+    self-signed slots) the `report` of the slots."""
 
     def __init__(
         self,
@@ -121,25 +148,36 @@ class WorkerStatusPublisher:
         leaves: IssuedLeaves,
         clock: Clock,
         interval: float = PUBLISH_INTERVAL,
+        report: AuthorityReport | None = None,
     ) -> None:
         self._path = path
         self._signer = signer
         self._leaves = leaves
         self._clock = clock
         self._interval = interval
+        self._report = report
         self._published_authority: object = None
         self._published_recorded = -1
+        self._published_slots = 0
         self._published_at = float("-inf")
+
+    def _slots(self) -> ReportSnapshot | None:
+        return self._report.snapshot if self._report is not None else None
 
     def publish(self) -> None:
         """Writes the part now (blocking: file I/O and fsync)."""
-        authority, recorded = self._signer.authority, self._leaves.recorded
-        atomic_write(self._path, encode_part(authority, self._leaves.latest(), self._clock.now()))
+        authority, recorded, slots = self._signer.authority, self._leaves.recorded, self._slots()
+        part = encode_part(authority, self._leaves.latest(), self._clock.now(), slots)
+        atomic_write(self._path, part)
         self._published_authority, self._published_recorded = authority, recorded
+        self._published_slots = slots.version if slots is not None else 0
         self._published_at = self._clock.monotonic()
 
     def due(self) -> bool:
         if self._signer.authority is not self._published_authority:
+            return True
+        slots = self._slots()
+        if slots is not None and slots.version != self._published_slots:
             return True
         return (
             self._leaves.recorded != self._published_recorded
@@ -188,6 +226,14 @@ def merged_document(
         (leaf for part in parts for leaf in part.leaves), key=lambda leaf: leaf.issued_at
     ):
         merged.record(leaf)
-    document = ca_document(newest.chain, merged, started, now)
+    document = ca_document(newest.chain, merged, started, now, _newest_slots(parts))
     document["workers_reporting"] = len(parts)
     return document
+
+
+def _newest_slots(parts: list[WorkerPart]) -> dict[str, Any] | None:
+    """The slots section that changed most recently (see the module docstring)."""
+    with_slots = [p for p in parts if p.slots is not None and p.slots_changed_at is not None]
+    if not with_slots:
+        return None
+    return max(with_slots, key=lambda part: part.slots_changed_at or part.written_at).slots

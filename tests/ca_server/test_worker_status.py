@@ -6,6 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from ca_server.agent_reports import FleetReports
+from ca_server.authority_report import AuthorityReport, status_section
+from ca_server.authority_slots import AuthorityState, Phase
+from ca_server.authority_state import SlotFactory
 from ca_server.issued_leaves import IssuedLeaf, IssuedLeaves
 from ca_server.signer import LocalSigner
 from ca_server.status import ca_document
@@ -139,3 +143,58 @@ def test_the_publisher_writes_at_once_on_a_new_authority_and_at_most_once_per_in
 
     publisher.remove()
     assert not path.exists()
+
+
+def _state(*phases: Phase) -> AuthorityState:
+    factory = SlotFactory(KeySpec(), "cluster.local", timedelta(days=30))
+    return AuthorityState(tuple(factory.new(NOW, phase) for phase in phases))
+
+
+def test_the_publisher_writes_again_when_the_slots_change(tmp_path: Path):
+    clock = FakeClock(NOW)
+    path = tmp_path / "debug-ca-0.json"
+    state = _state(Phase.ACTIVE, Phase.PREPARED)
+    active = state.active.id
+    fleet = FleetReports({"agent-1": None}, frozenset())
+    report = AuthorityReport()
+    report.update(state, {}, fleet, NOW)
+    signer = LocalSigner(state.signing_authority())
+    publisher = WorkerStatusPublisher(path, signer, IssuedLeaves(), clock, report=report)
+    publisher.publish()
+    assert not publisher.due()
+
+    report.update(state, {}, fleet, NOW + timedelta(seconds=1))
+    assert not publisher.due(), "the same section: nothing to write"
+    report.update(state, {active: 3}, fleet, NOW + timedelta(seconds=2))
+    assert publisher.due(), "new figures are published without waiting for a leaf"
+    publisher.publish()
+    part = decode_part(path.read_text())
+    assert part.slots == status_section(state, {active: 3}, fleet)
+    assert part.slots_changed_at == NOW + timedelta(seconds=2)
+    assert part.slots is not None and part.slots["authorities"][0]["live_leaves"] == 3
+
+
+def test_the_merge_shows_the_slots_that_changed_last(tmp_path: Path):
+    """Workers converge on the same slots; the one that saw the latest change wins, whichever
+    wrote its part last (a leaf issued on a lagging worker rewrites its part, not its view)."""
+    before = _state(Phase.ACTIVE)
+    after = AuthorityState((*before.slots, _state(Phase.PREPARED).slots[0]))
+    fleet = FleetReports({}, frozenset())
+    lagging, current = AuthorityReport(), AuthorityReport()
+    lagging.update(before, {}, fleet, NOW - timedelta(seconds=5))
+    current.update(after, {}, fleet, NOW - timedelta(seconds=2))
+    authority = before.signing_authority()
+    parts = [tmp_path / "debug-ca-0.json", tmp_path / "debug-ca-1.json"]
+    parts[0].write_text(encode_part(authority, [], NOW, lagging.snapshot))
+    parts[1].write_text(encode_part(authority, [], NOW - timedelta(seconds=1), current.snapshot))
+    document = merged_document(parts, NOW, NOW)
+    assert document is not None
+    assert [row["state"] for row in document["authorities"]] == ["active", "prepared"]
+    assert document["coverage"] == status_section(after, {}, fleet)["coverage"]
+
+    # A plugged-in CA's workers have no slots: the document says so with nulls.
+    parts[1].write_text(encode_part(authority, [], NOW))
+    parts[0].write_text(encode_part(authority, [], NOW))
+    document = merged_document(parts, NOW, NOW)
+    assert document is not None
+    assert document["authorities"] is None and document["coverage"] is None

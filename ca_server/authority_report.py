@@ -1,0 +1,143 @@
+"""The authority slots as operators see them: one row per slot with its live leaves and coverage.
+
+One builder for every view of the slots, so they cannot drift apart: `meshca authority show`
+and `meshca status --data-dir/--kubeconfig` build the rows from the shared state they read, and
+a running CA builds the same rows for its `/debug/ca` (read by `meshca status ADDRESS`) from the
+state it converged on.
+
+The figures beside the state come from every CA process's published reports
+(`ca_server.leaf_ledger.LedgerSink`): live leaves per authority and the agents' reports. `None`
+for a figure that could not be read is printed as "unknown", never as zero: an API or file
+failure must not look like an empty fleet.
+
+In a running CA, `AuthorityReport` holds the last section its rotator built (each rotator round:
+the converged state plus the figures read then), so a request to `/debug/ca` reads memory only
+and never waits on files or the API server. The rotator writes from a worker thread; readers
+(the monitoring thread, a worker's status publisher) take the current snapshot, which is
+replaced whole, never changed in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ca_server.agent_reports import Coverage, FleetReports, coverage
+from ca_server.authority_slots import AuthorityState, Slot
+
+UNKNOWN = "unknown"
+
+
+def slot_rows(
+    state: AuthorityState, live: dict[str, int] | None, agents: Coverage | None = None
+) -> list[dict[str, Any]]:
+    """One row per slot (active, prepared, then old ones), the same fields for table and JSON."""
+    return [_row(slot, live, agents) for slot in state.ranked()]
+
+
+def _row(slot: Slot, live: dict[str, int] | None, agents: Coverage | None) -> dict[str, Any]:
+    return {
+        "id": slot.id,
+        "state": slot.phase.value,
+        "tainted": slot.tainted,
+        "not_before": slot.not_before.isoformat(),
+        "not_after": slot.not_after.isoformat(),
+        "issuer": slot.cert.issuer.rfc4514_string(),
+        "live_leaves": live.get(slot.id, 0) if live is not None else UNKNOWN,
+        # Agents whose bundle holds this authority, out of every agent that reported.
+        "agents_trusting": agents.trusting.get(slot.id, 0) if agents is not None else UNKNOWN,
+        "agents_reporting": agents.reporting if agents is not None else UNKNOWN,
+    }
+
+
+def fleet_coverage(state: AuthorityState, fleet: FleetReports | None) -> Coverage | None:
+    """Which of the state's authorities the reporting agents trust (`agent_reports.coverage`)."""
+    if fleet is None:
+        return None
+    return coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+
+
+def show_document(
+    state: AuthorityState, live: dict[str, int] | None, agents: Coverage | None
+) -> dict[str, Any]:
+    """What `meshca authority show -o json` prints: the rows and the count of callers that send
+    no report (Istio's agents)."""
+    return {
+        "authorities": slot_rows(state, live, agents),
+        "agents_unknown": agents.unknown if agents is not None else UNKNOWN,
+    }
+
+
+def coverage_summary(state: AuthorityState, agents: Coverage | None) -> dict[str, Any]:
+    """How far each authority has spread over the agents that report, as a fraction, and how
+    much the count leaves out (callers without a report; reports a process could not publish,
+    which make every fraction a lower bound)."""
+    if agents is None:
+        return {
+            "agents_reporting": UNKNOWN,
+            "agents_unknown": UNKNOWN,
+            "reports_left_out": UNKNOWN,
+            "authorities": [],
+        }
+    return {
+        "agents_reporting": agents.reporting,
+        "agents_unknown": agents.unknown,
+        "reports_left_out": agents.dropped,
+        "authorities": [
+            {
+                "id": slot.id,
+                "state": slot.phase.value,
+                "agents_trusting": agents.trusting.get(slot.id, 0),
+                "fraction": (
+                    agents.trusting.get(slot.id, 0) / agents.reporting if agents.reporting else None
+                ),
+            }
+            for slot in state.ranked()
+        ],
+    }
+
+
+def status_section(
+    state: AuthorityState, live: dict[str, int] | None, fleet: FleetReports | None
+) -> dict[str, Any]:
+    """The slots for `meshca status`: `show_document`'s fields plus `coverage_summary`."""
+    agents = fleet_coverage(state, fleet)
+    return {**show_document(state, live, agents), "coverage": coverage_summary(state, agents)}
+
+
+@dataclass(frozen=True)
+class ReportSnapshot:
+    section: dict[str, Any]
+    changed_at: datetime  # when the section last differed from the one before
+    version: int  # bumped at each change, so a publisher knows when to write again
+
+
+class AuthorityReport:
+    """A running CA's latest `status_section` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one writer at a time; readers take `snapshot` unlocked
+        self.snapshot: ReportSnapshot | None = None
+
+    def update(
+        self,
+        state: AuthorityState,
+        live: dict[str, int] | None,
+        fleet: FleetReports | None,
+        now: datetime,
+    ) -> None:
+        section = status_section(state, live, fleet)
+        with self._lock:
+            current = self.snapshot
+            if current is not None and current.section == section:
+                return
+            version = current.version + 1 if current is not None else 1
+            self.snapshot = ReportSnapshot(section, now, version)
+
+
+def report_section(report: AuthorityReport | None) -> dict[str, Any] | None:
+    """The section to show: `None` without slots (a plugged-in CA) or before the first round."""
+    snapshot = report.snapshot if report is not None else None
+    return snapshot.section if snapshot is not None else None
