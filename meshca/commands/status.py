@@ -6,16 +6,23 @@ secret` plus the rotation columns (time left, next rotation, last error), from t
 (`FetchSecrets` for `default` and `ROOTCA`, or `--resource` names) and prints the same rows from
 the certificates themselves; rotation state is not on the SDS wire, so those columns stay empty.
 
-Pointed at a CA's monitoring address it prints the signing chain and roots with their expiry
-(`/debug/ca`), issuance and refusal rates by reason (from `/metrics`, the counters Prometheus
+Pointed at a CA's monitoring address it prints the signing chain and roots with their expiry,
+the authority slots as `meshca authority show` prints them and their coverage (all from
+`/debug/ca`), issuance and refusal rates by reason (from `/metrics`, the counters Prometheus
 scrapes) and the soonest-expiring leaves the CA knows of. Which daemon answers is found by
 asking: an agent answers `/debug/secrets`, a CA `/debug/ca`.
 
 Rates: a single run divides each counter by the CA's uptime; `--watch` redraws in place every
-`--interval` and shows the rate over the last interval instead.
+`--interval` and shows the rate over the last interval instead. The header line says which.
 
-It talks HTTP, JSON and (via `meshca.sds_fetch`) SDS only: it imports neither `agent` nor
-`ca_server`, only their wire formats.
+With `--data-dir D` or `--kubeconfig K [--namespace N]` instead of an address no CA needs to be
+running: it reads the shared state as `meshca authority show` does
+(`meshca.commands.authority_view`) and prints the slots and coverage; rates and leaves live only
+in a running CA's memory, so they are not shown.
+
+The address forms read only the daemons' wire formats: HTTP, JSON and (via `meshca.sds_fetch`)
+SDS; they never import `agent`. The shared-state form reads through `ca_server`'s stores, like
+`meshca authority`; the Kubernetes client is loaded only for `--kubeconfig`.
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from certs import format_duration
+from ca_server.authority_report import status_section
+from ca_server.authority_slots import AuthorityCommandError
+from ca_server.authority_state import SlotFactory
+from ca_server.root_store import CaSetupError
+from certs import DEFAULT_TRUST_DOMAIN, KeySpec, format_duration
+from meshca.commands import authority_view
 from meshca.durations import parse_duration
 
 AGENT_PATH = "/debug/secrets"
@@ -42,6 +54,7 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 SDS_PREFIX = "unix:"
 SDS_DEFAULT_RESOURCES = ("default", "ROOTCA")
 TYPE_NAMES = {"cert_chain": "Cert Chain", "ca": "CA"}
+SHARED_STATE = "ca-state"  # the kind of document read from the shared state, not a CA
 
 
 class StatusError(Exception):
@@ -96,6 +109,29 @@ def fetch(address: str, timeout: float = 5.0, resources: tuple[str, ...] = ()) -
     if status_metrics != 200:
         raise StatusError(f"{base}/metrics answered HTTP {status_metrics}")
     return Snapshot("ca", json.loads(body_ca), parse_counters(metrics.decode()), time.monotonic())
+
+
+def fetch_shared_state(args: argparse.Namespace) -> Snapshot:
+    """The slots and coverage from the shared state (`--data-dir` or `--kubeconfig`)."""
+    name = "meshca status"
+    # Only read: the factory would make a first authority, which reading never does.
+    factory = SlotFactory(KeySpec.parse("ec-p256"), DEFAULT_TRUST_DOMAIN, timedelta(days=1))
+    try:
+        with authority_view.open_target(args, factory, "meshca-status") as target:
+            if not target.exists:
+                raise StatusError(authority_view.no_authorities_message(target))
+            state = target.store.read()
+            section = status_section(
+                state,
+                authority_view.read_live_leaves(target.ledgers, name),
+                authority_view.read_fleet(target.ledgers, name),
+            )
+            source = target.store.description
+    except (AuthorityCommandError, CaSetupError) as exc:
+        raise StatusError(str(exc)) from None
+    now = datetime.now(UTC)
+    document = {"kind": SHARED_STATE, "source": source, "now": now.isoformat(), **section}
+    return Snapshot(SHARED_STATE, document, {}, time.monotonic())
 
 
 def parse_counters(exposition: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -275,9 +311,11 @@ def render_ca(document: dict[str, Any]) -> str:
             ],
         ),
         "",
+        render_slots(document),
+        "",
         f"requests {rates['requests']['total']:.0f} ({rates['requests']['per_second']:.2f}/s), "
         f"issued {rates['issued']['total']:.0f} ({rates['issued']['per_second']:.2f}/s), "
-        f"in flight {rates['in_flight']:.0f}  [rates {rates['over']}]",
+        f"in flight {rates['in_flight']:.0f}  [rates {_rates_over(rates)}]",
     ]
     if rates["refusals"]:
         parts += [
@@ -313,23 +351,62 @@ def render_ca(document: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _rates_over(rates: dict[str, Any]) -> str:
+    if rates["over"] == "since start":
+        return "per second since the CA started; --watch shows the last interval"
+    return f"per second over the last {format_duration(timedelta(seconds=rates['window_seconds']))}"
+
+
+def render_slots(document: dict[str, Any]) -> str:
+    """The authority slots and their coverage, or why a CA has none."""
+    if document.get("authorities") is None:
+        return (
+            "authority slots: none (a plugged-in CA: its authorities are rotated through "
+            "--cacerts-dir, docs/rotate-the-ca.md)"
+        )
+    return "\n".join(
+        [
+            "authorities:",
+            authority_view.render_authorities(document),
+            "",
+            authority_view.render_coverage(document["coverage"]),
+        ]
+    )
+
+
+def render_shared_state(document: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"CA shared state: {document['source']} (read without a running CA: rates and "
+            "leaves are only in a running CA, `meshca status <its monitoring address>`)",
+            "",
+            render_slots(document),
+        ]
+    )
+
+
 # -- command -----------------------------------------------------------------------------------
 
 
 def render(current: Snapshot, previous: Snapshot | None, output: str) -> str:
-    if current.kind == "agent":
+    if current.kind in ("agent", SHARED_STATE):
         document = current.document
-        return json.dumps(document, indent=2) if output == "json" else render_agent(document)
+        if output == "json":
+            return json.dumps(document, indent=2)
+        return render_agent(document) if current.kind == "agent" else render_shared_state(document)
     ca = ca_json(current, previous)
     return json.dumps(ca, indent=2) if output == "json" else render_ca(ca)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
         "address",
+        nargs="?",
         help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020), its SDS socket "
         "(unix:PATH), or a CA's monitoring address (--monitoring-listen, e.g. 127.0.0.1:15014)",
     )
+    authority_view.add_target_arguments(parser, where)
     parser.add_argument(
         "--resource",
         action="append",
@@ -360,7 +437,11 @@ def run(
         while True:
             current: Snapshot | None = None
             try:
-                current = fetch(args.address, resources=tuple(args.resource))
+                current = (
+                    fetch(args.address, resources=tuple(args.resource))
+                    if args.address is not None
+                    else fetch_shared_state(args)
+                )
                 text = render(current, previous, args.output)
             except StatusError as exc:
                 if not args.watch:
@@ -372,10 +453,18 @@ def run(
                 return 0
             stamp = datetime.now().astimezone().strftime("%H:%M:%S")
             every = format_duration(args.interval)
-            out.write(f"{CLEAR_SCREEN}meshca status {args.address} every {every} - {stamp}\n\n")
+            out.write(f"{CLEAR_SCREEN}meshca status {_what(args)} every {every} - {stamp}\n\n")
             out.write(text + "\n")
             out.flush()
             previous = current or previous
             sleep(args.interval.total_seconds())
     except KeyboardInterrupt:
         return 0
+
+
+def _what(args: argparse.Namespace) -> str:
+    if args.address is not None:
+        return str(args.address)
+    if args.data_dir is not None:
+        return f"--data-dir {args.data_dir}"
+    return f"--kubeconfig {args.kubeconfig} --namespace {args.namespace}"

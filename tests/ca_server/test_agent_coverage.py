@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.propagation import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from agent.trust_bundle import bundle_digest
 from ca_server.authority_slots import authority_id
-from certs import SpiffeId, build_csr, generate_private_key, load_certs
+from certs import load_certs
+from tests.support.agent_reports import report_headers, reporting_csr
 from tests.support.authority_cli import data_dir_target, meshca_authority
-from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.processes import wait_for
 
@@ -42,43 +41,22 @@ def test_show_reports_which_authorities_the_agents_trust(tmp_path: Path) -> None
         a = next(r for r in roots if authority_id(r) == by_state["active"])
         b = next(r for r in roots if authority_id(r) == by_state["prepared"])
         both, old_only = bundle_digest([a, b]), bundle_digest([a])
-        token = ca.mint_token("default", "sleep")
-        istio_token = ca.mint_token("default", "istio-style")
-
-        def csr(headers: list[tuple[str, str]], with_token: str = token) -> None:
-            with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
-                identity = SpiffeId("cluster.local", "default", "sleep")
-                if with_token is istio_token:
-                    identity = SpiffeId("cluster.local", "default", "istio-style")
-                create_certificate(
-                    stub,
-                    build_csr(generate_private_key(), identity),
-                    token=with_token,
-                    headers=headers,
-                )
-
         a_id = authority_id(a)
         for n in range(4):  # renewed, holding {A, B}
-            csr(
-                [
-                    (AGENT_ID_HEADER, f"new-{n}"),
-                    (TRUST_BUNDLE_HEADER, both),
-                    (LEAF_AUTHORITY_HEADER, a_id),
-                ]
-            )
+            reporting_csr(ca, report_headers(f"new-{n}", both, a_id))
         for n in range(3):  # held back: still {A}
-            csr([(AGENT_ID_HEADER, f"held-{n}"), (TRUST_BUNDLE_HEADER, old_only)])
+            reporting_csr(ca, report_headers(f"held-{n}", old_only))
         # A malformed digest is ignored, not refused: reporting, trusting nothing.
-        csr([(AGENT_ID_HEADER, "garbled"), (TRUST_BUNDLE_HEADER, "not-a-digest")])
-        csr([], with_token=istio_token)  # Istio's agent: no report at all
-        csr([], with_token=istio_token)  # twice: still one unknown caller
+        reporting_csr(ca, report_headers("garbled", "not-a-digest"))
+        reporting_csr(ca, [], account="istio-style")  # Istio's agent: no report at all
+        reporting_csr(ca, [], account="istio-style")  # twice: still one unknown caller
 
         expected = {a_id: (7, 8), authority_id(b): (4, 8)}
         wait_for(lambda: _fractions(_show(ca.data_dir)) == expected, 20, f"coverage {expected}")
         assert _show(ca.data_dir)["agents_unknown"] == 1
 
         # One held-back agent sees the new root: the same agent counts once, with its latest.
-        csr([(AGENT_ID_HEADER, "held-0"), (TRUST_BUNDLE_HEADER, both)])
+        reporting_csr(ca, report_headers("held-0", both))
         expected = {a_id: (7, 8), authority_id(b): (5, 8)}
         wait_for(lambda: _fractions(_show(ca.data_dir)) == expected, 20, f"coverage {expected}")
 

@@ -18,6 +18,7 @@ from tests.k8s.conftest import CA_NAMESPACE, CaFactory, issue, spiffe
 from tests.support.authority_cli import authority_rows, cluster_target, meshca_authority
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import wait_for
+from tests.support.status_cli import status_json
 
 
 def _coverage(kubeconfig: Path) -> tuple[dict[str, tuple[int, int]], Any]:
@@ -76,3 +77,20 @@ def test_show_merges_the_agent_reports_of_every_replica(
         if "agents.json" in (cm.get("data") or {})
     }
     assert published == {report_name("ca-0"), report_name("ca-1")}
+
+    # `meshca status` shows the same merged view: from the cluster, and from either replica's
+    # monitoring address (each reads every replica's report at every poll).
+    shown = json.loads(
+        meshca_authority(cluster_target(kubeconfig, CA_NAMESPACE), "show", "-o", "json").stdout
+    )
+    from_cluster = status_json(*cluster_target(kubeconfig, CA_NAMESPACE))
+    assert from_cluster["kind"] == "ca-state" and CA_NAMESPACE in from_cluster["source"]
+    assert from_cluster["authorities"] == shown["authorities"]
+    assert from_cluster["coverage"]["agents_reporting"] == 3
+    for ca in replicas:
+        address = f"127.0.0.1:{ca.monitoring_port}"
+
+        def merged(address: str = address) -> bool:
+            return status_json(address)["authorities"] == shown["authorities"]
+
+        wait_for(merged, 10, f"{address}'s /debug/ca to show the merged coverage")

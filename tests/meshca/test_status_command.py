@@ -15,6 +15,7 @@ from meshca.commands.status import (
     ca_rates,
     parse_counters,
     render_agent,
+    render_slots,
     run,
 )
 from tests.support.processes import free_port
@@ -113,3 +114,53 @@ def test_watch_keeps_redrawing_while_nothing_answers() -> None:
     frames = out.getvalue().split(CLEAR_SCREEN)[1:]
     assert len(frames) == 3 and naps == [0.01] * 3
     assert all("cannot reach" in frame and "(retrying)" in frame for frame in frames)
+
+
+def test_a_ca_without_slots_says_why_and_unreadable_figures_show_as_unknown() -> None:
+    plugged = {"authorities": None, "agents_unknown": None, "coverage": None}
+    assert "plugged-in CA" in render_slots(plugged) and "--cacerts-dir" in render_slots(plugged)
+
+    row = {
+        "id": "ab" * 20,
+        "state": "active",
+        "tainted": True,
+        "not_before": "2030-01-01T00:00:00+00:00",
+        "not_after": "2031-01-01T00:00:00+00:00",
+        "issuer": "CN=meshca root",
+        "live_leaves": "unknown",
+        "agents_trusting": "unknown",
+        "agents_reporting": "unknown",
+    }
+    unread = {
+        "authorities": [row],
+        "agents_unknown": "unknown",
+        "coverage": {
+            "agents_reporting": "unknown",
+            "agents_unknown": "unknown",
+            "reports_left_out": "unknown",
+            "authorities": [],
+        },
+    }
+    lines = render_slots(unread).splitlines()
+    assert lines[2].split() == [
+        row["id"], "active", "yes", row["not_before"], row["not_after"], "unknown",
+        "unknown/unknown", "CN=meshca", "root",
+    ]  # fmt: skip
+    assert lines[-1] == "coverage: unknown agents reporting, unknown callers without a report " + (
+        "(not counted)"
+    )
+
+    partial = {
+        **unread,
+        "coverage": {
+            "agents_reporting": 4,
+            "agents_unknown": 0,
+            "reports_left_out": 7,
+            "authorities": [
+                {"id": row["id"], "state": "active", "agents_trusting": 1, "fraction": 0.25}
+            ],
+        },
+    }
+    coverage = render_slots(partial).splitlines()[-2:]
+    assert coverage[0].endswith("7 reports did not fit in the published reports: a lower bound")
+    assert coverage[1].split() == ["active", row["id"], "trusted", "by", "1/4", "(25%)"]
