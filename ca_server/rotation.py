@@ -311,8 +311,9 @@ class AuthorityRotator:
 
     def _refresh_report(self) -> None:
         """Rebuilds `report` from the converged state and every process's published figures
-        (blocking: worker thread). A figure that cannot be read is shown as unknown; the
-        failure is logged once per run of failures, not every round."""
+        (blocking: worker thread). In Kubernetes mode that is two lists of the replica
+        ConfigMaps per round. A figure that cannot be read is shown as unknown; the failure is
+        logged once per run of failures, not every round."""
         if self.signer is None:
             return
         now = self._clock.now()
