@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import tempfile
 import time
@@ -101,16 +100,6 @@ def envoy_rootca_version(envoy: EnvoyProcess) -> str:
     return text.strip('"')
 
 
-def envoy_ca_serials(envoy: EnvoyProcess) -> set[int]:
-    """Serials of the CA certificates Envoy validates peers with (`/certs`, `ca_cert`)."""
-    data = json.loads(envoy.admin("/certs"))
-    return {
-        int(ca["serial_number"], 16)
-        for entry in data.get("certificates", [])
-        for ca in entry.get("ca_cert", [])
-    }
-
-
 def served_rootca(agent: AgentProcess) -> set[bytes]:
     secret = fetch_secrets(agent.sds_socket, ["ROOTCA"])["ROOTCA"]
     return roots_in(secret.validation_context.trusted_ca.inline_bytes)
@@ -152,7 +141,7 @@ def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
         assert envoy.stat("sds.ROOTCA.update_success") >= 2
         assert envoy.stat("sds.ROOTCA.update_rejected") == 0
         # Envoy's /certs shows both CA certificates, and the same leaf as before.
-        assert envoy_ca_serials(envoy) == {c.serial_number for c in load_certs(both_pem)}
+        assert envoy.ca_serials() == {c.serial_number for c in load_certs(both_pem)}
         assert envoy.cert_serials() == [serial]
         files = agent.output_dir / "root-cert.pem"
         wait_for(lambda: roots_in(files.read_bytes()) == both, 5, "root-cert.pem with both")

@@ -6,70 +6,33 @@ and the CA keeps serving; the refused step is taken once it becomes safe."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from cryptography import x509
-
 from ca_server.authority_slots import authority_id
 from certs import (
-    PrivateKey,
     SpiffeId,
     build_csr,
-    build_intermediate_certificate,
-    build_root_certificate,
-    cert_to_pem,
-    certs_to_pem,
     generate_private_key,
     load_cert,
     load_certs,
-    private_key_to_pem,
     verify_chain,
 )
-from meshca.files import atomic_write
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
+from tests.support.pki import TestCa
 from tests.support.processes import wait_for
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 NOW = datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class Ca:
-    cert: x509.Certificate
-    key: PrivateKey
+def root() -> TestCa:
+    return TestCa(NOW, lifetime=timedelta(days=30))
 
 
-def root(name: str) -> Ca:
-    key = generate_private_key()
-    cert = build_root_certificate(
-        key, "cluster.local", now=NOW, lifetime=timedelta(days=30), common_name=name
-    )
-    return Ca(cert, key)
-
-
-def intermediate(parent: Ca) -> Ca:
-    key = generate_private_key()
-    cert = build_intermediate_certificate(
-        key.public_key(),
-        parent.cert,
-        parent.key,
-        "cluster.local",
-        now=NOW,
-        lifetime=timedelta(days=7),
-    )
-    return Ca(cert, key)
-
-
-def plug(directory: Path, signer: Ca, anchor: Ca, roots: list[Ca]) -> None:
-    """Istio's cacerts layout; the root bundle last so a reader sees a consistent set soonest."""
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / "ca-key.pem", private_key_to_pem(signer.key), mode=0o600)
-    atomic_write(directory / "ca-cert.pem", cert_to_pem(signer.cert))
-    atomic_write(directory / "cert-chain.pem", certs_to_pem([signer.cert, anchor.cert]))
-    atomic_write(directory / "root-cert.pem", certs_to_pem([r.cert for r in roots]))
+def intermediate(parent: TestCa) -> TestCa:
+    return parent.child_ca(lifetime=timedelta(days=7))
 
 
 def issue(ca: CaProcess, ttl_seconds: int = 3) -> list[str]:
@@ -85,7 +48,7 @@ def published(ca: CaProcess) -> set[str]:
     return {authority_id(c) for c in load_certs(ca.root_cert_path.read_bytes())}
 
 
-def signed_by(ca: CaProcess, wanted: Ca) -> bool:
+def signed_by(ca: CaProcess, wanted: TestCa) -> bool:
     chain = issue(ca)
     verify_chain(
         [load_cert(c.encode()) for c in chain[:-1]],
@@ -96,10 +59,10 @@ def signed_by(ca: CaProcess, wanted: Ca) -> bool:
 
 
 def test_root_change_in_steps_refuses_what_would_strand_workloads(tmp_path: Path):
-    a, b = root("root A"), root("root B")
+    a, b = root(), root()
     ia, ia2, ib = intermediate(a), intermediate(a), intermediate(b)
     cacerts = tmp_path / "cacerts"
-    plug(cacerts, ia, a, [a])
+    ia.write_cacerts(cacerts, [a])
     ca = CaProcess(
         tmp_path / "data", "--cacerts-dir", str(cacerts), "--ca-reload-interval", "200ms"
     )
@@ -109,11 +72,11 @@ def test_root_change_in_steps_refuses_what_would_strand_workloads(tmp_path: Path
         assert signed_by(ca, ia)
 
         # A new intermediate under the same root: a hot swap.
-        plug(cacerts, ia2, a, [a])
+        ia2.write_cacerts(cacerts, [a])
         wait_for(lambda: signed_by(ca, ia2), 10, "the new intermediate to sign")
 
         # Jumping straight to B (not yet in anyone's bundle) is refused; A keeps signing.
-        plug(cacerts, ib, b, [b])
+        ib.write_cacerts(cacerts, [b])
         wait_for(
             lambda: "does not chain to a root workloads already have" in ca.log(), 10, "refusal"
         )
@@ -121,16 +84,16 @@ def test_root_change_in_steps_refuses_what_would_strand_workloads(tmp_path: Path
         assert signed_by(ca, ia2) and published(ca) == {authority_id(a.cert)}
 
         # Step 1: both roots in the bundle, still signing under A.
-        plug(cacerts, ia2, a, [a, b])
+        ia2.write_cacerts(cacerts, [a, b])
         wait_for(lambda: published(ca) == {authority_id(a.cert), authority_id(b.cert)}, 10, "A+B")
         live_under_a = load_cert(issue(ca, ttl_seconds=6)[0].encode())
 
         # Step 2: signing under B, bundle still A+B.
-        plug(cacerts, ib, b, [a, b])
+        ib.write_cacerts(cacerts, [a, b])
         wait_for(lambda: signed_by(ca, ib), 10, "signing under B")
 
         # Step 3 too early: A still anchors a live leaf; refused, the CA keeps serving.
-        plug(cacerts, ib, b, [b])
+        ib.write_cacerts(cacerts, [b])
         wait_for(lambda: "unexpired leaves signed under it" in ca.log(), 10, "refusal")
         assert published(ca) == {authority_id(a.cert), authority_id(b.cert)}
         assert signed_by(ca, ib)

@@ -11,24 +11,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
-from tests.support.envoy import (
-    EnvoyPair,
-    HttpResult,
-    envoy_binary,
-    http_get,
-    start_client_envoy,
-    start_envoy_pair,
-)
+from tests.support.envoy import HttpResult, envoy_binary, http_get, start_client_envoy
+from tests.support.mesh import CLIENT_ID, SERVER_ID, Mesh, start_mesh
 from tests.support.processes import wait_for
+from tests.support.traffic import Traffic
 
 pytestmark = [
     pytest.mark.envoy,
@@ -37,47 +29,19 @@ pytestmark = [
 
 # Rotation at ~half the lifetime: a new certificate every ~4 s per agent.
 SECRET_TTL = "8s"
-CLIENT_ID = "spiffe://cluster.local/ns/default/sa/client"
-SERVER_ID = "spiffe://cluster.local/ns/default/sa/server"
-
-
-@dataclass
-class Mesh:
-    workdir: Path
-    ca: CaProcess
-    client: AgentProcess
-    server: AgentProcess
-    envoys: EnvoyPair
 
 
 @pytest.fixture(scope="module")
 def mesh(request: pytest.FixtureRequest) -> Mesh:
-    """CA, two agents, two Envoys; each process's stop is registered before it starts, so a
-    failure half-way still stops everything started (finalizers run in reverse order)."""
+    """CA, two agents, two Envoys (`tests.support.mesh`); each process's stop is registered
+    before it starts, so a failure half-way still stops everything started."""
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="mesh-"))
     if not os.environ.get("MESHCA_KEEP_TEST_DIRS"):
         request.addfinalizer(lambda: shutil.rmtree(workdir, ignore_errors=True))
     ca = CaProcess(workdir / "ca")
     request.addfinalizer(ca.stop)
     ca.start()
-    client = AgentProcess(workdir, ca, "client", secret_ttl=SECRET_TTL)
-    server = AgentProcess(workdir, ca, "server", secret_ttl=SECRET_TTL)
-    for agent in (client, server):
-        request.addfinalizer(agent.stop)
-        agent.launch()
-    for agent in (client, server):
-        agent.wait_ready()
-    assert (client.identity, server.identity) == (CLIENT_ID, SERVER_ID)
-    envoys = start_envoy_pair(
-        workdir,
-        client_sds_socket=client.sds_socket,
-        server_sds_socket=server.sds_socket,
-        client_identity=CLIENT_ID,
-        server_identity=SERVER_ID,
-    )
-    request.addfinalizer(envoys.stop)
-    wait_for(lambda: http_get(envoys.url).ok, 10, "a first request through mTLS")
-    return Mesh(workdir, ca, client, server, envoys)
+    return start_mesh(workdir, ca, request.addfinalizer, secret_ttl=SECRET_TTL)
 
 
 def header_serial(result: HttpResult) -> int | None:
@@ -107,43 +71,6 @@ def test_requests_pass_with_the_pinned_identities(mesh: Mesh) -> None:
         5,
         "each Envoy to hold the certificate its agent wrote to files",
     )
-
-
-class Traffic:
-    """Requests sent back to back on a thread until stopped, or until `max_requests` or
-    `max_seconds` is reached; every result is kept."""
-
-    def __init__(self, url: str, *, max_requests: int = 20_000, max_seconds: float = 40) -> None:
-        self.url = url
-        self.max_requests = max_requests
-        self.max_seconds = max_seconds
-        self.results: list[HttpResult] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + self.max_seconds
-        while (
-            not self._stop.is_set()
-            and len(self.results) < self.max_requests
-            and time.monotonic() < deadline
-        ):
-            self.results.append(http_get(self.url))
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def failures(self) -> list[HttpResult]:
-        return [result for result in self.results if not result.ok]
 
 
 @pytest.mark.timeout(120)

@@ -367,6 +367,15 @@ class EnvoyProcess:
                 serials.append(int(cert["serial_number"], 16))
         return serials
 
+    def ca_serials(self) -> set[int]:
+        """Serials of the CA certificates Envoy validates peers with (`/certs`, `ca_cert`)."""
+        data = json.loads(self.admin("/certs"))
+        return {
+            int(ca["serial_number"], 16)
+            for entry in data.get("certificates", [])
+            for ca in entry.get("ca_cert", [])
+        }
+
 
 def _launch(
     name: str,

@@ -37,6 +37,7 @@ from certs import (
     private_key_to_pem,
     public_key_of,
 )
+from meshca.files import atomic_write
 
 SERVING_HOSTS = ("localhost", "127.0.0.1", "istiod.istio-system.svc")
 
@@ -107,6 +108,17 @@ class TestCa:
 
     def root_secret(self, name: str = ROOT_RESOURCE) -> RootSecret:
         return RootSecret(name=name, trusted_ca_pem=self.root_pem)
+
+    def write_cacerts(self, directory: Path, roots: list[TestCa]) -> None:
+        """Plugs this CA into a `--cacerts-dir` (Istio's layout: `ca-key.pem`, `ca-cert.pem`,
+        `cert-chain.pem` up to the root) with `roots`' certificates as `root-cert.pem`. Each file
+        is replaced atomically, the bundle last, so a reader sees a consistent set soonest."""
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(directory / "ca-key.pem", private_key_to_pem(self.key), mode=0o600)
+        atomic_write(directory / "ca-cert.pem", cert_to_pem(self.cert))
+        chain = [self.cert, *self.intermediates[1:], self.root] if self.parent else [self.cert]
+        atomic_write(directory / "cert-chain.pem", certs_to_pem(chain))
+        atomic_write(directory / "root-cert.pem", certs_to_pem([r.root for r in roots]))
 
     # -- verbs -------------------------------------------------------------------------------
 
