@@ -364,6 +364,8 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
         watch.sample()
         operator("prepare")
         new = next(i for i, row in rows().items() if row["state"] == "prepared")
+        # The command changes the shared state; the CA publishes it within a poll.
+        watch.until(lambda: published(ca) == {old, new}, 5, "the CA to publish old + new")
         new_serial = serials_of(ca.root_cert_path)[new]
         watch.until(
             lambda: all(cas[-1] == {old_serial, new_serial} for cas in watch.envoy_cas.values()),
