@@ -168,7 +168,12 @@ def assert_no_remint(mesh: Mesh, since: datetime | None = None) -> dict[str, Csr
 def test_self_signed_root_rotates_by_itself_under_traffic_with_no_failed_request(
     workdir: Path, request: pytest.FixtureRequest
 ) -> None:
-    # A one-minute root: prepared at 30 s, active at 50 s, the first one dropped at ~60 s.
+    """A one-minute self-signed root, `--root-rotation` (the default): nobody acts. The CA
+    prepares at 30 s (agents learn A+B from `root-cert.pem` and push it to Envoy's ROOTCA),
+    activates at 50 s (its serving certificate and new leaves chain to B, which every agent
+    already trusts) and drops A at ~60 s (every leaf under A has expired: leaves are capped at
+    10 s). Not one request fails, no process restarts, the Envoys end up validating peers
+    without A, and no agent sent a CSR that its leaf's age did not call for."""
     ca = CaProcess(workdir / "ca", "--root-ttl", "60s", "--ca-reload-interval", "1s")
     request.addfinalizer(ca.stop)
     ca.start()
