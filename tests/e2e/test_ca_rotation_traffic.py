@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
 
+from agent.propagation import leaf_authority as authority_of
 from ca_server.authority_slots import authority_id
-from certs import load_cert, load_certs
+from certs import load_certs
 from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
@@ -77,13 +77,10 @@ def serials_of(path: Path) -> dict[str, int]:
     return {authority_id(c): c.serial_number for c in load_certs(path.read_bytes())}
 
 
-def leaf_authority(agent: AgentProcess) -> str:
-    """The authority (Authority Key ID) of the leaf in the agent's current output files."""
-    generation = Path(os.path.realpath(agent.output_dir / "..data"))
-    leaf = load_cert((generation / "cert-chain.pem").read_bytes())
-    aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
-    assert aki.key_identifier is not None
-    return aki.key_identifier.hex()
+def leaf_authority(agent: AgentProcess) -> str | None:
+    """The authority that signed the leaf in the agent's current output files."""
+    leaf = agent.file_leaf()
+    return None if leaf is None else authority_of(leaf)
 
 
 def phases(ca: CaProcess) -> dict[str, str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cryptography import x509
+
 from certs import load_cert
 from tests.support.ca_process import CaProcess
 from tests.support.processes import MeshcaProcess, free_port, http_status, http_text, wait_for
@@ -87,10 +89,15 @@ class AgentProcess(MeshcaProcess):
     def metrics(self) -> str:
         return http_text(f"{self.status_url}/metrics")
 
-    def file_serial(self) -> int | None:
-        """Serial of the leaf in the output dir's current generation (None before the first)."""
+    def file_leaf(self) -> x509.Certificate | None:
+        """The leaf in the output dir's current generation (None before the first)."""
         try:
             generation = Path(os.path.realpath(self.output_dir / "..data"))
-            return int(load_cert((generation / "cert-chain.pem").read_bytes()).serial_number)
+            return load_cert((generation / "cert-chain.pem").read_bytes())
         except (FileNotFoundError, ValueError):
             return None  # not written yet, or that generation was just retired
+
+    def file_serial(self) -> int | None:
+        """Serial of the leaf in the output dir's current generation (None before the first)."""
+        leaf = self.file_leaf()
+        return None if leaf is None else int(leaf.serial_number)
