@@ -103,6 +103,11 @@ def run(workdir: Path, agents: int, root_ttl: int, leaf_ttl: int) -> None:
         changes = [
             e for e in audit_events(rotating, BUNDLE_EVENTS) if str(e["ts"]) >= since.isoformat()
         ]
+        if not changes or changes[0]["msg"] != "authority-prepared":
+            raise SystemExit(
+                "the agents were ready only after the rotation had begun: the count would miss "
+                "part of the cycle; run with a longer --root-ttl"
+            )
         seconds = (until - since).total_seconds()
         print(
             f"\nrotation_csrs: {agents} agents per CA, leaves {leaf_ttl} s, root {root_ttl} s; "
