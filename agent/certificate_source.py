@@ -146,7 +146,13 @@ def certificate_source_for(
     root_file: RootFileWatch | None = None
     if config.ca_root_ca is not None:  # with the OS roots (SYSTEM) the CA's TLS is not ours
         trust_bundle.add_trust_listener(ca_client.trust)
-        root_file = RootFileWatch(config.ca_root_ca, trust_bundle, clock, metrics)
+        root_file = RootFileWatch(
+            config.ca_root_ca,
+            trust_bundle,
+            clock,
+            metrics,
+            interval=config.root_file_poll_interval.total_seconds(),
+        )
     scheduler = CertificateScheduler.from_config(
         config,
         ca_client,

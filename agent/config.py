@@ -71,6 +71,8 @@ class AgentConfig:
     status_host: str = "127.0.0.1"
     status_port: int = 15020
     ca_request_timeout: timedelta = timedelta(seconds=10)
+    # How often the root file (ca_root_ca) is stat'ed for a new trust bundle (agent.polled_file).
+    root_file_poll_interval: timedelta = timedelta(seconds=1)
     log_level: str = "INFO"
     # Node mode (ztunnel's pattern): one agent, one certificate per identity on its node.
     node_mode: bool = False
@@ -104,6 +106,8 @@ class AgentConfig:
             raise ConfigError("SECRET_TTL must be positive, e.g. 24h")
         if self.ca_request_timeout <= timedelta(0):
             raise ConfigError("--ca-request-timeout must be positive")
+        if self.root_file_poll_interval <= timedelta(0):
+            raise ConfigError("--root-file-poll-interval must be positive, e.g. 1s")
         if self.max_concurrent_fetches < 1:
             raise ConfigError("--max-concurrent-fetches must be at least 1")
         if self.node_mode:
@@ -200,6 +204,10 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--status-listen", help=f"status/metrics HTTP address [{DEFAULT_STATUS_LISTEN}]")
     add("--ca-request-timeout", help="deadline for one CA call [10s]")
+    add(
+        "--root-file-poll-interval",
+        help="how often the --ca-root file is checked for a new trust bundle [1s]",
+    )
     add("--log-level", help="DEBUG, INFO, WARNING, ERROR [INFO]")
     node = parser.add_argument_group("node mode (one agent per node, ztunnel's pattern)")
     node.add_argument(
@@ -288,6 +296,7 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         status_host=host,
         status_port=port,
         ca_request_timeout=duration("ca_request_timeout", None, "10s"),
+        root_file_poll_interval=duration("root_file_poll_interval", None, "1s"),
         log_level=(pick("log_level", None, "INFO") or "INFO").upper(),
         node_mode=bool(getattr(args, "node_mode", None)),
         node_name=pick("node_name", "NODE_NAME", None),

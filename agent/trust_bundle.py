@@ -10,8 +10,9 @@ set), and the CA client's TLS trust for its own connection to the CA. No CSR is 
 Sources (`SOURCE_*`, the `source` label of the metrics):
 
 - `root-file`: the root file the agent already reads (`--ca-root` / `CA_ROOT_CA`; in Kubernetes
-  the `istio-ca-root-cert` ConfigMap mount), watched by `RootFileWatch` (the directory is
-  watched, so the kubelet's `..data` symlink swap, in-place rewrites and renames are all seen);
+  the `istio-ca-root-cert` ConfigMap mount), followed by `RootFileWatch` (`agent.polled_file`:
+  a `stat` each second that sees the kubelet's `..data` symlink swap, in-place rewrites and
+  renames; a file that cannot be read counts as refused);
 - `ca-response`: the root bundle at the end of every CA answer (`agent.scheduler` hands it in);
 - `restored`: the bundle in a previous run's output files, at start-up; it is served only when
   no other source has delivered one (it may be older than the root file).
@@ -38,14 +39,12 @@ The bundle digest (`bundle_digest`) is canonical: SHA-256 over the sorted SHA-25
 the roots' DER encodings, so order and PEM formatting do not matter. It is what the agent
 reports to the CA (`agent.propagation`) and what the metrics show.
 
-Concurrency: everything runs on the agent's event loop; `RootFileWatch` gets file events from
-watchdog's thread through `agent.file_mounted.FileWatcher`, which hops onto the loop.
+Concurrency: everything runs on the agent's event loop; `RootFileWatch`'s `stat`s and reads run
+in a worker thread (`agent.polled_file`) and hand their results back to the loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -55,8 +54,8 @@ from pathlib import Path
 from cryptography import x509
 
 from agent.errors import TrustBundleRefused
-from agent.file_mounted import FileResource, FileWatcher
 from agent.metrics import AgentMetrics, CounterChild
+from agent.polled_file import DEFAULT_POLL_INTERVAL, PolledFile
 from agent.secrets import ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
 from certs import CertsError, certs_to_pem, is_ca, load_certs, verify_chain
 from certs.bundle import bundle_digest, root_fingerprint
@@ -70,8 +69,6 @@ SOURCE_RESTORED = "restored"
 SOURCES = (SOURCE_ROOT_FILE, SOURCE_CA_RESPONSE, SOURCE_RESTORED)
 
 ANCHOR_MEMO_LIMIT = 65536
-ROOT_FILE_RESOURCE = "trust-bundle:root-file"
-"""The name under which `RootFileWatch` keeps the root file in its private cache."""
 
 
 @dataclass(frozen=True)
@@ -287,22 +284,9 @@ class TrustBundleKeeper:
         return anchor
 
 
-class _RefusedAsFileFailures:
-    """Lets `FileWatcher` count a root file it cannot read under the bundle's refused counter."""
-
-    def __init__(self, refused: CounterChild) -> None:
-        self._refused = refused
-
-    @property
-    def file_reload_failures(self) -> _RefusedAsFileFailures:
-        return self
-
-    def labels(self, *_: object, **__: object) -> CounterChild:
-        return self._refused
-
-
 class RootFileWatch:
-    """Feeds the root file to the keeper: at start, and on every change of its directory."""
+    """Feeds the root file to the keeper: at start, and on every change (`agent.polled_file`:
+    a `stat` every `interval` seconds, no watchdog in a pod agent)."""
 
     def __init__(
         self,
@@ -310,36 +294,35 @@ class RootFileWatch:
         keeper: TrustBundleKeeper,
         clock: Clock,
         metrics: AgentMetrics | None = None,
+        *,
+        interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
-        refused = (
-            _RefusedAsFileFailures(metrics.trust_bundle_refused.labels(source=SOURCE_ROOT_FILE))
+        self.path = path
+        self._keeper = keeper
+        self._refused = (
+            metrics.trust_bundle_refused.labels(source=SOURCE_ROOT_FILE)
             if metrics is not None
             else None
         )
-        self.path = path
-        self._keeper = keeper
-        self._watcher = FileWatcher(clock=clock, metrics=refused)
-        self._files = SecretCache()
-        self._task: asyncio.Task[None] | None = None
+        self._file = PolledFile(
+            path, clock, on_change=self._changed, on_error=self._unreadable, interval=interval
+        )
 
     async def start(self) -> None:
         """Learns the file's bundle before returning (so it precedes any CA answer or restored
         file), then follows its changes."""
-        await self._watcher.add(FileResource(ROOT_FILE_RESOURCE, (self.path,)), self._files)
-        current = self._files.get(ROOT_FILE_RESOURCE)
-        if isinstance(current, RootSecret):
-            await self._keeper.learn(current.trusted_ca_pem, SOURCE_ROOT_FILE)
-        self._task = asyncio.create_task(self._follow(), name="root-file")
+        await self._file.start()
 
-    async def _follow(self) -> None:
-        async for secret in self._files.updates(ROOT_FILE_RESOURCE):
-            assert isinstance(secret, RootSecret)
-            await self._keeper.learn(secret.trusted_ca_pem, SOURCE_ROOT_FILE)
+    async def _changed(self, data: bytes) -> None:
+        await self._keeper.learn(data, SOURCE_ROOT_FILE)
+
+    def _unreadable(self, reason: str) -> None:
+        """A root file that cannot be read changes nothing served; it is counted as a refused
+        bundle from the root file."""
+        if self._refused is not None:
+            self._refused.inc()
+        kept = "keeping the served bundle" if self._keeper.served else "no bundle served yet"
+        log.warning("refusing the root-file trust bundle: %s; %s", reason, kept)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self._watcher.stop()
+        await self._file.stop()

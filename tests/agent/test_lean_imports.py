@@ -9,9 +9,14 @@ interpreter, since this test process has long imported all of them.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
 
+from tests.support.pki import TestCa
 from tests.support.processes import child_env
 
 # Top-level packages a pod agent must not load, and node mode's identity sources (the road by
@@ -60,3 +65,36 @@ def test_the_probe_sees_what_file_watching_loads() -> None:
         "asyncio.run(main())"
     )
     assert {name.split(".")[0] for name in loaded_after(code)} == {"watchdog"}
+
+
+def test_a_running_sidecar_agent_loads_no_watchdog() -> None:
+    """A whole pod agent started and stopped (its root file followed, SDS served, the CA asked
+    for a certificate) in a fresh interpreter: the root file is polled, not watched through
+    watchdog, and nothing for node mode or the CA is loaded on the way."""
+    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="li-"))
+    try:
+        (directory / "root-cert.pem").write_text(TestCa(datetime.now(UTC)).root_pem)
+        (directory / "token").write_text("token")
+        code = (
+            "import asyncio\n"
+            "from pathlib import Path\n"
+            "from agent.config import AgentConfig\n"
+            "from agent.main import Agent\n"
+            "from meshca.clock import SystemClock\n"
+            f"directory = Path({str(directory)!r})\n"
+            "config = AgentConfig(\n"
+            "    ca_addr='127.0.0.1:1', ca_root_ca=directory / 'root-cert.pem',\n"
+            "    namespace='default', service_account='app', token_path=directory / 'token',\n"
+            "    sds_socket=directory / 'sds.sock', status_port=0,\n"
+            ")\n"
+            "async def main():\n"
+            "    agent = Agent(config, clock=SystemClock())\n"
+            "    await agent.start()\n"
+            "    assert agent.certificates.trust_bundle.served is not None  # the root file, read\n"
+            "    await asyncio.sleep(0.3)\n"
+            "    await agent.stop()\n"
+            "asyncio.run(main())"
+        )
+        assert loaded_after(code) == set()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

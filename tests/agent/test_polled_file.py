@@ -1,0 +1,166 @@
+"""`agent.polled_file`: one file followed by `stat` polling sees each way a file is updated.
+
+Real files in a short temporary directory, the real clock with short intervals. The three update
+styles are the kubelet's (`..data` symlink swap), an in-place rewrite (same size, so only the
+timestamps and ctime differ) and a rename over the file; a `touch` and an unreadable file are
+the cases that must not be reported as new content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.polled_file import FileSignature, PolledFile
+from meshca.clock import SystemClock
+from tests.agent.test_trust_bundle_distribution import kubelet_update
+from tests.agent.wiring import until
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="pf-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Follower:
+    """Records what a `PolledFile` hands over."""
+
+    def __init__(self) -> None:
+        self.contents: list[bytes] = []
+        self.errors: list[str] = []
+
+    async def changed(self, data: bytes) -> None:
+        self.contents.append(data)
+
+    def failed(self, reason: str) -> None:
+        self.errors.append(reason)
+
+
+def follow(path: Path, scenario: Callable[[PolledFile, Follower], Awaitable[None]]) -> Follower:
+    """Runs `scenario` while `path` is followed (polled every 20 ms, settling for 10 ms)."""
+    follower = Follower()
+
+    async def main() -> None:
+        polled = PolledFile(
+            path,
+            SystemClock(),
+            on_change=follower.changed,
+            on_error=follower.failed,
+            interval=0.02,
+            settle=0.01,
+        )
+        await polled.start()
+        try:
+            await scenario(polled, follower)
+        finally:
+            await polled.stop()
+
+    asyncio.run(main())
+    return follower
+
+
+def test_the_kubelet_symlink_swap_is_seen(workdir: Path) -> None:
+    mount = workdir / "mount"
+    kubelet_update(mount, "root-cert.pem", "first\n")
+
+    async def scenario(_: PolledFile, follower: Follower) -> None:
+        assert follower.contents == [b"first\n"]  # read before start() returned
+        kubelet_update(mount, "root-cert.pem", "second\n")  # same size, another generation
+        await until(lambda: len(follower.contents) == 2, timeout=5)
+
+    follower = follow(mount / "root-cert.pem", scenario)
+    assert follower.contents == [b"first\n", b"second\n"]
+    assert follower.errors == []
+
+
+def test_an_in_place_rewrite_of_the_same_size_is_seen(workdir: Path) -> None:
+    path = workdir / "root-cert.pem"
+    path.write_bytes(b"A" * 64)
+    inode = path.stat().st_ino
+
+    async def scenario(_: PolledFile, follower: Follower) -> None:
+        with path.open("r+b") as file:  # the same inode, the same size
+            file.write(b"B" * 64)
+        assert path.stat().st_ino == inode
+        await until(lambda: len(follower.contents) == 2, timeout=5)
+
+    follower = follow(path, scenario)
+    assert follower.contents == [b"A" * 64, b"B" * 64]
+
+
+def test_a_rename_over_the_file_is_seen(workdir: Path) -> None:
+    path = workdir / "root-cert.pem"
+    path.write_bytes(b"old")
+
+    async def scenario(_: PolledFile, follower: Follower) -> None:
+        (workdir / "root-cert.pem.new").write_bytes(b"new")
+        os.replace(workdir / "root-cert.pem.new", path)
+        await until(lambda: len(follower.contents) == 2, timeout=5)
+
+    follower = follow(path, scenario)
+    assert follower.contents == [b"old", b"new"]
+
+
+def test_a_touch_is_read_but_the_same_content_is_not_handed_over_again(workdir: Path) -> None:
+    path = workdir / "root-cert.pem"
+    path.write_bytes(b"same")
+
+    async def scenario(polled: PolledFile, follower: Follower) -> None:
+        os.utime(path, ns=(1, 1))
+        await until(lambda: polled.reads == 2, timeout=5)
+        await asyncio.sleep(0.1)
+
+    follower = follow(path, scenario)
+    assert follower.contents == [b"same"]
+
+
+def test_a_missing_file_is_an_error_once_and_is_read_when_it_appears(workdir: Path) -> None:
+    path = workdir / "root-cert.pem"
+
+    async def scenario(_: PolledFile, follower: Follower) -> None:
+        await asyncio.sleep(0.1)  # several polls of the missing file
+        assert follower.errors == [f"{path} does not exist"]
+        path.write_bytes(b"here now")
+        await until(lambda: follower.contents == [b"here now"], timeout=5)
+        path.unlink()
+        await until(lambda: len(follower.errors) == 2, timeout=5)
+
+    follower = follow(path, scenario)
+    assert follower.errors == [f"{path} does not exist"] * 2
+
+
+def test_a_fifo_is_refused_without_blocking(workdir: Path) -> None:
+    path = workdir / "root-cert.pem"
+    os.mkfifo(path)
+    follower = follow(path, lambda *_: asyncio.sleep(0.05))
+    assert follower.contents == []
+    assert len(follower.errors) == 1 and "not a regular file (a FIFO)" in follower.errors[0]
+
+
+def test_the_signature_follows_symlinks_and_names_the_target(workdir: Path) -> None:
+    (workdir / "a").write_bytes(b"x")
+    (workdir / "b").write_bytes(b"x")
+    os.symlink("a", workdir / "link")
+    first = FileSignature.of(workdir / "link")
+    os.symlink("b", workdir / "link.tmp")
+    os.replace(workdir / "link.tmp", workdir / "link")
+    second = FileSignature.of(workdir / "link")
+    assert first is not None and second is not None
+    assert (first.target, second.target) == (str(workdir / "a"), str(workdir / "b"))
+    assert first != second
+    assert FileSignature.of(workdir / "missing") is None
+
+
+def test_intervals_must_be_positive(workdir: Path) -> None:
+    async def noop(_: bytes) -> None: ...
+
+    with pytest.raises(ValueError, match="must be positive"):
+        PolledFile(workdir / "x", SystemClock(), on_change=noop, on_error=print, interval=0)
