@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-import jwt
-
 from agent.errors import TokenClaimsError, TokenError, TokenFileEmpty, TokenFileMissing
 from certs import SpiffeId, SpiffeIdError
 from meshca.accounts import account_from_username
@@ -74,7 +72,13 @@ def identity_from_token(token: str, trust_domain: str) -> SpiffeId:
 
     Looks at the `kubernetes.io` claim first (`namespace`, `serviceaccount.name`), then at
     `sub` = `system:serviceaccount:NS:SA`.
+
+    pyjwt is imported here, not at the top: a sidecar told its identity (POD_NAMESPACE and
+    SERVICE_ACCOUNT, as injected sidecars are) never reads the claims, and pyjwt brings
+    `urllib.request` and its JWKS client with it (about 2 MiB in every pod).
     """
+    import jwt
+
     try:
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError as exc:

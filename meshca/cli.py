@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, NoReturn
 
 # name -> (module, one-line help); the help is here so `meshca --help` imports no command.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -44,17 +44,31 @@ def _load(name: str) -> ModuleType:
 def installed_version() -> str:
     """The version of the installed distribution: what a bug report needs. A source tree run
     without installing has no distribution metadata, and says so rather than guessing."""
+    import importlib.metadata  # only for --version: it scans sys.path for distributions
+
     try:
         return importlib.metadata.version("meshca")
     except importlib.metadata.PackageNotFoundError:
         return "(not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, looking the version up only when asked (argparse's own `version` action
+    needs the string up front, and every `meshca agent` would pay for the lookup)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(f"{parser.prog} {installed_version()}")  # to stdout, as argparse's own does
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or (`only`) one whose other subcommands have no flags loaded (`""`:
     none, enough for `meshca --help` and `--version`)."""
     parser = argparse.ArgumentParser(prog="meshca", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (_, summary) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=summary)

@@ -2,8 +2,10 @@
 
 Every module an agent imports costs start-up time and resident memory in every pod. The sidecar
 needs gRPC, the certificate library, SDS and its metrics; it must not pay for the Kubernetes
-client (node mode only), watchdog (only when files are watched) or the CA. Checked in a fresh
-interpreter, since this test process has long imported all of them.
+client (node mode only), watchdog (only when files are watched on demand: the root file is
+polled), pyjwt (only when the identity must be read from the token), the distribution metadata
+(only for `--version`) or the CA. Checked in a fresh interpreter, since this test process has
+long imported all of them.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pathlib import Path
 from tests.support.pki import TestCa
 from tests.support.processes import child_env
 
-# Top-level packages a pod agent must not load, and node mode's identity sources (the road by
-# which the Kubernetes client would come back in).
-_HEAVY = ("kubernetes", "watchdog", "ca_server", "yaml")
+# Top-level packages a pod agent must not load (pyjwt: only to read an unconfigured identity
+# from the token), node mode's identity sources (the road by which the Kubernetes client would
+# come back in), and the distribution metadata (only `meshca --version` needs it).
+_HEAVY = ("kubernetes", "watchdog", "ca_server", "yaml", "jwt")
 _NODE_MODE = ("agent.node_identities", "meshca.informer")
+_UNNEEDED = ("importlib.metadata",)
 
 
 def loaded_after(code: str) -> set[str]:
@@ -33,7 +37,11 @@ def loaded_after(code: str) -> set[str]:
     )
     assert result.returncode == 0, result.stderr
     modules = json.loads(result.stdout.splitlines()[-1])
-    return {name for name in modules if name.split(".")[0] in _HEAVY or name in _NODE_MODE}
+    return {
+        name
+        for name in modules
+        if name.split(".")[0] in _HEAVY or name in _NODE_MODE or name in _UNNEEDED
+    }
 
 
 def test_the_sidecar_agent_imports_no_kubernetes_watchdog_or_ca() -> None:
