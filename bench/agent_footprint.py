@@ -9,12 +9,18 @@ the instant of launch. Figures (medians over `--repetitions`):
   `default`; node mode: the first identity of the static list);
 - node mode, start → all: until one `FetchSecrets` returns every identity's certificate;
 - RSS: the agent's resident memory (VmRSS) right after that, its anonymous part (RssAnon: the
-  rest is file-backed, mostly the grpc and cryptography native libraries) and its peak (VmHWM).
+  rest is file-backed, mostly the grpc and cryptography native libraries) and its peak (VmHWM);
+- PSS: its proportional set size (`smaps_rollup`), where a page shared with other processes
+  counts for its share. With `--together N` (default 4), N sidecars are also started at the
+  same instant, as on a node running N pods of one image: their PSS is what one more pod
+  costs the node, since the libraries' file-backed pages are then shared.
 The sidecar is started twice per repetition: through the `meshca agent` CLI, as deployed, and as
 `python -m agent.main` (the agent's own entry), which separates what the CLI imports from what
 the agent itself needs.
-Baseline in the same run: a bare interpreter (`python -c pass`) and one importing the sidecar's
-modules (`import agent.main`), so the ratios show what the agent adds on top of Python itself.
+Baselines in the same run: a bare interpreter (`python -c pass`), the floor no Python agent
+speaking gRPC and doing X.509 can go below (`import asyncio, grpc.aio, cryptography.x509`), and
+one importing the sidecar's modules (`import agent.main`), so the ratios show what the agent
+adds on top of Python and its two native libraries.
 The project is byte-compiled first (`compileall`, as a wheel install does).
 Node mode needs a CA in Kubernetes mode (its node authorizer): the fake API server holds a pod
 of every listed service account on the node, and the CA trusts the node agent's account.
@@ -52,6 +58,7 @@ class Footprint:
     rss_mib: float
     anon_mib: float  # RssAnon: the process's own memory (the rest maps shared libraries)
     peak_rss_mib: float
+    pss_mib: float  # proportional set size: shared pages count for their share
 
 
 def memory_mib(pid: int) -> tuple[float, float, float]:
@@ -65,6 +72,14 @@ def memory_mib(pid: int) -> tuple[float, float, float]:
         return int(fields[key].split()[0]) / 1024
 
     return mib("VmRSS"), mib("RssAnon"), mib("VmHWM")
+
+
+def pss_mib(pid: int) -> float:
+    """Proportional set size of a live process, in MiB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no Pss line in /proc/{pid}/smaps_rollup")
 
 
 def wait_for_secrets(socket: Path, names: list[str], deadline: float) -> None:
@@ -108,12 +123,13 @@ def run_agent(
             wait_for_secrets(socket, every, started + 300)
             all_ms = (time.monotonic() - started) * 1000
             rss, anon, peak = memory_mib(proc.pid)
+            pss = pss_mib(proc.pid)
         except BaseException:
             print(log.read_text()[-3000:], file=sys.stderr)
             raise
         finally:
             stop_child(proc)
-    return Footprint(first_ms, all_ms, rss, anon, peak)
+    return Footprint(first_ms, all_ms, rss, anon, peak, pss)
 
 
 def common_args(ca: CaProcess, directory: Path, token: str) -> list[str]:
@@ -136,6 +152,42 @@ def sidecar(ca: CaProcess, workdir: Path, name: str, entry: tuple[str, ...]) -> 
     args += ["--namespace", "default", "--service-account", "bench"]
     socket = directory / "sds.sock"
     return run_agent(args, socket, ["default"], ["default"], directory / "agent.log", entry)
+
+
+def sidecars_together(ca: CaProcess, workdir: Path, run: int, count: int) -> list[Footprint]:
+    """`count` sidecars (through the CLI) launched at the same instant; each one's figures once
+    every one of them serves its secret (so PSS sees all of them sharing the libraries)."""
+    launched = []
+    for index in range(count):
+        directory = workdir / f"together-{run}-{index}"
+        directory.mkdir()
+        args = common_args(ca, directory, ca.mint_token("default", f"bench-{index}"))
+        args += ["--namespace", "default", "--service-account", f"bench-{index}"]
+        launched.append((directory, args))
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    started = time.monotonic()
+    try:
+        for directory, args in launched:
+            with (directory / "agent.log").open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", *CLI, *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=child_env(),
+                )
+            procs.append((proc, directory))
+        first: list[float] = []
+        for _, directory in procs:
+            wait_for_secrets(directory / "sds.sock", ["default"], started + 60)
+            first.append((time.monotonic() - started) * 1000)
+        results = []
+        for (proc, _), first_ms in zip(procs, first, strict=True):
+            rss, anon, peak = memory_mib(proc.pid)
+            results.append(Footprint(first_ms, first_ms, rss, anon, peak, pss_mib(proc.pid)))
+        return results
+    finally:
+        for proc, _ in procs:
+            stop_child(proc)
 
 
 def node_setup(server: KubeApiServer, identities: int) -> list[str]:
@@ -177,6 +229,8 @@ def median_of(runs: list[Footprint], field: Callable[[Footprint], float]) -> flo
 
 
 REPO = Path(__file__).resolve().parents[1]
+# What any Python agent speaking gRPC (with TLS) and doing X.509 has to load.
+FLOOR = "import asyncio, grpc.aio, cryptography.x509"
 
 
 def precompile() -> None:
@@ -191,11 +245,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--node-identities", type=int, nargs="*", default=[100, 1000])
+    parser.add_argument(
+        "--together", type=int, default=4, help="sidecars started at once for PSS (0: none)"
+    )
     args = parser.parse_args()
     precompile()
     results: dict[str, list[Footprint]] = {}
     baselines: dict[str, list[tuple[float, float]]] = {
         "python -c pass": [],
+        "grpc+cryptography floor": [],
         "import agent.main": [],
     }
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="fp-") as tmp:
@@ -205,6 +263,7 @@ def main() -> int:
         try:
             for run in range(args.repetitions):
                 baselines["python -c pass"].append(interpreter_baseline("pass"))
+                baselines["grpc+cryptography floor"].append(interpreter_baseline(FLOOR))
                 baselines["import agent.main"].append(interpreter_baseline("import agent.main"))
                 results.setdefault("sidecar (meshca agent)", []).append(
                     sidecar(ca, workdir, f"sidecar-cli-{run}", CLI)
@@ -212,6 +271,10 @@ def main() -> int:
                 results.setdefault("sidecar (-m agent.main)", []).append(
                     sidecar(ca, workdir, f"sidecar-module-{run}", AGENT_MODULE)
                 )
+                if args.together > 0:
+                    results.setdefault(f"{args.together} sidecars at once", []).extend(
+                        sidecars_together(ca, workdir, run, args.together)
+                    )
         finally:
             ca.stop()
         if args.node_identities:
@@ -243,23 +306,29 @@ def main() -> int:
 
     floor_ms = statistics.median(ms for ms, _ in baselines["python -c pass"])
     floor_mib = statistics.median(mib for _, mib in baselines["python -c pass"])
-    header = ("", "start→first", "start→all", "RSS", "anon", "peak RSS")
-    print("{:<28} {:>12} {:>10} {:>10} {:>10} {:>10}".format(*header))
-    row = "{:<28} {:>9.0f} ms {:>10} {:>6.1f} MiB {:>10} {:>10}"
+    header = ("", "start→first", "start→all", "RSS", "anon", "peak RSS", "PSS")
+    print("{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}".format(*header))
+    row = "{:<28} {:>9.0f} ms {:>10} {:>6.1f} MiB {:>10} {:>10} {:>10}"
     for name, samples in baselines.items():
         ms = statistics.median(ms for ms, _ in samples)
         mib = statistics.median(mib for _, mib in samples)
-        print(row.format(name, ms, "", mib, "", ""))
-    row = "{:<28} {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB   ÷ bare python: "
+        print(row.format(name, ms, "", mib, "", "", ""))
+    floor_libs_mib = statistics.median(mib for _, mib in baselines["grpc+cryptography floor"])
+    row = (
+        "{:<28} {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB"
+        "   ÷ bare python: "
+    )
     for name, runs in results.items():
         first = median_of(runs, lambda r: r.first_secret_ms)
         every = median_of(runs, lambda r: r.all_secrets_ms)
         rss = median_of(runs, lambda r: r.rss_mib)
         anon = median_of(runs, lambda r: r.anon_mib)
         peak = median_of(runs, lambda r: r.peak_rss_mib)
+        pss = median_of(runs, lambda r: r.pss_mib)
         print(
-            row.format(name, first, every, rss, anon, peak)
-            + f"{first / floor_ms:4.1f}x time, {rss / floor_mib:4.1f}x RSS"
+            row.format(name, first, every, rss, anon, peak, pss)
+            + f"{first / floor_ms:4.1f}x time, {rss / floor_mib:4.1f}x RSS; "
+            + f"RSS ÷ grpc+cryptography floor {rss / floor_libs_mib:4.2f}x"
         )
     for name in ("sidecar (meshca agent)", "sidecar (-m agent.main)"):
         first = median_of(results[name], lambda r: r.first_secret_ms)
