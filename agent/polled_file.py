@@ -118,8 +118,13 @@ class PolledFile:
 
     async def start(self) -> None:
         """Reads the file once (so its content is handed over before this returns), then
-        follows it."""
-        await self._read(await self._signature())
+        follows it. A file stuck at start is reported like a stuck poll, and followed."""
+        try:
+            signature = await self._signature()
+        except FileStuck as exc:
+            self._on_error(str(exc))
+        else:
+            await self._read(signature)
         self._task = asyncio.create_task(self._poll_forever(), name=f"poll {self.path}")
 
     async def stop(self) -> None:
