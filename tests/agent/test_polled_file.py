@@ -12,13 +12,16 @@ import asyncio
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from agent import polled_file
 from agent.polled_file import FileSignature, PolledFile
 from meshca.clock import SystemClock
+from meshca.safe_read import read_regular_file
 from tests.agent.test_trust_bundle_distribution import kubelet_update
 from tests.agent.wiring import until
 
@@ -164,3 +167,60 @@ def test_intervals_must_be_positive(workdir: Path) -> None:
 
     with pytest.raises(ValueError, match="must be positive"):
         PolledFile(workdir / "x", SystemClock(), on_change=noop, on_error=print, interval=0)
+
+
+def test_a_stuck_read_holds_one_thread_and_never_the_loop(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that hangs (a stuck NFS or FUSE mount, simulated by a read that waits for an
+    event) is given up after `read_timeout`; the loop keeps turning, later polls fail at once
+    (said once) instead of starting more threads, and the file is followed again once the
+    mount comes back."""
+    path = workdir / "root-cert.pem"
+    path.write_bytes(b"first")
+    mount_back = threading.Event()
+    reads: list[Path] = []
+
+    def hanging_read(file: Path, max_bytes: int) -> bytes:
+        reads.append(file)
+        mount_back.wait(10)
+        return read_regular_file(file, max_bytes)
+
+    monkeypatch.setattr(polled_file, "read_regular_file", hanging_read)
+    follower = Follower()
+
+    async def main() -> None:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        polled = PolledFile(
+            path,
+            SystemClock(),
+            on_change=follower.changed,
+            on_error=follower.failed,
+            interval=0.02,
+            settle=0.01,
+            read_timeout=0.2,
+        )
+        await polled.start()
+        try:
+            assert follower.errors == [f"a stat or read of {path} did not return within 0.2s"]
+            assert ticks >= 5  # the loop turned while the read hung
+            path.write_bytes(b"second")
+            await asyncio.sleep(0.3)
+            assert len(reads) == 1  # no second thread on the stuck mount
+            assert len(follower.errors) == 2 and "has not returned" in follower.errors[1]
+            mount_back.set()
+            await until(lambda: follower.contents == [b"second"], timeout=5)
+        finally:
+            mount_back.set()
+            await polled.stop()
+            ticker.cancel()
+
+    asyncio.run(main())
