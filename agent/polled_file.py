@@ -1,10 +1,12 @@
 """One file followed by polling its status: the root file (`--ca-root`) of a CA-backed agent.
 
 Why not watchdog (`agent.file_mounted.FileWatcher`): every pod agent follows exactly this one
-file, and watchdog costs every pod about 60 ms of imports on the way to its first secret, 1-2
-MiB of resident memory and two more threads (observer and inotify emitter). A `stat` of one
-file once a second costs microseconds. watchdog stays where files are watched on demand
-(`FILE_MOUNTED_CERTS`, `file-cert:`/`file-root:` names), which a plain sidecar never loads.
+file, and watchdog costs every pod its imports on the way to its first secret (about 7 ms
+warm, several times that from a cold page cache), 1-2 MiB of resident memory and two more
+threads (observer and inotify emitter). A `stat` of one file once a second costs about 50 µs
+of CPU (the `stat` and the hop to a worker thread and back). watchdog stays where files are
+watched on demand (`FILE_MOUNTED_CERTS`, `file-cert:`/`file-root:` names, any number of them,
+reacting within 0.1 s), which a plain sidecar never loads.
 
 What is compared (`FileSignature`), so each way the file is updated shows up:
 
