@@ -62,6 +62,7 @@ from agent.secrets import (
 from certs import CertsError, load_certs, load_private_key
 from meshca.clock import Clock
 from meshca.safe_read import UnsafeFileError, path_is_within, read_regular_file
+from meshca.waiting import result_within
 
 if TYPE_CHECKING:
     # Imported for real only when the first file is watched (`FileWatcher.start`): an agent
@@ -342,13 +343,12 @@ class FileWatcher:
             asyncio.to_thread(watched.resource.load, self.clock.now())
         )
         try:
-            secret = await asyncio.wait_for(asyncio.shield(watched.reading), self.read_timeout)
+            secret = await result_within(watched.reading, self.read_timeout)
         except FileSecretError as exc:
             self._refuse(watched, str(exc))
             return
         except TimeoutError:
             self._refuse(watched, f"reading {paths} did not finish within {self.read_timeout:g}s")
-            watched.reading.add_done_callback(_retrieve)  # its late outcome is not used
             return
         watched.last_error = None
         if self.metrics is not None:
@@ -376,12 +376,6 @@ class FileWatcher:
             await self.clock.sleep(self.resync_interval)
             for watched in list(self._watched.values()):
                 await self._reload(watched)
-
-
-def _retrieve(future: asyncio.Future[Secret]) -> None:
-    """Marks a read nobody awaits any more as retrieved (no 'exception never retrieved')."""
-    if not future.cancelled():
-        future.exception()
 
 
 class FileMountedSource:

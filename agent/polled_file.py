@@ -41,6 +41,7 @@ from typing import Any, TypeVar, cast
 
 from meshca.clock import Clock
 from meshca.safe_read import DEFAULT_MAX_BYTES, UnsafeFileError, read_regular_file
+from meshca.waiting import result_within
 
 log = logging.getLogger(__name__)
 
@@ -193,18 +194,12 @@ class PolledFile:
             )
         busy: asyncio.Future[Any] = asyncio.ensure_future(asyncio.to_thread(call, *args))
         self._busy = busy
-        # `asyncio.wait`, not `wait_for`: on Python 3.11 `wait_for` can swallow a cancellation
-        # that arrives as the call completes, and `stop()` would then wait for ever.
         try:
-            done, _ = await asyncio.wait({busy}, timeout=self.read_timeout)
-        finally:
-            if not busy.done():  # its late outcome is not used
-                busy.add_done_callback(_retrieve)
-        if not done:
+            return cast(_T, await result_within(busy, self.read_timeout))
+        except TimeoutError:
             raise FileStuck(
                 f"a stat or read of {self.path} did not return within {self.read_timeout:g}s"
-            )
-        return cast(_T, busy.result())
+            ) from None
 
 
 def _reason(path: Path, exc: BaseException) -> str:
@@ -215,9 +210,3 @@ def _reason(path: Path, exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return f"cannot read {path}: {exc.strerror or exc}"
     return str(exc)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Marks a call nobody awaits any more as retrieved (no 'exception never retrieved')."""
-    if not future.cancelled():
-        future.exception()

@@ -32,6 +32,7 @@ from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
 from meshca.clock import Clock
 from meshca.safe_read import read_regular_file
+from meshca.waiting import result_within
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,8 @@ class JwksFile:
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
         if self._reading is None or self._reading.done():
             self._reading = asyncio.ensure_future(asyncio.to_thread(self._current_keys))
-            self._reading.add_done_callback(_retrieved)
         try:
-            keys = await asyncio.wait_for(asyncio.shield(self._reading), self._read_timeout)
+            keys = await result_within(self._reading, self._read_timeout)
         except TimeoutError:
             raise AuthenticationError(
                 "jwks-unavailable",
@@ -90,12 +90,6 @@ class JwksFile:
             keys = jwt.PyJWKSet.from_json(read_regular_file(self._path, _MAX_JWKS_BYTES).decode())
             self._keys, self._mtime = keys, mtime
         return keys
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Marks a shared read's outcome as retrieved: its waiters may all have timed out."""
-    if not future.cancelled():
-        future.exception()
 
 
 class JwksUrl:

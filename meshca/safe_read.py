@@ -20,6 +20,8 @@ import os
 import stat
 from pathlib import Path
 
+from meshca.waiting import result_within
+
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_TIMEOUT = 5.0
 
@@ -63,9 +65,8 @@ async def read_regular_file_async(
 ) -> bytes:
     """`read_regular_file` in a worker thread; `UnsafeFileError` after `timeout` seconds."""
     try:
-        return await asyncio.wait_for(
-            asyncio.to_thread(read_regular_file, path, max_bytes), timeout
-        )
+        reading = asyncio.ensure_future(asyncio.to_thread(read_regular_file, path, max_bytes))
+        return await result_within(reading, timeout)
     except TimeoutError:
         raise UnsafeFileError(f"reading {path} did not finish within {timeout:g}s") from None
 

@@ -1,0 +1,35 @@
+"""Waiting for a future with a time limit, without `asyncio.wait_for`'s two traps.
+
+`wait_for` cancels what it waits for on timeout (a read in a worker thread cannot be cancelled,
+and a shared future must outlive one impatient caller), and on Python 3.11 it can swallow a
+cancellation of the waiting task that arrives just as the future finishes: the task then runs
+on and a stop that cancels it hangs. `asyncio.wait` has neither problem, so every time-limited
+wait on work that runs elsewhere (worker threads, shared reads) goes through `result_within`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def result_within(future: asyncio.Future[T], timeout: float) -> T:
+    """`future`'s result (or its exception), or `TimeoutError` after `timeout` seconds with
+    `future` left running. Cancelling the caller never cancels `future`; a future the caller
+    stops waiting for has its late outcome marked as retrieved (no "exception was never
+    retrieved" at exit)."""
+    try:
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+    finally:
+        if not future.done():
+            future.add_done_callback(_retrieve)
+    if not done:
+        raise TimeoutError
+    return future.result()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
