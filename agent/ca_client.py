@@ -27,7 +27,9 @@ family of `agent.errors`. Latency is measured on the injected clock's `monotonic
 Trust bundle: `trust(pem)` (called by `agent.trust_bundle` when the served bundle changes) makes
 the next call use a channel trusting that bundle; the old channel is closed once its calls
 finish. With a `PropagationReport` (`agent.propagation`) every call also carries the agent id,
-its bundle digest and the authority of the leaf being renewed (`SigningRequest.leaf_authority`).
+its bundle digest and the authority of the leaf being renewed (`SigningRequest.leaf_authority`);
+`report()` sends the same facts between renewals on meshca's own report RPC (`agent.reporter`
+calls it) and returns the CA's tainted authorities.
 """
 
 from __future__ import annotations
@@ -55,11 +57,11 @@ from agent.errors import (
     CertificateRefused,
 )
 from agent.metrics import AgentMetrics
-from agent.propagation import PropagationReport
+from agent.propagation import AgentReport, PropagationReport
 from agent.token import TokenProvider
 from certs import CertsError, PrivateKey, SpiffeId, certs_to_pem, load_certs
 from meshca.clock import Clock
-from meshca_proto import ca_pb2, ca_pb2_grpc
+from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc
 
 __all__ = [
     "RETRYABLE_CODES",
@@ -257,6 +259,24 @@ class CaClient:
             raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
         self._record(started, "OK", answered=True)
         return self._validate(list(response.cert_chain), request.identity, request.key)
+
+    async def report(self, report: AgentReport) -> dict[str, float]:
+        """Sends one periodic report (`meshca.v1.AgentReportService/Report`) with the same
+        credentials as a CSR; returns the tainted authorities (ID -> seconds since the taint).
+        One attempt: the next period is the retry. Raises `TokenError`, `CaRequestError`
+        (`UNIMPLEMENTED` from a CA that is not meshca) or `CaConnectionError`."""
+        metadata = self._metadata()
+        stub = report_pb2_grpc.AgentReportServiceStub(self._get_channel())
+        message = report_pb2.AgentReportRequest(
+            agent_id=report.agent_id,
+            trust_bundle_sha256=report.bundle_digest or "",
+            leaf_authorities=sorted(report.leaf_authorities),
+        )
+        try:
+            response = await stub.Report(message, metadata=metadata, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise CaRequestError(exc.code(), exc.details() or "") from None
+        return {t.id: t.seconds_since_taint for t in response.tainted}
 
     def _record(self, started: float, outcome: str, *, answered: bool) -> None:
         if self._metrics:

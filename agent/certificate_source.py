@@ -3,6 +3,7 @@
     CertificateSource (protocol)           start · run · close · has_valid_certificate · last_error
     ├── CaCertificateSource                an identity source feeding `agent.scheduler`, CA-backed
     │     + `agent.trust_bundle`: the served ROOTCA from the watched root file and CA answers
+    │     + `agent.reporter`: the periodic report to the CA; its answer's taints -> scheduler
     │     pod agent:  SingleIdentitySource -> default        (restores from OUTPUT/)
     │     node agent: pods on the node | static list -> SPIFFE IDs, by impersonation
     │                                                        (restores from OUTPUT/<ns>/<sa>/)
@@ -17,6 +18,8 @@ the Agent supervises (it must not return: a source that stops renewing stops the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +30,7 @@ from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport, new_agent_id
+from agent.reporter import PeriodicReporter
 from agent.scheduler import CertificateScheduler, SingleIdentitySource
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider, IdentityResolver
@@ -72,12 +76,14 @@ class CaCertificateSource:
         ca_client: CaClient,
         trust_bundle: TrustBundleKeeper | None = None,
         root_file: RootFileWatch | None = None,
+        reporter: PeriodicReporter | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.identities = identities
         self.ca_client = ca_client
         self.trust_bundle = trust_bundle
         self.root_file = root_file
+        self.reporter = reporter
 
     async def start(self) -> None:
         log.info(
@@ -91,7 +97,19 @@ class CaCertificateSource:
         self.identities.start(self.scheduler.set_identities)
 
     async def run(self) -> None:
-        await self.scheduler.run()
+        """The scheduler's workers, and beside them the periodic report (which may end by
+        itself: a CA that takes no reports; certificates never depend on it)."""
+        reporting = None
+        if self.reporter is not None:
+            reporting = asyncio.create_task(self.reporter.run(), name="agent-report")
+            reporting.add_done_callback(_log_report_crash)
+        try:
+            await self.scheduler.run()
+        finally:
+            if reporting is not None:
+                reporting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporting
 
     async def close(self) -> None:
         if self.root_file is not None:
@@ -106,6 +124,13 @@ class CaCertificateSource:
     @property
     def last_error(self) -> str | None:
         return self.scheduler.last_error
+
+
+def _log_report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "the agent report stopped; certificates are unaffected", exc_info=task.exception()
+        )
 
 
 def certificate_source_for(
@@ -174,4 +199,9 @@ def certificate_source_for(
             scheduler.policy.backoff,
             on_failure=scheduler.source_failed,
         )
-    return CaCertificateSource(scheduler, identities, ca_client, trust_bundle, root_file)
+    reporter = None
+    if config.report_interval:
+        reporter = PeriodicReporter(
+            ca_client, scheduler, report, clock, config.report_interval, metrics
+        )
+    return CaCertificateSource(scheduler, identities, ca_client, trust_bundle, root_file, reporter)

@@ -34,6 +34,14 @@ DEFAULT_MAX_CONCURRENT_FETCHES = 8  # ztunnel's limit
 # gateway certificates, Kubernetes-projected volumes). See docs/agent.md.
 DEFAULT_FILE_SECRET_DIRS = "/etc/certs:/etc/istio:/var/run/secrets"
 SYSTEM_ROOTS = "SYSTEM"
+# Two minutes: a fleet of 10 000 agents sends ~80 light reports/s, and a new root's coverage or a
+# taint is known within two minutes. Bounded so a typo cannot flood the CA or starve it.
+DEFAULT_REPORT_INTERVAL = timedelta(minutes=2)
+MIN_REPORT_INTERVAL = timedelta(seconds=1)
+MAX_REPORT_INTERVAL = timedelta(hours=1)
+# Five minutes: 10 000 identities re-signing after a taint arrive at ~33 CSRs/s, well within
+# one CA replica's rate, while a compromised authority's leaves are gone within minutes.
+DEFAULT_TAINT_RESIGN_WINDOW = timedelta(minutes=5)
 CA_HEADER_PREFIX = "CA_HEADER_"
 
 
@@ -85,6 +93,10 @@ class AgentConfig:
     identities: tuple[tuple[str, str], ...] = ()  # static (namespace, service account) pairs
     identities_file: Path | None = None
     max_concurrent_fetches: int = DEFAULT_MAX_CONCURRENT_FETCHES
+    # The periodic report to a meshca CA (agent.reporter); zero turns it off.
+    report_interval: timedelta = DEFAULT_REPORT_INTERVAL
+    # Leaves of a tainted authority are re-signed at a uniform point this long after the taint.
+    taint_resign_window: timedelta = DEFAULT_TAINT_RESIGN_WINDOW
     # Directories file-cert:/file-root: SDS names may read from (FILE_SECRET_DIRS).
     file_secret_dirs: tuple[Path, ...] = tuple(Path(d) for d in DEFAULT_FILE_SECRET_DIRS.split(":"))
 
@@ -110,6 +122,15 @@ class AgentConfig:
             raise ConfigError("--root-file-poll-interval must be positive, e.g. 1s")
         if self.max_concurrent_fetches < 1:
             raise ConfigError("--max-concurrent-fetches must be at least 1")
+        if self.report_interval and not (
+            MIN_REPORT_INTERVAL <= self.report_interval <= MAX_REPORT_INTERVAL
+        ):
+            raise ConfigError(
+                f"--report-interval {self.report_interval} must be between "
+                f"{MIN_REPORT_INTERVAL} and {MAX_REPORT_INTERVAL} (or 0 to turn reports off)"
+            )
+        if self.taint_resign_window < timedelta(0):
+            raise ConfigError("--taint-resign-window must not be negative (0: re-sign at once)")
         if self.node_mode:
             self._check_node_mode()
 
@@ -209,6 +230,16 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often the --ca-root file is checked for a new trust bundle [1s]",
     )
     add("--log-level", help="DEBUG, INFO, WARNING, ERROR [INFO]")
+    add(
+        "--report-interval",
+        help="how often to tell a meshca CA which trust bundle and leaf authorities this agent "
+        "holds (jittered ±20%%; 1s..1h, 0 turns it off) [2m]",
+    )
+    add(
+        "--taint-resign-window",
+        help="leaves signed by an authority the CA has tainted are re-signed at a random point "
+        "this long after the taint, so the fleet does not re-sign at once [5m]",
+    )
     node = parser.add_argument_group("node mode (one agent per node, ztunnel's pattern)")
     node.add_argument(
         "--node-mode",
@@ -306,6 +337,8 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         identities=parse_identities(pick("identities", None, "") or "", "--identities"),
         identities_file=Path(identities_file) if identities_file else None,
         max_concurrent_fetches=_int("--max-concurrent-fetches", max_fetches or "0"),
+        report_interval=duration("report_interval", None, "2m"),
+        taint_resign_window=duration("taint_resign_window", None, "5m"),
         file_secret_dirs=_directories(
             "FILE_SECRET_DIRS", pick("file_secret_dirs", "FILE_SECRET_DIRS", None)
         ),

@@ -117,6 +117,15 @@ class AgentMetrics:
             "meshca_agent_rotation_failures",
             "Attempts to obtain a certificate that failed (each is retried with backoff).",
         )
+        self.taint_resigns = counter(
+            "meshca_agent_taint_resigns",
+            "Certificates whose renewal was moved forward because the CA tainted their signer.",
+        )
+        self.reports = counter(
+            "meshca_agent_reports",
+            "Periodic reports to the CA (agent.reporter), by outcome (OK or the gRPC status).",
+            "outcome",
+        )
         by_name = "resource_name"
         self.sds_pushes = counter(
             "meshca_agent_sds_pushes", "Secrets pushed to SDS clients.", by_name

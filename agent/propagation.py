@@ -47,11 +47,24 @@ def leaf_authority(leaf: x509.Certificate) -> str | None:
 
 
 @dataclass(frozen=True)
+class AgentReport:
+    """The periodic report's content (`agent.reporter`): the CSR headers' facts for every
+    identity at once."""
+
+    agent_id: str
+    bundle_digest: str | None
+    leaf_authorities: frozenset[str]
+
+
+@dataclass(frozen=True)
 class PropagationReport:
     """Builds the headers for one CSR from the agent's id and its current bundle digest."""
 
     agent_id: str
     bundle_digest: Callable[[], str | None]
+
+    def periodic(self, leaf_authorities: frozenset[str]) -> AgentReport:
+        return AgentReport(self.agent_id, self.bundle_digest(), leaf_authorities)
 
     def headers(self, authority: str | None) -> tuple[tuple[str, str], ...]:
         headers = [(AGENT_ID_HEADER, self.agent_id)]

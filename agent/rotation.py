@@ -9,6 +9,9 @@ values handed in (`now`, a random source), so it can be tested without a loop or
   jitter spreads the renewals of agents (or identities) that started together.
 - Retry: exponential backoff with jitter (`agent.backoff`), never scheduled past the current
   certificate's expiry, so the last retry happens while the workload still has a valid one.
+- Taint: a leaf whose authority the CA has tainted is re-signed at a uniform point of
+  `taint_resign_window` counted from the taint (`taint_resign_delay`), or at its normal
+  rotation point if that comes first.
 - Key + CSR: a fresh key for every attempt, never reused across rotations.
 """
 
@@ -36,6 +39,7 @@ class RotationPolicy:
     grace_period_ratio: float = 0.5
     grace_period_ratio_jitter: float = 0.01
     backoff: Backoff = SINGLE_IDENTITY_BACKOFF
+    taint_resign_window: timedelta = timedelta(minutes=5)
 
     def renewal_delay(
         self, not_after: datetime, received_at: datetime, now: datetime, rng: random.Random
@@ -43,6 +47,16 @@ class RotationPolicy:
         """Seconds from `now` until a certificate received at `received_at` is due (jittered)."""
         ratio = jittered_ratio(self.grace_period_ratio, self.grace_period_ratio_jitter, rng)
         return rotation_delay(not_after, received_at, now, ratio)
+
+    def taint_resign_delay(self, seconds_since_taint: float, rng: random.Random) -> float:
+        """Seconds from now until a leaf of an authority tainted `seconds_since_taint` ago is
+        re-signed: a uniform point in the window counted from the taint (not from when this
+        agent heard of it), so every identity of every agent picks its own moment and the
+        CA's CSR rate after a taint stays near (identities / window). A point already past —
+        the agent learnt late — is now; since agents learn at their own jittered report
+        times, those late ones stay spread too."""
+        window = self.taint_resign_window.total_seconds()
+        return max(0.0, rng.uniform(0.0, window) - max(0.0, seconds_since_taint))
 
     def retry_delay(
         self, attempt: int, now: datetime, expires: datetime | None, rng: random.Random

@@ -23,6 +23,9 @@ Scheduling:
 - `set_identities(snapshot)` reconciles: new identities are queued for their first certificate;
   identities no longer present stop rotating and their secret is removed from the cache
   (in-flight results for them are dropped).
+- `authorities_tainted(...)` (from the periodic report, `agent.reporter`) moves the renewal
+  of every identity whose leaf a tainted authority signed to its own point of the taint
+  window (`agent.rotation`): one rule for the pod agent's one identity and a node's many.
 - A `FetchQueue` orders pending work: an identity with no certificate yet always goes before any
   renewal (first certificates are what blocks a new pod; renewals have slack), FIFO within each
   class. An identity is queued at most once.
@@ -50,7 +53,7 @@ import heapq
 import itertools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -166,6 +169,9 @@ class IdentityState:
     failures: int = 0
     last_failure: FailureRecord | None = None
     next_rotation_at: datetime | None = None
+    due_at: datetime | None = None  # when the pending timer fires (renewal or retry)
+    authority: str | None = None  # the SKI hex of the current leaf's issuer
+    taint_handled: int = -1  # the generation already rescheduled for a taint
     timer: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def valid(self, now: datetime) -> bool:
@@ -242,6 +248,7 @@ class CertificateScheduler:
             grace_period_ratio=config.grace_period_ratio,
             grace_period_ratio_jitter=config.grace_period_ratio_jitter,
             backoff=NODE_BACKOFF if node else SINGLE_IDENTITY_BACKOFF,
+            taint_resign_window=config.taint_resign_window,
         )
         return cls(
             policy,
@@ -292,6 +299,43 @@ class CertificateScheduler:
     @property
     def identities(self) -> frozenset[SpiffeId]:
         return frozenset(self.states)
+
+    def leaf_authorities(self) -> frozenset[str]:
+        """The authorities (SKI hex) of every leaf served now: what the periodic report says."""
+        return frozenset(s.authority for s in list(self.states.values()) if s.authority)
+
+    def authorities_tainted(self, tainted: Mapping[str, float]) -> int:
+        """The CA says these authorities are tainted (ID -> seconds since the taint): every
+        identity whose leaf one of them signed is re-signed at its own point of the policy's
+        window (`RotationPolicy.taint_resign_delay`), unless it is due sooner anyway. Each
+        certificate is rescheduled once, however often the taint is repeated. Returns how many
+        identities were rescheduled now."""
+        if not tainted:
+            return 0
+        now = self._clock.now()
+        moved = 0
+        for state in list(self.states.values()):
+            since = tainted.get(state.authority or "")
+            if since is None or state.current is None or state.taint_handled == state.generation:
+                continue
+            state.taint_handled = state.generation
+            delay = self.policy.taint_resign_delay(since, self._rng)
+            due = now + timedelta(seconds=delay)
+            if state.identity in self.queue or (state.due_at is not None and state.due_at <= due):
+                continue
+            log.warning(
+                "the certificate for %s was signed by authority %s, which the CA has tainted; "
+                "re-signing in %.1fs",
+                state.identity,
+                state.authority,
+                delay,
+            )
+            state.next_rotation_at = due
+            if self._metrics:
+                self._metrics.taint_resigns.inc()
+            self._schedule(state, delay, RENEWAL)
+            moved += 1
+        return moved
 
     def request_rotation(self) -> None:
         """Renews every identity now (e.g. an operator signal); harmless if already queued."""
@@ -412,7 +456,7 @@ class CertificateScheduler:
                     self.policy.ttl,
                     impersonate=identity if self._impersonate else None,
                     renewal=state.valid(self._clock.now()),
-                    leaf_authority=leaf_authority(state.current.leaf) if state.current else None,
+                    leaf_authority=state.authority if state.current else None,
                 )
             )
         except asyncio.CancelledError:
@@ -452,6 +496,7 @@ class CertificateScheduler:
             await self._cache.remove(state.name)
             return
         state.current = signed
+        state.authority = leaf_authority(signed.leaf)
         state.restored = restored_from is not None
         state.generation += 1
         state.failures = 0
@@ -501,6 +546,7 @@ class CertificateScheduler:
     def _schedule(self, state: IdentityState, delay: float, priority: int) -> None:
         state.cancel_timer()
         due_at = self._clock.now() + timedelta(seconds=delay)
+        state.due_at = due_at
         state.timer = asyncio.create_task(self._timer(state, state.generation, due_at, priority))
 
     async def _timer(
@@ -516,6 +562,7 @@ class CertificateScheduler:
             log.debug("stale timer for %s (generation %d)", state.identity, generation)
             return
         state.timer = None
+        state.due_at = None
         self._enqueue(state.identity, priority)
 
     def _enqueue(self, identity: SpiffeId, priority: int) -> None:

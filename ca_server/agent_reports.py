@@ -1,8 +1,10 @@
 """Which trust bundle each agent holds — the figure that says how far a new root has spread.
 
 meshca agents send three headers on every CSR (`agent.propagation`): their run's agent id, the
-canonical digest of the trust bundle they serve, and the authority of the leaf they renew. The
-RPC edge hands them to `AgentReports.record`; a malformed or over-long value is ignored (a
+canonical digest of the trust bundle they serve, and the authority of the leaf they renew; and
+the same facts in a light periodic report between renewals (`ca_server.report_service`,
+`AgentReports.record_periodic`), so the table stays fresh while nobody renews. The RPC edges
+hand them to `AgentReports`; a malformed or over-long value is ignored (a
 report is advisory, never a reason to refuse a certificate). A caller without an agent id
 (Istio's agents) is recorded by its identity as *unknown*: counted apart, never as covered.
 
@@ -48,12 +50,15 @@ _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _AUTHORITY = re.compile(r"[0-9a-f]{2,128}")
 _MAX_SUBSET_AUTHORITIES = 10  # 1023 digests; the state never holds that many slots
+_MAX_REPORTED_AUTHORITIES = 8  # a fleet signs under a handful of authorities at most
 
 
 @dataclass(frozen=True)
 class AgentReport:
     bundle: str | None  # the trust bundle digest the agent serves, if it sent a valid one
-    authority: str | None  # the authority of the leaf it renewed, if any
+    # The authority of the leaf it renewed (CSR), or of every leaf it serves, comma-joined
+    # (periodic report); None when it named none.
+    authority: str | None
     until: float  # unix seconds after which the entry is forgotten
 
 
@@ -98,6 +103,28 @@ class AgentReports:
                 self._agents.move_to_end(agent_id)
                 _bound(self._agents, self._capacity)
             self.changed = True
+
+    def record_periodic(
+        self, agent_id: str, bundle: str, authorities: Iterable[str], now: datetime
+    ) -> bool:
+        """One periodic report (`ca_server.report_service`): the same table and rules as the
+        CSR headers, so a report and a CSR from the same agent are one entry, the latest
+        winning. Several leaf authorities (a node agent's identities) are kept sorted and
+        comma-joined; invalid ones are dropped. False (nothing recorded) without a valid
+        agent id: the caller then says what to fix."""
+        valid_id = _valid(agent_id, _AGENT_ID)
+        if valid_id is None:
+            return False
+        kept = sorted({a for a in authorities if _valid(a, _AUTHORITY)})[:_MAX_REPORTED_AUTHORITIES]
+        report = AgentReport(
+            _valid(bundle, _DIGEST), ",".join(kept) or None, (now + self.expire_after).timestamp()
+        )
+        with self._lock:
+            self._agents[valid_id] = report
+            self._agents.move_to_end(valid_id)
+            _bound(self._agents, self._capacity)
+            self.changed = True
+        return True
 
     def snapshot_json(self, now: datetime, max_bytes: int | None = None) -> str:
         """The unexpired entries as JSON (what a sink publishes); clears `changed`. Beyond

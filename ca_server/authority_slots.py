@@ -194,6 +194,15 @@ class AuthorityState:
         is no longer trusted to vouch for anyone."""
         return tuple(s.cert for s in self.ranked() if not s.tainted)
 
+    def tainted_since(self) -> dict[str, datetime]:
+        """When each tainted authority was tainted (what agents pace their re-signing from):
+        its latest `tainted` history event, or when it stopped signing if the bounded history
+        no longer holds that event (a taint always comes after retirement)."""
+        when = {e.authority: e.at for e in self.history if e.event == "tainted"}
+        return {
+            s.id: when.get(s.id) or s.retired_at or s.issued_at for s in self.slots if s.tainted
+        }
+
     def signing_authority(self) -> SigningAuthority:
         """What the CA signs with: the active authority, presenting the whole bundle."""
         active = self.active

@@ -154,6 +154,13 @@ class CaMetrics:
             ["kind"],
             registry=r,
         )
+        self.agent_reports = Counter(
+            "meshca_ca_agent_reports",
+            "Periodic agent reports (meshca.v1.AgentReportService/Report), by outcome: "
+            "recorded, or the refusal's reason",
+            ["outcome"],
+            registry=r,
+        )
         counters = {
             counter._name: counter
             for counter in (self.csr_requests, self.authn_failures, self.sign_errors, self.issued)

@@ -49,6 +49,13 @@ from ca_server.plugged_rotation import (
     audit_refusal,
     audit_reload,
 )
+from ca_server.report_service import SERVICE_NAME as REPORT_SERVICE_NAME
+from ca_server.report_service import (
+    AgentReportService,
+    TaintedSince,
+    add_report_service,
+    no_taints,
+)
 from ca_server.request_decoding import add_certificate_service
 from ca_server.root_store import (
     AuthoritySource,
@@ -57,6 +64,7 @@ from ca_server.root_store import (
     detect_plugged_ca,
     publish_root_bundle,
 )
+from ca_server.rotation import SlotSigner
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
@@ -107,6 +115,14 @@ def build_authenticators(
     if kube is not None:
         chain.extend(kube.token_authenticators())
     return AuthenticatorChain(chain)
+
+
+def tainted_since_for(signer: LocalSigner) -> TaintedSince:
+    """What the agent report answers with: the taints of the slots this process follows (a
+    plugged-in CA has none)."""
+    if isinstance(signer, SlotSigner):
+        return lambda: signer.state.tainted_since()
+    return no_taints
 
 
 def impersonation_policy_for(kube: KubernetesMode | None) -> ImpersonationPolicy:
@@ -229,10 +245,21 @@ async def _serve(
     )
     server = grpc.aio.server(options=server_options(config))
     add_certificate_service(service, server)
+    if setup.agent_reports is not None:
+        add_report_service(
+            AgentReportService(
+                authenticators=service.authenticators,
+                reports=setup.agent_reports,
+                tainted_since=tainted_since_for(signer),
+                metrics=metrics,
+                clock=clock,
+            ),
+            server,
+        )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        [SERVICE_NAME, REPORT_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
     # Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets
     # its own port (`--mtls-listen`) where the certificate is required and verified.

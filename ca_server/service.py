@@ -66,6 +66,11 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics = metrics
         self._clock = clock
 
+    @property
+    def authenticators(self) -> AuthenticatorChain:
+        """Shared with the agent report (`ca_server.report_service`): same callers, same rules."""
+        return self._authenticators
+
     async def CreateCertificate(
         self,
         request: ca_pb2.IstioCertificateRequest | UndecodableRequest,
@@ -96,7 +101,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         caller: Caller | None = None
         peer = context.peer()
         try:
-            caller = await self._authenticators.authenticate(_authn_request(context))
+            caller = await self._authenticators.authenticate(authn_request(context))
             self._record_report(context, caller)
             if isinstance(request, UndecodableRequest):
                 reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
@@ -208,7 +213,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
 _SINGLE_VALUED_HEADERS = ("authorization", "clusterid")
 
 
-def _authn_request(context: grpc.aio.ServicerContext) -> AuthnRequest:
+def authn_request(context: grpc.aio.ServicerContext) -> AuthnRequest:
     """The headers authenticators look at. Two `authorization` (or `clusterid`) headers are
     refused: which one a proxy or library honours differs (Istio takes the first bearer token,
     a dict the last), so a forged token placed beside a valid one must not be read either way."""

@@ -9,4 +9,4 @@ out="${1:-$here}"
 python="${PYTHON:-python3}"
 "$python" -m grpc_tools.protoc -I "$here" \
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
-  "$here/meshca_proto/ca.proto"
+  "$here/meshca_proto/ca.proto" "$here/meshca_proto/report.proto"

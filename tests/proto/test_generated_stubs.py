@@ -14,7 +14,14 @@ from google.protobuf.descriptor import FieldDescriptor
 from meshca_proto import ca_pb2
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
-STUBS = ["ca_pb2.py", "ca_pb2_grpc.py", "ca_pb2.pyi"]
+STUBS = [
+    "ca_pb2.py",
+    "ca_pb2_grpc.py",
+    "ca_pb2.pyi",
+    "report_pb2.py",
+    "report_pb2_grpc.py",
+    "report_pb2.pyi",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,98 @@
+"""The agent's light periodic report to a meshca CA, and how it learns of a taint.
+
+Every `interval` (± 20 %, so agents started together do not report together) the agent sends
+what its CSRs already carry as headers (`agent.propagation`): its agent id, the digest of the
+trust bundle it serves and the authorities of the leaves it serves — so the CA's coverage
+figures are fresh between renewals. The answer lists the authorities the CA has tainted; the
+reporter hands them to the one scheduler (`CertificateScheduler.authorities_tainted`), which
+re-signs the affected leaves paced over the taint window. Pod and node agents alike: one report
+per agent, covering all its identities.
+
+Failures are logged and the next period tries again (the report is advisory; certificates do
+not depend on it). A CA that answers `UNIMPLEMENTED` (Istio's istiod) is not meshca: the
+reporter says so once and stops.
+
+Concurrency: one task on the agent's event loop (`CaCertificateSource.run` owns it); the clock
+and the random source are injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import grpc
+
+from agent.ca_client import CaClient
+from agent.errors import CaClientError, CaRequestError, TokenError
+from agent.metrics import AgentMetrics
+from agent.propagation import PropagationReport
+from agent.scheduler import CertificateScheduler
+from meshca.clock import Clock
+
+log = logging.getLogger(__name__)
+
+INTERVAL_JITTER = 0.2
+
+
+def report_delay(interval: timedelta, rng: random.Random) -> float:
+    """`interval` ± 20 %, uniformly: bounded, and spread across agents."""
+    seconds = interval.total_seconds()
+    return seconds * rng.uniform(1.0 - INTERVAL_JITTER, 1.0 + INTERVAL_JITTER)
+
+
+@dataclass
+class PeriodicReporter:
+    client: CaClient
+    scheduler: CertificateScheduler
+    propagation: PropagationReport
+    clock: Clock
+    interval: timedelta
+    metrics: AgentMetrics | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    sent: int = 0
+
+    async def run(self) -> None:
+        """Reports until cancelled (or until the CA turns out not to take reports)."""
+        failing = False
+        while True:
+            await self.clock.sleep(report_delay(self.interval, self.rng))
+            try:
+                await self.report_once()
+            except CaRequestError as exc:
+                self._count(exc.code.name)
+                if exc.code == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info(
+                        "the CA at %s does not take meshca agent reports (not a meshca CA?); "
+                        "not reporting (coverage counts this agent from its CSRs only)",
+                        self.client.addr,
+                    )
+                    return
+                failing = self._failed(exc, failing)
+            except (CaClientError, TokenError) as exc:
+                self._count("ERROR")
+                failing = self._failed(exc, failing)
+            else:
+                if failing:
+                    log.info("agent report to the CA succeeded again")
+                failing = False
+
+    async def report_once(self) -> int:
+        """One report; returns how many identities were rescheduled for a taint."""
+        report = self.propagation.periodic(self.scheduler.leaf_authorities())
+        tainted = await self.client.report(report)
+        self.sent += 1
+        self._count("OK")
+        return self.scheduler.authorities_tainted(tainted)
+
+    def _failed(self, exc: Exception, failing: bool) -> bool:
+        # One warning when reports start failing, then quiet until they work again.
+        level = logging.DEBUG if failing else logging.WARNING
+        log.log(level, "agent report to the CA failed (%s); trying again next period", exc)
+        return True
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reports.labels(outcome).inc()

@@ -1,0 +1,96 @@
+"""The RPC edge of meshca's own agent report: `meshca.v1.AgentReportService/Report`.
+
+Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
+headers on its CSRs (`meshca.report_headers`): its agent id, the digest of the trust bundle it
+serves and the authorities of the leaves it serves — so coverage (`ca_server.agent_reports`)
+stays fresh while nobody renews. The answer lists the tainted authorities (with how long ago
+each was tainted), which is how every agent, due a renewal or not, learns that leaves must be
+re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces that).
+
+Authenticated exactly like CreateCertificate (the same authenticator chain: a token, or a
+client certificate on the mTLS port); it never signs anything and never touches Istio's wire
+(`istio.v1.auth`). Refusals: `UNAUTHENTICATED` (as CreateCertificate), `INVALID_ARGUMENT` for
+a missing or malformed agent id; the message says what to fix. Concurrency: runs on the CA's
+`grpc.aio` event loop; recording takes a lock for a dictionary update.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+import grpc
+
+from ca_server.agent_reports import AgentReports
+from ca_server.authn import AuthenticatorChain
+from ca_server.errors import InvalidRequestError, RequestError, clip
+from ca_server.metrics import CaMetrics
+from ca_server.service import authn_request
+from meshca.clock import Clock
+from meshca_proto import report_pb2, report_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = report_pb2.DESCRIPTOR.services_by_name["AgentReportService"].full_name
+
+TaintedSince = Callable[[], Mapping[str, datetime]]
+"""The tainted authorities of the state this process signs under, and when each was tainted
+(`AuthorityState.tainted_since`); empty for a plugged-in CA, which has no taint."""
+
+
+def no_taints() -> Mapping[str, datetime]:
+    return {}
+
+
+class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
+    def __init__(
+        self,
+        *,
+        authenticators: AuthenticatorChain,
+        reports: AgentReports,
+        tainted_since: TaintedSince,
+        metrics: CaMetrics,
+        clock: Clock,
+    ) -> None:
+        self._authenticators = authenticators
+        self._reports = reports
+        self._tainted_since = tainted_since
+        self._metrics = metrics
+        self._clock = clock
+
+    async def Report(
+        self, request: report_pb2.AgentReportRequest, context: grpc.aio.ServicerContext
+    ) -> report_pb2.AgentReportResponse:
+        try:
+            await self._authenticators.authenticate(authn_request(context))
+            recorded = self._reports.record_periodic(
+                request.agent_id,
+                request.trust_bundle_sha256,
+                request.leaf_authorities,
+                self._clock.now(),
+            )
+            if not recorded:
+                raise InvalidRequestError(
+                    "agent-id-invalid",
+                    f"agent_id {clip(request.agent_id)!r} is not a valid agent id: send 1-253 "
+                    "letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+                )
+        except RequestError as exc:
+            self._metrics.agent_reports.labels(exc.reason).inc()
+            await context.abort(exc.code, exc.message)
+            raise AssertionError("unreachable: context.abort raises") from exc
+        self._metrics.agent_reports.labels("recorded").inc()
+        now = self._clock.now()
+        return report_pb2.AgentReportResponse(
+            tainted=[
+                report_pb2.TaintedAuthority(
+                    id=ident, seconds_since_taint=max(0.0, (now - at).total_seconds())
+                )
+                for ident, at in sorted(self._tainted_since().items())
+            ]
+        )
+
+
+def add_report_service(service: AgentReportService, server: grpc.aio.Server) -> None:
+    report_pb2_grpc.add_AgentReportServiceServicer_to_server(service, server)

@@ -1,0 +1,148 @@
+"""Issue #9 forced rotation, the agent's half: leaves signed by an authority the CA has tainted
+are re-signed at a uniform point of the taint window (`agent.rotation`), decided once in the one
+scheduler for a pod's one identity and a node's many; on a FakeClock, with a fake signer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import statistics
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+from agent.ca_client import SignedCertificate, SigningRequest
+from agent.config import AgentConfig
+from agent.metrics import AgentMetrics
+from agent.propagation import leaf_authority
+from agent.rotation import RotationPolicy
+from agent.scheduler import CertificateScheduler
+from agent.secrets import SecretCache
+from ca_server.authority_slots import authority_id
+from certs import SpiffeId, load_cert
+from meshca.clock import FakeClock
+from tests.agent.wiring import until
+from tests.support.pki import TestCa
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+TTL = timedelta(seconds=1000)  # renewal at ~500 s: far beyond the taint window
+WINDOW = timedelta(seconds=60)
+IDENTITIES = frozenset(SpiffeId("cluster.local", "ns", f"sa{n}") for n in range(40))
+
+
+class SwitchableSigner:
+    """Signs with `self.pki` (a test swaps it, as an activation would); records when."""
+
+    def __init__(self, pki: TestCa, clock: FakeClock) -> None:
+        self.pki = pki
+        self.clock = clock
+        self.calls: list[tuple[SpiffeId, datetime]] = []
+
+    async def sign(self, request: SigningRequest) -> SignedCertificate:
+        now = self.clock.now()
+        self.calls.append((request.identity, now))
+        elements = self.pki.sign_csr(request.csr_pem, request.ttl, now)
+        return SignedCertificate(elements[0], elements[1], load_cert(elements[0]), now)
+
+
+@contextlib.asynccontextmanager
+async def node_scheduler() -> AsyncIterator[
+    tuple[CertificateScheduler, SwitchableSigner, FakeClock, AgentMetrics]
+]:
+    clock = FakeClock(START)
+    signer = SwitchableSigner(TestCa(START), clock)
+    config = AgentConfig(
+        secret_ttl=TTL,
+        node_mode=True,
+        identities=(("ns", "static"),),
+        taint_resign_window=WINDOW,
+    )
+    metrics = AgentMetrics(clock)
+    scheduler = CertificateScheduler.from_config(
+        config, signer, SecretCache(), clock, metrics=metrics, rng=random.Random(11)
+    )
+    task = asyncio.create_task(scheduler.run())
+    try:
+        yield scheduler, signer, clock, metrics
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await scheduler.aclose()
+
+
+def test_taint_delay_is_uniform_over_the_window_counted_from_the_taint() -> None:
+    policy = RotationPolicy(ttl=TTL, taint_resign_window=timedelta(seconds=100))
+    rng = random.Random(3)
+    fresh = [policy.taint_resign_delay(0.0, rng) for _ in range(4000)]
+    assert all(0.0 <= d <= 100.0 for d in fresh)
+    assert 45 < statistics.mean(fresh) < 55
+    # Ten buckets of 10 s each hold about a tenth: no pile-up anywhere in the window.
+    counts = [sum(1 for d in fresh if b * 10 <= d < (b + 1) * 10) for b in range(10)]
+    assert min(counts) > 300 and max(counts) < 500, counts
+    # Heard of it 40 s late: the rest of the window, or at once for points already past.
+    late = [policy.taint_resign_delay(40.0, rng) for _ in range(4000)]
+    assert all(0.0 <= d <= 60.0 for d in late)
+    assert 0.3 < sum(1 for d in late if d == 0.0) / len(late) < 0.5
+    assert policy.taint_resign_delay(500.0, rng) == 0.0  # window long over: now
+
+
+def test_tainted_leaves_are_resigned_spread_over_the_window_once() -> None:
+    async def main() -> None:
+        async with node_scheduler() as (scheduler, signer, clock, metrics):
+            scheduler.set_identities(IDENTITIES)
+            await until(lambda: scheduler.installs == len(IDENTITIES))
+            old = authority_id(signer.pki.cert)
+            assert scheduler.leaf_authorities() == {old}
+
+            assert scheduler.authorities_tainted({"ab" * 20: 0.0}) == 0  # not ours
+            signer.pki = TestCa(START)  # the CA activated a new authority
+            new = authority_id(signer.pki.cert)
+            assert scheduler.authorities_tainted({old: 0.0}) == len(IDENTITIES)
+            assert scheduler.authorities_tainted({old: 5.0}) == 0  # repeated: once only
+            assert metrics.taint_resigns._value.get() == len(IDENTITIES)
+            due = sorted(
+                (s.due_at - START).total_seconds()
+                for s in scheduler.states.values()
+                if s.due_at is not None
+            )
+            assert len(due) == len(IDENTITIES)
+            assert due[0] >= 0 and due[-1] <= WINDOW.total_seconds()
+            assert due[-1] - due[0] > WINDOW.total_seconds() / 2  # spread, not one instant
+
+            before = len(signer.calls)
+            for _ in range(int(WINDOW.total_seconds()) + 1):
+                clock.advance(1)
+                await asyncio.sleep(0)
+            await until(lambda: len(signer.calls) == before + len(IDENTITIES))
+            await until(lambda: scheduler.leaf_authorities() == {new})
+            at = [(when - START).total_seconds() for _id, when in signer.calls[before:]]
+            per_10s = [sum(1 for t in at if b * 10 <= t < (b + 1) * 10) for b in range(6)]
+            assert max(per_10s) <= len(IDENTITIES) / 2, per_10s  # never half of them at once
+            # The new leaves are not tainted: nothing more moves.
+            assert scheduler.authorities_tainted({old: 70.0}) == 0
+            assert all(
+                leaf_authority(s.current.leaf) == new
+                for s in scheduler.states.values()
+                if s.current
+            )
+
+    asyncio.run(main())
+
+
+def test_a_renewal_already_due_sooner_is_not_postponed() -> None:
+    async def main() -> None:
+        async with node_scheduler() as (scheduler, signer, clock, _metrics):
+            only = frozenset(list(IDENTITIES)[:1])
+            scheduler.set_identities(only)
+            await until(lambda: scheduler.installs == 1)
+            state = next(iter(scheduler.states.values()))
+            clock.advance(TTL.total_seconds() / 2 - 5)  # its renewal is ~5 s away
+            due = state.due_at
+            assert due is not None
+            tainted = {authority_id(signer.pki.cert): 0.0}
+            # A 60 s window would draw a point later than 5 s in most draws; it keeps the sooner.
+            scheduler.authorities_tainted(tainted)
+            assert state.due_at is not None and state.due_at <= due
+
+    asyncio.run(main())
