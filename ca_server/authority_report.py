@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from ca_server.agent_reports import Coverage, FleetReports, coverage
-from ca_server.authority_slots import AuthorityState, Slot
+from ca_server.authority_slots import AuthorityState, Slot, gate_waiting
 
 UNKNOWN = "unknown"
 
@@ -62,11 +62,28 @@ def fleet_coverage(state: AuthorityState, fleet: FleetReports | None) -> Coverag
 def show_document(
     state: AuthorityState, live: dict[str, int] | None, agents: Coverage | None
 ) -> dict[str, Any]:
-    """What `meshca authority show -o json` prints: the rows and the count of callers that send
-    no report (Istio's agents)."""
+    """What `meshca authority show -o json` prints: the rows, the count of callers that send
+    no report (Istio's agents), and the activation gate if it is holding an activation."""
     return {
         "authorities": slot_rows(state, live, agents),
         "agents_unknown": agents.unknown if agents is not None else UNKNOWN,
+        "activation_gate": activation_gate(state, agents),
+    }
+
+
+def activation_gate(state: AuthorityState, agents: Coverage | None) -> dict[str, Any] | None:
+    """The prepared authority's activation held by a CA's coverage gate (`--activate-at-
+    coverage`: the CA writes an `activation-gated` event when it starts waiting), with the
+    coverage now; `None` when no activation waits."""
+    event = gate_waiting(state)
+    if event is None:
+        return None
+    return {
+        "authority": event.authority,
+        "waiting_since": event.at.isoformat(),
+        "reason": event.reason,
+        "agents_trusting": agents.trusting.get(event.authority, 0) if agents else UNKNOWN,
+        "agents_reporting": agents.reporting if agents is not None else UNKNOWN,
     }
 
 

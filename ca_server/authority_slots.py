@@ -91,7 +91,8 @@ class Slot:
 @dataclass(frozen=True)
 class HistoryEvent:
     at: datetime
-    event: str  # prepared | activated | retired | dropped | tainted | revoked | adopted
+    # prepared | activated | retired | dropped | tainted | revoked | adopted | activation-gated
+    event: str
     authority: str
     reason: str = ""
 
@@ -106,12 +107,27 @@ class RotationPolicy:
     # How long after a change every replica is known to have seen it (a few polls).
     convergence: timedelta = timedelta(seconds=15)
     automatic: bool = True
+    # The activation gate (`--activate-at-coverage`): at the 5/6 point, activate only once this
+    # fraction of reporting agents trusts the prepared authority; None: by the clock alone.
+    activate_at_coverage: float | None = None
+    # ... but never later than this share of the activation lead past the 5/6 point: leaves
+    # signed while waiting end with the active authority, so they get at least
+    # (1 - share) * max_leaf_ttl.
+    activate_deadline: float = 0.5
 
     def __post_init__(self) -> None:
         if self.activate_cap >= self.prepare_cap:
             raise ValueError(
                 f"the activation lead ({self.activate_cap}) must be shorter than the preparation "
                 f"lead ({self.prepare_cap})"
+            )
+        if self.activate_at_coverage is not None and not 0 < self.activate_at_coverage <= 1:
+            raise ValueError(
+                f"the activation coverage ({self.activate_at_coverage}) must be in (0, 1]"
+            )
+        if not 0 <= self.activate_deadline < 1:
+            raise ValueError(
+                f"the activation deadline ({self.activate_deadline}) must be in [0, 1)"
             )
 
     def prepare_lead(self, lifetime: timedelta) -> timedelta:
@@ -131,6 +147,11 @@ class RotationPolicy:
 
     def should_activate(self, active: Slot, now: datetime) -> bool:
         return now >= active.not_after - self.activate_lead(active.lifetime)
+
+    def activation_deadline(self, active: Slot) -> datetime:
+        """When a gated activation happens whatever the coverage."""
+        lead = self.activate_lead(active.lifetime)
+        return active.not_after - lead + lead * self.activate_deadline
 
     def may_drop(self, old: Slot, now: datetime, max_leaf_ttl: timedelta) -> bool:
         """An old authority (tainted or not) leaves the bundle once no leaf it signed can still be
@@ -216,6 +237,10 @@ class AuthorityState:
         history = (*self.history, *events)[-HISTORY_LIMIT:]
         return AuthorityState(tuple(slots), history)
 
+    def noted(self, event: HistoryEvent) -> AuthorityState:
+        """The same slots with one more history event (a decision worth auditing)."""
+        return self._with(list(self.slots), event)
+
     def _replace_slot(self, old: Slot, new: Slot) -> list[Slot]:
         return [new if s is old else s for s in self.slots]
 
@@ -296,12 +321,81 @@ class AuthorityState:
         return self._with(slots, HistoryEvent(now, "dropped", slot.id, reason))
 
 
+GATE_WAITING = "activation-gated"
+"""History event: the prepared authority's activation is due but waits for coverage."""
+GATE_DEADLINE_REASON = "gate deadline passed"
+"""Start of an `activated` event's reason when the gate gave up waiting."""
+
+
+@dataclass(frozen=True)
+class AgentCoverage:
+    """For the activation gate: agents whose bundle holds the prepared authority / reporting."""
+
+    trusting: int
+    reporting: int
+
+    def reaches(self, fraction: float) -> bool:
+        """Covered when no agent reports (nothing is known to be stranded) or at `fraction`."""
+        return self.reporting == 0 or self.trusting >= fraction * self.reporting
+
+    def __str__(self) -> str:
+        if self.reporting == 0:
+            return "no agent reports"
+        return f"{self.trusting}/{self.reporting} reporting agents trust it"
+
+
+def gate_waiting(state: AuthorityState) -> HistoryEvent | None:
+    """The gate's waiting event for the prepared authority, if activation is being held."""
+    prepared = state.prepared
+    if prepared is None:
+        return None
+    for event in reversed(state.history):
+        if event.authority == prepared.id:
+            return event if event.event == GATE_WAITING else None
+    return None
+
+
+def _gated_activation(
+    state: AuthorityState,
+    policy: RotationPolicy,
+    now: datetime,
+    coverage_of: Callable[[str], AgentCoverage],
+) -> AuthorityState | None:
+    """The activation at the 5/6 point under `--activate-at-coverage`: now if covered, at the
+    deadline anyway (with a reason that says so), else one `activation-gated` event (so `show`
+    and the audit stream say it waits) and nothing until the next call."""
+    prepared, active = state.prepared, state.active
+    assert prepared is not None and policy.activate_at_coverage is not None
+    fraction = policy.activate_at_coverage
+    covered = coverage_of(prepared.id)
+    if covered.reaches(fraction):
+        return state.activate(
+            None, now, f"scheduled: five sixths of the active authority's life; {covered}"
+        )
+    deadline = policy.activation_deadline(active)
+    if now >= deadline:
+        return state.activate(
+            None,
+            now,
+            f"{GATE_DEADLINE_REASON}: only {covered} (wanted {fraction:.0%}); activated "
+            "anyway before the active authority's leaves get too short",
+        )
+    if gate_waiting(state) is not None:
+        return None
+    reason = (
+        f"waiting until {fraction:.0%} of reporting agents trust it; "
+        f"activates anyway at {deadline.isoformat()}"
+    )
+    return state.noted(HistoryEvent(now, GATE_WAITING, prepared.id, reason))
+
+
 def scheduled_step(
     state: AuthorityState,
     policy: RotationPolicy,
     now: datetime,
     new_slot: Callable[[], Slot],
     live_leaves: Callable[[], Mapping[str, int]] = dict,
+    coverage_of: Callable[[str], AgentCoverage] | None = None,
 ) -> AuthorityState | None:
     """The next automatic change due at `now`, or `None` when nothing is due.
 
@@ -309,7 +403,8 @@ def scheduled_step(
     change is persisted and audited on its own. `live_leaves` (asked only when an old
     authority's time is up) is the leaf ledger's count per authority: an old authority that
     still has live leaves stays — say the maximum TTL was lowered since they were signed — until
-    they expire or the authority itself does.
+    they expire or the authority itself does. `coverage_of` (asked only when a gated
+    activation is due) says how many reporting agents trust an authority.
     """
     max_leaf = policy.max_leaf_ttl
     for old in state.old:
@@ -324,6 +419,8 @@ def scheduled_step(
     if state.prepared is None and policy.should_prepare(active, now):
         return state.prepare(new_slot, now, "scheduled: half of the active authority's life")
     if state.prepared is not None and policy.should_activate(active, now):
+        if policy.activate_at_coverage is not None and coverage_of is not None:
+            return _gated_activation(state, policy, now, coverage_of)
         return state.activate(None, now, "scheduled: five sixths of the active authority's life")
     return None
 

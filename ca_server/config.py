@@ -142,6 +142,9 @@ class CaConfig:
     root_rotation: bool = True
     root_prepare_cap: timedelta = timedelta(days=180)
     root_activate_cap: timedelta = timedelta(days=90)
+    # The activation gate (see `authority_slots.RotationPolicy`): None activates by the clock.
+    activate_at_coverage: float | None = None
+    activate_deadline: float = 0.5
     serving_hosts: tuple[str, ...] = DEFAULT_SERVING_HOSTS
     serving_cert_lifetime: timedelta = timedelta(days=365)
     plugged_ca_poll_interval: timedelta = timedelta(seconds=5)
@@ -190,6 +193,8 @@ class CaConfig:
             root_rotation=args.root_rotation,
             root_prepare_cap=args.root_prepare_cap,
             root_activate_cap=args.root_activate_cap,
+            activate_at_coverage=args.activate_at_coverage,
+            activate_deadline=args.activate_deadline,
             plugged_ca_poll_interval=args.ca_reload_interval,
             kube=kube,
             admission=_admission(args),
@@ -197,6 +202,20 @@ class CaConfig:
         )
         if args.serving_host:
             config = replace(config, serving_hosts=tuple(args.serving_host))
+        if config.activate_at_coverage is not None and not 0 < config.activate_at_coverage <= 1:
+            raise ConfigError(
+                f"--activate-at-coverage {config.activate_at_coverage} must be a fraction in "
+                "(0, 1], e.g. 0.95 for 95% of the reporting agents"
+            )
+        if not 0 <= config.activate_deadline < 1:
+            raise ConfigError(
+                f"--activate-deadline {config.activate_deadline} must be in [0, 1): the share of "
+                "the activation lead the gate may wait (0.5: half)"
+            )
+        if config.activate_at_coverage is not None and not config.root_rotation:
+            raise ConfigError(
+                "--activate-at-coverage gates the automatic activation: it needs --root-rotation"
+            )
         if config.root_activate_cap >= config.root_prepare_cap:
             raise ConfigError(
                 "--root-activate-cap must be shorter than --root-prepare-cap (got "
@@ -379,6 +398,23 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
         default="90d",
         help="activate it at most this long before the active one expires; also the longest "
         "workload certificate the CA signs, so a rotation never cuts one short",
+    )
+    ca.add_argument(
+        "--activate-at-coverage",
+        type=float,
+        default=None,
+        metavar="F",
+        help="self-signed rotation: at the 5/6 point, activate the prepared authority only once "
+        "this fraction of the reporting agents trust it (e.g. 0.95); default: by the clock",
+    )
+    ca.add_argument(
+        "--activate-deadline",
+        type=float,
+        default=0.5,
+        metavar="SHARE",
+        help="with --activate-at-coverage: activate anyway (with a WARNING) once this share of "
+        "the time between the 5/6 point and the active authority's expiry has passed; leaves "
+        "signed meanwhile get at least (1 - SHARE) of the maximum TTL [0.5]",
     )
     ca.add_argument(
         "--ca-reload-interval",

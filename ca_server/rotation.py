@@ -30,18 +30,23 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from cryptography import x509
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
-from ca_server.agent_reports import FleetReports
+from ca_server.agent_reports import FleetReports, coverage
 from ca_server.authority_report import AuthorityReport
 from ca_server.authority_slots import (
+    GATE_DEADLINE_REASON,
+    GATE_WAITING,
+    AgentCoverage,
     AuthorityState,
     HistoryEvent,
     Phase,
     RotationPolicy,
+    gate_waiting,
     next_due,
     scheduled_step,
 )
@@ -133,6 +138,18 @@ class AuthorityGauges:
             multiprocess_mode="livesum",  # with workers: all of this CA's workers together
         )
         self._known: set[str] = set()
+        self.gate_waiting = Gauge(
+            "meshca_ca_activation_gate_waiting",
+            "1 while a due activation waits for --activate-at-coverage",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.gate_deadline = Counter(
+            "meshca_ca_activation_gate_deadline",
+            "Activations this CA process saw made at the gate's deadline, below the coverage "
+            "--activate-at-coverage asked for",
+            registry=r,
+        )
 
     def update(self, state: AuthorityState, live: dict[str, int]) -> None:
         present = {slot.id for slot in state.slots}
@@ -260,9 +277,17 @@ class AuthorityRotator:
             now,
             lambda: self._factory.new(now, Phase.PREPARED),
             lambda: self._settings.ledger_sink.live(now),
+            functools.partial(self._coverage_of, current, now),
         )
         changed[:] = [updated is not None]
         return updated
+
+    def _coverage_of(self, state: AuthorityState, now: datetime, ident: str) -> AgentCoverage:
+        """The activation gate's figure, from every CA process's agent reports (the same
+        merge and rule as `meshca authority show`)."""
+        fleet = self._settings.ledger_sink.agents(now)
+        counted = coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+        return AgentCoverage(counted.trusting.get(ident, 0), counted.reporting)
 
     def _converge(self, state: AuthorityState) -> None:
         digest = state_digest(encode_state(state))
@@ -272,6 +297,8 @@ class AuthorityRotator:
         fresh = tuple(e for e in state.history if e not in self._audited)
         audit_events(fresh, self._settings.instance)
         self._audited.update(fresh)
+        self._gate_news(fresh)
+        self._gauges.gate_waiting.set(1 if gate_waiting(state) is not None else 0)
         previous = self.signer.state
         if previous.active.id != state.active.id or previous.bundle != state.bundle:
             log.info(
@@ -287,6 +314,23 @@ class AuthorityRotator:
         self._gauges.update(state, self.ledger.live(self._clock.now()))
         self.on_change(authority)
         self._converged_digest = digest
+
+    def _gate_news(self, fresh: tuple[HistoryEvent, ...]) -> None:
+        """Says loudly when the activation gate gave up waiting (the operator should find out
+        why agents did not get the new bundle), and when it starts waiting."""
+        for event in fresh:
+            if event.event == "activated" and event.reason.startswith(GATE_DEADLINE_REASON):
+                self._gauges.gate_deadline.inc()
+                log.warning(
+                    "activated authority %s without the wanted coverage: %s. Agents that do "
+                    "not trust it yet fail to verify its leaves until they get the new bundle: "
+                    "check their root-cert.pem source (docs/rotate-the-ca.md#coverage-how-far-a-"
+                    "new-root-has-spread)",
+                    event.authority,
+                    event.reason,
+                )
+            elif event.event == GATE_WAITING:
+                log.info("activation of authority %s: %s", event.authority, event.reason)
 
     def _step_due(self) -> bool:
         if self.signer is None:
@@ -360,4 +404,6 @@ def rotation_policy_for(config: CaConfig) -> RotationPolicy:
         activate_cap=config.root_activate_cap,
         convergence=config.plugged_ca_poll_interval * 3,
         automatic=config.root_rotation,
+        activate_at_coverage=config.activate_at_coverage,
+        activate_deadline=config.activate_deadline,
     )

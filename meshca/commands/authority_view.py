@@ -123,7 +123,8 @@ def read_fleet(ledgers: LedgerSink, name: str) -> FleetReports | None:
 
 def render_authorities(section: dict[str, Any]) -> str:
     """The slots table of `meshca authority show` from its JSON fields (`authorities`,
-    `agents_unknown`), with the line that explains the AGENTS column."""
+    `agents_unknown`, `activation_gate`), with the line that explains the AGENTS column and,
+    while a gated activation waits, one that says so."""
     table = [[title for _key, title in AUTHORITY_COLUMNS]]
     table += [
         [_cell(row, key) for key, _title in AUTHORITY_COLUMNS] for row in section["authorities"]
@@ -137,6 +138,13 @@ def render_authorities(section: dict[str, Any]) -> str:
         "AGENTS = agents trusting it / agents reporting; callers sending no report "
         f"(e.g. Istio's agents, counted as unknown): {section['agents_unknown']}"
     )
+    gate = section.get("activation_gate")
+    if gate:
+        lines.append(
+            f"activation of {gate['authority']} is WAITING (--activate-at-coverage): "
+            f"{gate['agents_trusting']}/{gate['agents_reporting']} reporting agents trust it; "
+            f"{gate['reason']}"
+        )
     return "\n".join(lines)
 
 
