@@ -64,6 +64,7 @@ from meshca.logs import audit
 log = logging.getLogger(__name__)
 
 _MAX_STEPS_PER_ROUND = 8
+GATE_RUNBOOK = "docs/rotate-the-ca.md#gated-activation---activate-at-coverage"
 _MIN_SLEEP = 0.05
 
 
@@ -324,10 +325,10 @@ class AuthorityRotator:
                 log.warning(
                     "activated authority %s without the wanted coverage: %s. Agents that do "
                     "not trust it yet fail to verify its leaves until they get the new bundle: "
-                    "check their root-cert.pem source (docs/rotate-the-ca.md#coverage-how-far-a-"
-                    "new-root-has-spread)",
+                    "check their root-cert.pem source (%s)",
                     event.authority,
                     event.reason,
+                    GATE_RUNBOOK,
                 )
             elif event.event == GATE_WAITING:
                 log.info("activation of authority %s: %s", event.authority, event.reason)
