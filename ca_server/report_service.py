@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ca_server.agent_reports import AgentReports
 from ca_server.authn import AuthenticatorChain
@@ -60,10 +62,14 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         self._clock = clock
 
     async def Report(
-        self, request: report_pb2.AgentReportRequest, context: grpc.aio.ServicerContext
+        self,
+        request: report_pb2.AgentReportRequest | UndecodableReport,
+        context: grpc.aio.ServicerContext,
     ) -> report_pb2.AgentReportResponse:
         try:
             await self._authenticators.authenticate(authn_request(context))
+            if isinstance(request, UndecodableReport):
+                raise InvalidRequestError("request-malformed", request.problem)
             recorded = self._reports.record_periodic(
                 request.agent_id,
                 request.trust_bundle_sha256,
@@ -92,5 +98,33 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         )
 
 
+@dataclass(frozen=True)
+class UndecodableReport:
+    """Request bytes that are not an `AgentReportRequest` (a string field that is not UTF-8,
+    or not protobuf at all): refused with `INVALID_ARGUMENT` after authentication, instead of
+    failing inside grpc with a traceback and an `INTERNAL` the client cannot act on."""
+
+    problem: str
+
+
+def decode_report(data: bytes) -> report_pb2.AgentReportRequest | UndecodableReport:
+    try:
+        return report_pb2.AgentReportRequest.FromString(data)
+    except DecodeError:
+        return UndecodableReport(
+            f"the request ({len(data)} bytes) does not decode as a meshca.v1.AgentReportRequest "
+            "(malformed protobuf, or a string field that is not UTF-8)"
+        )
+
+
 def add_report_service(service: AgentReportService, server: grpc.aio.Server) -> None:
-    report_pb2_grpc.add_AgentReportServiceServicer_to_server(service, server)
+    """Like the generated `add_AgentReportServiceServicer_to_server`, with `decode_report`."""
+    handlers = {
+        "Report": grpc.unary_unary_rpc_method_handler(
+            service.Report,
+            request_deserializer=decode_report,
+            response_serializer=report_pb2.AgentReportResponse.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

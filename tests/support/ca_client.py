@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from meshca_proto import ca_pb2, ca_pb2_grpc
+from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2
 
 
 @contextmanager
@@ -51,3 +51,30 @@ def create_certificate(
         call_headers.append(("authorization", f"Bearer {token}"))
     response = stub.CreateCertificate(request, metadata=call_headers, timeout=10)
     return list(response.cert_chain)
+
+
+@contextmanager
+def report_channel(addr: str, root_pem: bytes, server_name: str = "localhost") -> Iterator[Any]:
+    """A TLS channel to the CA for meshca's own agent report (`meshca.v1`)."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_pem)
+    options = [("grpc.ssl_target_name_override", server_name)]
+    with grpc.secure_channel(addr, credentials, options=options) as channel:
+        yield channel
+
+
+def send_report(
+    channel: Any,
+    request: report_pb2.AgentReportRequest | bytes,
+    *,
+    token: str | None = None,
+) -> report_pb2.AgentReportResponse:
+    """Calls `Report` (raw bytes are sent as they are); raises `grpc.RpcError` on refusal."""
+    call = channel.unary_unary(
+        "/meshca.v1.AgentReportService/Report",
+        request_serializer=None,
+        response_deserializer=report_pb2.AgentReportResponse.FromString,
+    )
+    data = request if isinstance(request, bytes) else request.SerializeToString()
+    headers = [("authorization", f"Bearer {token}")] if token is not None else []
+    response: report_pb2.AgentReportResponse = call(data, metadata=headers, timeout=10)
+    return response
