@@ -18,7 +18,9 @@ Module map:
 - `acceptance`: the one "may this certificate be served" rule, for the CA's answer, restored
   files and mounted files.
 - `ca_client` (gRPC/TLS to the CA), `token` (service-account token and the identity in it),
-  `propagation` (what every CSR reports to the CA: agent id, bundle digest, leaf authority).
+  `propagation` (what every CSR reports to the CA: agent id, bundle digest, leaf authority),
+  `reporter` (the same facts between renewals; the answer's tainted authorities go to the
+  scheduler, which re-signs their leaves paced over `--taint-resign-window`).
 - `trust_bundle`: the served `ROOTCA`, learned from the watched root file and the CA's answers;
   a change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and

@@ -13,4 +13,10 @@ rotated by one driver every process runs (`rotation`), which hands the active on
 A plugged-in CA comes from `root_store` (`--cacerts-dir`), its changes checked by
 `plugged_rotation`. `leaf_ledger` counts the live leaves each authority signed. Which of the two
 is chosen, once at start-up, in `authority_setup`.
+
+What the fleet holds: meshca agents report their trust bundle and leaf authorities on every CSR
+(headers, recorded by `service`) and between renewals on meshca's own RPC (`report_service`,
+`meshca.v1.AgentReportService`, whose answer names the tainted authorities); `agent_reports`
+keeps the table and the coverage rule, which `meshca authority show` and the activation gate
+(`authority_slots`, `--activate-at-coverage`) read.
 """
