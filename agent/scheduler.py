@@ -323,7 +323,7 @@ class CertificateScheduler:
             due = now + timedelta(seconds=delay)
             if state.identity in self.queue or (state.due_at is not None and state.due_at <= due):
                 continue
-            log.warning(
+            log.info(
                 "the certificate for %s was signed by authority %s, which the CA has tainted; "
                 "re-signing in %.1fs",
                 state.identity,
@@ -335,6 +335,14 @@ class CertificateScheduler:
                 self._metrics.taint_resigns.inc()
             self._schedule(state, delay, RENEWAL)
             moved += 1
+        if moved:
+            log.warning(
+                "the CA has tainted authority %s: re-signing %d certificate(s) it signed within "
+                "%s of the taint",
+                ", ".join(sorted(tainted)),
+                moved,
+                self.policy.taint_resign_window,
+            )
         return moved
 
     def request_rotation(self) -> None:
