@@ -123,8 +123,20 @@ def test_key_spec(env: dict[str, str], flag: str | None, expected: KeySpec) -> N
         ([], {"ECC_CURVE": "P521", "ECC_SIGNATURE_ALGORITHM": "ECDSA"}, "curve"),
         ([], {"FILE_MOUNTED_CERTS": "maybe"}, "FILE_MOUNTED_CERTS"),
         (["--status-listen", "nowhere"], {}, "HOST:PORT"),
+        (["--report-interval", "100ms"], {}, "--report-interval .* between"),
+        (["--report-interval", "2h"], {}, "--report-interval .* between"),
+        (["--taint-resign-window", "soon"], {}, "--taint-resign-window"),
     ],
 )
 def test_bad_values_name_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(argv, env)
+
+
+def test_report_and_taint_settings() -> None:
+    default = parse([])
+    assert default.report_interval == timedelta(minutes=2)
+    assert default.taint_resign_window == timedelta(minutes=5)
+    custom = parse(["--report-interval", "0", "--taint-resign-window", "30s"])
+    assert custom.report_interval == timedelta(0)  # off
+    assert custom.taint_resign_window == timedelta(seconds=30)

@@ -19,7 +19,10 @@ from ca_server.authority_slots import (
     scheduled_step,
 )
 from ca_server.authority_state import SlotFactory
+from ca_server.config import CaConfig, ConfigError
+from ca_server.rotation import rotation_policy_for
 from certs import KeySpec
+from meshca.cli import build_parser
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 LIFE = timedelta(minutes=60)  # prepared at 30 min, due at 50 min; lead 10 min
@@ -102,3 +105,23 @@ def test_policy_refuses_nonsense() -> None:
         RotationPolicy(lifetime=LIFE, activate_at_coverage=1.5)
     with pytest.raises(ValueError, match="deadline"):
         RotationPolicy(lifetime=LIFE, activate_deadline=1.0)
+
+
+def _ca_config(*args: str) -> CaConfig:
+    parsed = build_parser("ca").parse_args(["ca", "--data-dir", "/tmp/d", *args])
+    return CaConfig.from_args(parsed, {})
+
+
+def test_flags_reach_the_rotation_policy_and_nonsense_is_refused() -> None:
+    config = _ca_config("--activate-at-coverage", "0.95", "--activate-deadline", "0.25")
+    policy = rotation_policy_for(config)
+    assert policy.activate_at_coverage == 0.95 and policy.activate_deadline == 0.25
+    assert rotation_policy_for(_ca_config()).activate_at_coverage is None  # by the clock
+    for args, message in (
+        (("--activate-at-coverage", "0"), "--activate-at-coverage"),
+        (("--activate-at-coverage", "95"), "fraction"),
+        (("--activate-at-coverage", "0.9", "--activate-deadline", "1"), "--activate-deadline"),
+        (("--activate-at-coverage", "0.9", "--no-root-rotation"), "needs --root-rotation"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            _ca_config(*args)
