@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,3 +97,11 @@ def ca(tmp_path_factory: pytest.TempPathFactory, rsa_issuer: RsaIssuer) -> Itera
 @pytest.fixture(scope="module")
 def root_pem(ca: CaProcess) -> bytes:
     return ca.root_cert_path.read_bytes()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp for tests that start agents: their SDS socket paths must
+    stay under 107 bytes, which pytest's long tmp_path does not."""
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="mcs-") as path:
+        yield Path(path)

@@ -16,13 +16,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, load_certs
@@ -37,13 +33,6 @@ AGENTS = 10
 HELD_BACK = 3
 LIFE = timedelta(seconds=720)  # activation lead (and leaf TTL cap): 120 s
 AGE = timedelta(seconds=560)  # prepared at 580 s of its life, due at 600 s
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Unix socket paths must stay under 107 bytes, so not pytest's long tmp_path."""
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="mcg-") as path:
-        yield Path(path)
 
 
 def _show(ca: CaProcess) -> dict[str, Any]:

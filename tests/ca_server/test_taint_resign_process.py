@@ -12,13 +12,9 @@ cost none. `revoke` then removes the old authority from every agent's root file.
 from __future__ import annotations
 
 import json
-import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-
-import pytest
 
 from agent.propagation import leaf_authority
 from ca_server.authority_slots import authority_id
@@ -32,13 +28,6 @@ AGENTS = 6
 WINDOW = 8.0  # --taint-resign-window, seconds
 REPORT = 1.0  # --report-interval, seconds (jittered ± 20 %)
 SLACK = 6.0  # process scheduling on a shared 2-core machine
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Unix socket paths must stay under 107 bytes, so not pytest's long tmp_path."""
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="mct-") as path:
-        yield Path(path)
 
 
 def _issued(ca: CaProcess) -> list[tuple[float, str]]:
