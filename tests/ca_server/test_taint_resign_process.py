@@ -11,17 +11,16 @@ cost none. `revoke` then removes the old authority from every agent's root file.
 
 from __future__ import annotations
 
-import json
 import time
-from datetime import datetime
 from pathlib import Path
 
 from agent.propagation import leaf_authority
 from ca_server.authority_slots import authority_id
-from certs import load_cert, load_certs
+from certs import load_certs
 from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
+from tests.support.csr_audit import issued_lines
 from tests.support.processes import wait_for
 
 AGENTS = 6
@@ -32,22 +31,12 @@ SLACK = 6.0  # process scheduling on a shared 2-core machine
 
 def _issued(ca: CaProcess) -> list[tuple[float, str]]:
     """(unix time, identity) of every `issued` audit line in the CA's log."""
-    out = []
-    for line in ca.log().splitlines():
-        if not line.startswith("{"):
-            continue
-        entry = json.loads(line)
-        if entry.get("msg") == "issued":
-            out.append((datetime.fromisoformat(entry["ts"]).timestamp(), entry["identity"]))
-    return out
+    return [(line.at.timestamp(), line.identity) for line in issued_lines(ca.log())]
 
 
 def _serving_authority(agent: AgentProcess) -> str | None:
-    try:
-        leaf = load_cert((agent.output_dir / "cert-chain.pem").read_bytes())
-    except (FileNotFoundError, ValueError):
-        return None
-    return leaf_authority(leaf)
+    leaf = agent.file_leaf()
+    return leaf_authority(leaf) if leaf is not None else None
 
 
 def _root_ids(path: Path) -> set[str]:
