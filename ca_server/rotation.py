@@ -139,6 +139,20 @@ class AuthorityGauges:
             multiprocess_mode="livesum",  # with workers: all of this CA's workers together
         )
         self._known: set[str] = set()
+        self.trusting = Gauge(
+            "meshca_ca_authority_agents_trusting",
+            "Reporting agents whose trust bundle holds the authority (coverage numerator)",
+            ["authority"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.reporting = Gauge(
+            "meshca_ca_agents_reporting",
+            "Agents that reported what they trust (coverage denominator; Istio's agents, which "
+            "send no report, are not counted)",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.gate_waiting = Gauge(
             "meshca_ca_activation_gate_waiting",
             "1 while a due activation waits for --activate-at-coverage",
@@ -157,7 +171,7 @@ class AuthorityGauges:
         for gone in self._known - present:
             for phase in Phase:
                 _remove(self.phase, gone, phase.value)
-            for gauge in (self.tainted, self.not_after, self.live_leaves):
+            for gauge in (self.tainted, self.not_after, self.live_leaves, self.trusting):
                 _remove(gauge, gone)
         for slot in state.slots:
             for phase in Phase:
@@ -169,6 +183,14 @@ class AuthorityGauges:
         # Istio's gauges (and meshca's lifetimes) describe the active authority: the root that
         # signs now, which a rotation replaces before it expires.
         self._metrics.record_authority(state.signing_authority(), root=state.active.cert)
+
+    def coverage(self, state: AuthorityState, fleet: FleetReports) -> None:
+        """Per authority, how many reporting agents trust it (every CA process's reports)."""
+        counted = coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+        for slot in state.slots:
+            if slot.id in self._known:  # `update` removes the series of a gone authority
+                self.trusting.labels(slot.id).set(counted.trusting.get(slot.id, 0))
+        self.reporting.set(counted.reporting)
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:
@@ -374,6 +396,8 @@ class AuthorityRotator:
                 log.warning("cannot read the CA processes' reports for /debug/ca: %s", exc)
             self._report_failing = True
         self.report.update(self.signer.state, live, fleet, now)
+        if fleet is not None:
+            self._gauges.coverage(self.signer.state, fleet)
 
 
 def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:

@@ -27,6 +27,7 @@ from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
+from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 
 AGENTS = 10
@@ -126,9 +127,20 @@ def test_gated_activation_waits_for_the_held_back_agents(short_dir: Path) -> Non
         table = meshca_authority(data_dir_target(ca.data_dir), "show")
         assert "is WAITING (--activate-at-coverage): 7/10" in table.stdout, table.stdout
         assert '"msg": "authority-activation-gated"' in ca.log()
-        assert "meshca_ca_activation_gate_waiting 1.0" in ca.metrics()
-
         prepared_id = states["prepared"]["id"]
+
+        def gauges() -> tuple[float, float, float]:
+            metrics = ca.metrics()
+            return (
+                sample_value(metrics, "meshca_ca_activation_gate_waiting"),
+                sample_value(metrics, "meshca_ca_agents_reporting"),
+                sample_value(
+                    metrics, "meshca_ca_authority_agents_trusting", {"authority": prepared_id}
+                ),
+            )
+
+        wait_for(lambda: gauges() == (1, 10, 7), 10, "the gate and coverage gauges")
+
         for n in range(HELD_BACK):  # released
             _publish(short_dir / f"root-{n}.pem", new_bundle)
         wait_for(
