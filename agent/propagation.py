@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 
+from certs import issuer_key_id
 from meshca.report_headers import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 
 AGENT_ID_SUFFIX_BYTES = 4
@@ -39,11 +40,7 @@ def new_agent_id(name: str | None, rng: random.Random | None = None) -> str:
 
 def leaf_authority(leaf: x509.Certificate) -> str | None:
     """The signing authority's Subject Key ID in hex, from the leaf's Authority Key Identifier."""
-    try:
-        aki = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
-    except x509.ExtensionNotFound:
-        return None
-    return aki.key_identifier.hex() if aki.key_identifier else None
+    return issuer_key_id(leaf)
 
 
 @dataclass(frozen=True)

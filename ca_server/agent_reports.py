@@ -33,7 +33,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,8 +56,9 @@ _MAX_REPORTED_AUTHORITIES = 8  # a fleet signs under a handful of authorities at
 @dataclass(frozen=True)
 class AgentReport:
     bundle: str | None  # the trust bundle digest the agent serves, if it sent a valid one
-    # The authority of the leaf it renewed (CSR), or of every leaf it serves, comma-joined
-    # (periodic report); None when it named none.
+    # The authorities of the leaves it serves, sorted and comma-joined: every one named by its
+    # periodic report, kept across its CSRs and moved from the renewed leaf's authority to the
+    # signing one when a CSR is answered (`record_issued`); None when it named none.
     authority: str | None
     until: float  # unix seconds after which the entry is forgotten
 
@@ -95,13 +96,41 @@ class AgentReports:
                 self._unknown.move_to_end(caller)
                 _bound(self._unknown, self._capacity)
             else:
+                previous = self._agents.get(agent_id)
                 self._agents[agent_id] = AgentReport(
                     _valid(headers.get(TRUST_BUNDLE_HEADER), _DIGEST),
-                    _valid(headers.get(LEAF_AUTHORITY_HEADER), _AUTHORITY),
+                    # A CSR names only the leaf it renews, already among those it serves.
+                    previous.authority
+                    if previous is not None and previous.authority
+                    else _valid(headers.get(LEAF_AUTHORITY_HEADER), _AUTHORITY),
                     until,
                 )
                 self._agents.move_to_end(agent_id)
                 _bound(self._agents, self._capacity)
+            self.changed = True
+
+    def record_issued(self, headers: Mapping[str, str], issued_by: str, *, sole_leaf: bool) -> None:
+        """A certificate signed by `issued_by` was just issued on a request with `headers`
+        (recorded first by `record`): the agent now serves a leaf of `issued_by`, in place of
+        the one it renewed when that was its only leaf (`sole_leaf`: a pod agent, not a node
+        agent impersonating one of its pods). A node agent's renewed authority may still sign
+        its other identities' leaves, so it stays counted until its next periodic report says
+        otherwise — an over-count, never an under-count: "nobody serves the old one" is never
+        said early."""
+        agent_id = _valid(headers.get(AGENT_ID_HEADER), _AGENT_ID)
+        if agent_id is None:
+            return
+        with self._lock:
+            entry = self._agents.get(agent_id)
+            if entry is None:
+                return
+            serving = set(entry.authority.split(",")) if entry.authority else set()
+            renewed = _valid(headers.get(LEAF_AUTHORITY_HEADER), _AUTHORITY)
+            if renewed is not None and sole_leaf:
+                serving.discard(renewed)
+            serving.add(issued_by)
+            joined = ",".join(sorted(serving)[:_MAX_REPORTED_AUTHORITIES])
+            self._agents[agent_id] = AgentReport(entry.bundle, joined, entry.until)
             self.changed = True
 
     def record_periodic(
@@ -174,26 +203,40 @@ class FleetReports:
     bundles: dict[str, str | None]
     unknown: frozenset[str]
     dropped: int = 0  # entries a process could not publish (size limit): not counted
+    # Per agent, the authorities of the leaves it serves (empty when it named none).
+    leaves: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def merge_snapshots(snapshots: Iterable[tuple[str, str]], now: datetime) -> FleetReports:
     """Merges `(where, snapshot JSON)` pairs, the latest entry per agent winning; unreadable
     snapshots are skipped with a warning naming `where`."""
     cutoff = now.timestamp()
-    latest: dict[str, tuple[float, str | None]] = {}
+    latest: dict[str, tuple[float, str | None, str | None]] = {}
     unknown: set[str] = set()
     dropped = 0
     for where, text in snapshots:
         try:
             snapshot = json.loads(text)
             dropped += int(snapshot.get("dropped", 0))
-            for agent, (bundle, _authority, until) in snapshot.get("agents", {}).items():
-                if float(until) > cutoff and float(until) > latest.get(agent, (0.0, None))[0]:
-                    latest[agent] = (float(until), bundle if isinstance(bundle, str) else None)
+            for agent, (bundle, authority, until) in snapshot.get("agents", {}).items():
+                if float(until) > cutoff and float(until) > latest.get(agent, (0.0,))[0]:
+                    latest[agent] = (
+                        float(until),
+                        bundle if isinstance(bundle, str) else None,
+                        authority if isinstance(authority, str) else None,
+                    )
             unknown.update(c for c, u in snapshot.get("unknown", {}).items() if float(u) > cutoff)
         except (ValueError, AttributeError, TypeError) as exc:
             log.warning("ignoring unreadable agent reports %s: %s", where, exc)
-    return FleetReports({a: b for a, (_u, b) in latest.items()}, frozenset(unknown), dropped)
+    return FleetReports(
+        {a: b for a, (_u, b, _l) in latest.items()},
+        frozenset(unknown),
+        dropped,
+        {
+            a: frozenset(filter(None, (leaves or "").split(",")))
+            for a, (_u, _b, leaves) in latest.items()
+        },
+    )
 
 
 def is_spent(text: str, now: datetime) -> bool:
@@ -213,6 +256,8 @@ class Coverage:
     reporting: int  # agents that sent an agent id (and have not expired)
     unknown: int  # callers that sent none (Istio's agents)
     dropped: int = 0  # reports a CA process could not publish (size limit): not counted
+    # authority ID -> agents serving at least one leaf it signed (what `revoke` would break)
+    serving: dict[str, int] = field(default_factory=dict)
 
 
 def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports) -> Coverage:
@@ -228,4 +273,8 @@ def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetRe
     for bundle in fleet.bundles.values():
         for ident in by_digest.get(bundle or "", frozenset()):
             trusting[ident] += 1
-    return Coverage(trusting, len(fleet.bundles), len(fleet.unknown), fleet.dropped)
+    serving = dict.fromkeys((ident for ident, _cert in authorities), 0)
+    for authorities_served in fleet.leaves.values():
+        for ident in authorities_served & serving.keys():
+            serving[ident] += 1
+    return Coverage(trusting, len(fleet.bundles), len(fleet.unknown), fleet.dropped, serving)

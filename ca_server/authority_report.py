@@ -49,6 +49,8 @@ def _row(slot: Slot, live: dict[str, int] | None, agents: Coverage | None) -> di
         # Agents whose bundle holds this authority, out of every agent that reported.
         "agents_trusting": agents.trusting.get(slot.id, 0) if agents is not None else UNKNOWN,
         "agents_reporting": agents.reporting if agents is not None else UNKNOWN,
+        # Reporting agents that still serve a leaf it signed: revoking it breaks those.
+        "agents_serving": agents.serving.get(slot.id, 0) if agents is not None else UNKNOWN,
     }
 
 

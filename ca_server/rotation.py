@@ -146,6 +146,14 @@ class AuthorityGauges:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        self.serving = Gauge(
+            "meshca_ca_authority_agents_serving",
+            "Reporting agents still serving a leaf the authority signed (what revoking it "
+            "would break; 0 before `meshca authority revoke`)",
+            ["authority"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.reporting = Gauge(
             "meshca_ca_agents_reporting",
             "Agents that reported what they trust (coverage denominator; Istio's agents, which "
@@ -171,7 +179,8 @@ class AuthorityGauges:
         for gone in self._known - present:
             for phase in Phase:
                 _remove(self.phase, gone, phase.value)
-            for gauge in (self.tainted, self.not_after, self.live_leaves, self.trusting):
+            gauges = (self.tainted, self.not_after, self.live_leaves, self.trusting, self.serving)
+            for gauge in gauges:
                 _remove(gauge, gone)
         for slot in state.slots:
             for phase in Phase:
@@ -190,6 +199,7 @@ class AuthorityGauges:
         for slot in state.slots:
             if slot.id in self._known:  # `update` removes the series of a gone authority
                 self.trusting.labels(slot.id).set(counted.trusting.get(slot.id, 0))
+                self.serving.labels(slot.id).set(counted.serving.get(slot.id, 0))
         self.reporting.set(counted.reporting)
 
 

@@ -33,7 +33,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
-from certs import CertsError, SpiffeId, load_certs, load_csr, public_key_of
+from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr, public_key_of
 from meshca.clock import Clock
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
@@ -100,9 +100,10 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.csr_requests.inc()
         caller: Caller | None = None
         peer = context.peer()
+        reported: dict[str, str] | None = None
         try:
             caller = await self._authenticators.authenticate(authn_request(context))
-            self._record_report(context, caller)
+            reported = self._record_report(context, caller)
             if isinstance(request, UndecodableRequest):
                 reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
                 raise InvalidRequestError(reason, request.problem)
@@ -130,6 +131,10 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.issued.inc()
         self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
+        issued_by = issuer_key_id(issued.leaf) if reported is not None else None
+        if reported is not None and issued_by is not None and self._agent_reports is not None:
+            sole_leaf = identity == caller.identity  # not a node agent impersonating a pod
+            self._agent_reports.record_issued(reported, issued_by, sole_leaf=sole_leaf)
         self._metrics.leaves.record(
             IssuedLeaf(
                 identity.uri,
@@ -155,17 +160,21 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         )
         return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
 
-    def _record_report(self, context: grpc.aio.ServicerContext, caller: Caller) -> None:
+    def _record_report(
+        self, context: grpc.aio.ServicerContext, caller: Caller
+    ) -> dict[str, str] | None:
         """Notes what an authenticated agent says it trusts (`ca_server.agent_reports`): only
-        after authentication, so an anonymous client cannot fill the table; never refuses."""
+        after authentication, so an anonymous client cannot fill the table; never refuses.
+        Returns the report headers it read (None when reports are not kept)."""
         if self._agent_reports is None:
-            return
+            return None
         headers = {
             key.lower(): value
             for key, value in context.invocation_metadata() or ()
             if isinstance(value, str) and key.lower() in REPORT_HEADERS
         }
         self._agent_reports.record(headers, caller.identity.uri, self._clock.now())
+        return headers
 
     async def _identity_for(self, caller: Caller, metadata: struct_pb2.Struct) -> SpiffeId:
         """The caller's own identity, or the one a trusted node agent impersonates."""

@@ -39,6 +39,7 @@ from certs.profile import (
     build_root_certificate,
     build_serving_certificate,
     build_workload_certificate,
+    issuer_key_id,
     random_serial,
 )
 from certs.spiffe import DEFAULT_TRUST_DOMAIN, SpiffeId
@@ -72,6 +73,7 @@ __all__ = [
     "format_duration",
     "generate_private_key",
     "is_ca",
+    "issuer_key_id",
     "key_family",
     "key_matches_certificate",
     "load_cert",

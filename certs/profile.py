@@ -184,6 +184,16 @@ def build_serving_certificate(
     return builder.sign(issuer_key, signature_hash_for(issuer_key))
 
 
+def issuer_key_id(cert: x509.Certificate) -> str | None:
+    """The Subject Key ID, in hex, of the authority that signed `cert`, from its Authority Key
+    Identifier (what meshca calls the leaf's authority); None without one."""
+    try:
+        aki = cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return None
+    return aki.key_identifier.hex() if aki.key_identifier else None
+
+
 def _authority_key_id(issuer_cert: x509.Certificate) -> x509.AuthorityKeyIdentifier:
     """AKI from the issuer's SKI when it has one, else derived from its public key."""
     try:

@@ -39,6 +39,7 @@ AUTHORITY_COLUMNS = (
     ("not_after", "NOT AFTER"),
     ("live_leaves", "LIVE LEAVES"),
     ("agents", "AGENTS"),
+    ("agents_serving", "SERVING"),
     ("issuer", "ISSUER"),
 )
 
@@ -135,8 +136,9 @@ def render_authorities(section: dict[str, Any]) -> str:
         for line in table
     ]
     lines.append(
-        "AGENTS = agents trusting it / agents reporting; callers sending no report "
-        f"(e.g. Istio's agents, counted as unknown): {section['agents_unknown']}"
+        "AGENTS = agents trusting it / agents reporting; SERVING = reporting agents still "
+        "serving a leaf it signed; callers sending no report (e.g. Istio's agents, counted as "
+        f"unknown): {section['agents_unknown']}"
     )
     gate = section.get("activation_gate")
     if gate:
@@ -153,7 +155,7 @@ def _cell(row: dict[str, Any], column: str) -> str:
         return "yes" if row["tainted"] else "no"
     if column == "agents":
         return f"{row['agents_trusting']}/{row['agents_reporting']}"
-    return str(row[column])
+    return str(row.get(column, "unknown"))  # e.g. a field an older CA does not send
 
 
 def render_coverage(coverage: dict[str, Any]) -> str:

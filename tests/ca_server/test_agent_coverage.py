@@ -14,6 +14,7 @@ from certs import load_certs
 from tests.support.agent_reports import report_headers, reporting_csr
 from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
+from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 
 
@@ -54,6 +55,16 @@ def test_show_reports_which_authorities_the_agents_trust(tmp_path: Path) -> None
         expected = {a_id: (7, 8), authority_id(b): (4, 8)}
         wait_for(lambda: _fractions(_show(ca.data_dir)) == expected, 20, f"coverage {expected}")
         assert _show(ca.data_dir)["agents_unknown"] == 1
+        # Every reporting agent now serves the leaf A just signed for it; none serves one of B.
+        serving = {row["id"]: row["agents_serving"] for row in _show(ca.data_dir)["authorities"]}
+        assert serving == {a_id: 8, authority_id(b): 0}
+
+        def serving_gauges() -> list[float]:
+            metrics = ca.metrics()
+            name = "meshca_ca_authority_agents_serving"
+            return [sample_value(metrics, name, {"authority": i}) for i in (a_id, authority_id(b))]
+
+        wait_for(lambda: serving_gauges() == [8, 0], 10, "the agents_serving gauges")
 
         # One held-back agent sees the new root: the same agent counts once, with its latest.
         reporting_csr(ca, report_headers("held-0", both))

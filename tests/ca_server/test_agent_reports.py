@@ -119,3 +119,32 @@ def test_a_size_limited_snapshot_keeps_the_most_recent_and_counts_the_rest() -> 
     assert 0 < len(fleet.bundles) < 100 and fleet.dropped == 100 - len(fleet.bundles)
     assert "pod-099" in fleet.bundles and "pod-000" not in fleet.bundles
     assert merge_snapshots([("own", reports.snapshot_json(NOW))], NOW).dropped == 0
+
+
+def test_serving_follows_the_leaves_each_agent_serves_never_undercounting() -> None:
+    """`agents_serving`: what `revoke` would break. A pod agent's answered CSR moves it from the
+    renewed leaf's authority to the signing one; a node agent (impersonating) keeps both until
+    its next periodic report, since its other identities may still hold the old one."""
+    old, new = "aa" * 20, "bb" * 20
+    roots = [(old, _root()), (new, _root())]
+    reports = AgentReports()
+    reports.record_periodic("pod", DIGEST, [old], NOW)
+    reports.record_periodic("node", DIGEST, [old], NOW)
+    for agent in ("pod", "node"):
+        reports.record({**_report(agent), LEAF_AUTHORITY_HEADER: old}, "spiffe://x", NOW)
+
+    def serving() -> dict[str, int]:
+        fleet = merge_snapshots([("own", reports.snapshot_json(NOW))], NOW)
+        return coverage(roots, fleet).serving
+
+    assert serving() == {old: 2, new: 0}  # a CSR names only the renewed leaf: nothing moves yet
+    reports.record_issued({**_report("pod"), LEAF_AUTHORITY_HEADER: old}, new, sole_leaf=True)
+    reports.record_issued({**_report("node"), LEAF_AUTHORITY_HEADER: old}, new, sole_leaf=False)
+    assert serving() == {old: 1, new: 2}
+    reports.record_periodic("node", DIGEST, [new], NOW)
+    assert serving() == {old: 0, new: 2}
+    # A first CSR (no leaf yet) from an agent never seen, and a caller with no agent id.
+    reports.record(_report("fresh"), "spiffe://y", NOW)
+    reports.record_issued(_report("fresh"), new, sole_leaf=True)
+    reports.record_issued({}, old, sole_leaf=True)
+    assert serving() == {old: 0, new: 3}

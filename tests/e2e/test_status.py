@@ -304,6 +304,7 @@ def test_status_of_a_ca_shows_its_authorities_and_coverage(short_dir: Path) -> N
             "live_leaves": 6,
             "agents_trusting": 5,
             "agents_reporting": 5,
+            "agents_serving": 5,  # each reporting agent's leaf was just signed by A
         }
         assert prepared == {
             "id": b_id,
@@ -315,6 +316,7 @@ def test_status_of_a_ca_shows_its_authorities_and_coverage(short_dir: Path) -> N
             "live_leaves": 0,
             "agents_trusting": 3,
             "agents_reporting": 5,
+            "agents_serving": 0,
         }
         assert document["coverage"] == {
             "agents_reporting": 5,
@@ -335,15 +337,15 @@ def test_status_of_a_ca_shows_its_authorities_and_coverage(short_dir: Path) -> N
 
         table = meshca_status(address)
         assert table.returncode == 0, table.stderr
-        header = "ID  STATE  TAINTED  NOT BEFORE  NOT AFTER  LIVE LEAVES  AGENTS  ISSUER"
+        header = "ID  STATE  TAINTED  NOT BEFORE  NOT AFTER  LIVE LEAVES  AGENTS  SERVING  ISSUER"
         assert re.search(r"^" + header.replace("  ", r"\s+") + "$", table.stdout, re.M)
         assert _slot_row(table.stdout, a_id)[1:] == [
             "active", "no", a.not_valid_before_utc.isoformat(), a.not_valid_after_utc.isoformat(),
-            "6", "5/5", a.issuer.rfc4514_string(),
+            "6", "5/5", "5", a.issuer.rfc4514_string(),
         ]  # fmt: skip
         assert _slot_row(table.stdout, b_id)[1:] == [
             "prepared", "no", b.not_valid_before_utc.isoformat(), b.not_valid_after_utc.isoformat(),
-            "0", "3/5", b.issuer.rfc4514_string(),
+            "0", "3/5", "0", b.issuer.rfc4514_string(),
         ]  # fmt: skip
         assert "counted as unknown): 1" in table.stdout
         assert "coverage: 5 agents reporting, 1 callers without a report" in table.stdout

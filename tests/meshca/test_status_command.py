@@ -130,6 +130,7 @@ def test_a_ca_without_slots_says_why_and_unreadable_figures_show_as_unknown() ->
         "live_leaves": "unknown",
         "agents_trusting": "unknown",
         "agents_reporting": "unknown",
+        "agents_serving": "unknown",
     }
     unread = {
         "authorities": [row],
@@ -144,7 +145,7 @@ def test_a_ca_without_slots_says_why_and_unreadable_figures_show_as_unknown() ->
     lines = render_slots(unread).splitlines()
     assert lines[2].split() == [
         row["id"], "active", "yes", row["not_before"], row["not_after"], "unknown",
-        "unknown/unknown", "CN=meshca", "root",
+        "unknown/unknown", "unknown", "CN=meshca", "root",
     ]  # fmt: skip
     assert lines[-1] == "coverage: unknown agents reporting, unknown callers without a report " + (
         "(not counted)"
