@@ -275,7 +275,11 @@ class CaClient:
         try:
             response = await stub.Report(message, metadata=metadata, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
+            if self._metrics:  # the report also tells whether the CA is reachable
+                self._metrics.record_reachability(answered=exc.code() not in UNANSWERED)
             raise CaRequestError(exc.code(), exc.details() or "") from None
+        if self._metrics:
+            self._metrics.record_reachability(answered=True)
         return {t.id: t.seconds_since_taint for t in response.tainted}
 
     def _record(self, started: float, outcome: str, *, answered: bool) -> None:

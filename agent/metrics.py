@@ -97,13 +97,13 @@ class AgentMetrics:
         # unanswered call after the last answer, however long ago that answer was.
         self.ca_last_answer = gauge(
             "meshca_agent_ca_last_answer_timestamp_seconds",
-            "When the CA last answered a CreateCertificate call (any status it sent, refusals and "
-            "load-shedding included); 0 before the first answer.",
+            "When the CA last answered a call (CreateCertificate or the periodic report; any "
+            "status it sent, refusals and load-shedding included); 0 before the first answer.",
         )
         self.ca_last_unanswered = gauge(
             "meshca_agent_ca_last_unanswered_timestamp_seconds",
-            "When a CreateCertificate call last got no answer from the CA (UNAVAILABLE without a "
-            "retry hint, DEADLINE_EXCEEDED); 0 if none has failed so.",
+            "When a call to the CA (CreateCertificate or the periodic report) last got no answer "
+            "(UNAVAILABLE without a retry hint, DEADLINE_EXCEEDED); 0 if none has failed so.",
         )
         self.rotations = counter(
             "meshca_agent_rotations",
@@ -195,13 +195,17 @@ class AgentMetrics:
     def record_ca_request(self, seconds: float, outcome: str, *, answered: bool = True) -> None:
         """One CreateCertificate call: `outcome` is OK or the gRPC status name; `answered` is
         False when the CA never answered it (connection refused, deadline)."""
-        now = self._clock.now().timestamp()
-        (self.ca_last_answer if answered else self.ca_last_unanswered).set(now)
+        self.record_reachability(answered=answered)
         self.ca_requests.labels(CSR_REQUEST).inc()
         self.ca_latency_ms.labels(CSR_REQUEST).inc(seconds * 1000.0)
         self.ca_request_seconds.labels(outcome).observe(seconds)
         if outcome != "OK":
             self.ca_request_failures.labels(CSR_REQUEST).inc()
+
+    def record_reachability(self, *, answered: bool) -> None:
+        """Any call to the CA (CSR or periodic report): did the CA answer it?"""
+        now = self._clock.now().timestamp()
+        (self.ca_last_answer if answered else self.ca_last_unanswered).set(now)
 
     def record_retry(self) -> None:
         self.ca_retries.labels(CSR_REQUEST).inc()

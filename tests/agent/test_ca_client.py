@@ -20,11 +20,13 @@ from agent.ca_client import (
     channel_options,
 )
 from agent.metrics import AgentMetrics
+from agent.propagation import AgentReport
 from agent.token import FileTokenProvider, TokenFileEmpty
 from certs import PrivateKey, SpiffeId, build_csr, generate_private_key, key_matches_certificate
 from meshca.clock import SystemClock
 from tests.agent.pki import IDENTITY, FakeCaServicer, start_fake_ca
 from tests.support.pki import TestCa
+from tests.support.processes import free_port
 
 Scenario = Callable[[CaClient, FakeCaServicer, Path], Awaitable[None]]
 
@@ -115,6 +117,40 @@ def test_reachability_gauges_tell_an_unanswered_call_from_a_refusal(tmp_path: Pa
         with pytest.raises(CaRequestError):
             await sign(client)
         assert stamp("answer") >= stamp("unanswered") > 0
+
+    run(tmp_path, scenario, metrics=metrics)
+
+
+def test_the_periodic_report_also_tells_whether_the_ca_answers(tmp_path: Path) -> None:
+    """A report the CA answers (here `UNIMPLEMENTED`: the fake CA has no report service, as
+    istiod) moves the answer stamp; one to an address nobody listens on, the unanswered one."""
+    metrics = AgentMetrics(SystemClock())
+    report = AgentReport("agent-1", None, frozenset())
+
+    def stamp(name: str) -> float:
+        value = metrics.registry.get_sample_value(f"meshca_agent_ca_last_{name}_timestamp_seconds")
+        assert value is not None
+        return value
+
+    async def scenario(client: CaClient, _ca: FakeCaServicer, root_dir: Path) -> None:
+        with pytest.raises(CaRequestError) as answered:
+            await client.report(report)
+        assert answered.value.code == grpc.StatusCode.UNIMPLEMENTED
+        assert stamp("answer") > 0 == stamp("unanswered")
+        nobody = CaClient(
+            f"127.0.0.1:{free_port()}",
+            root_dir / "root-cert.pem",
+            FileTokenProvider(root_dir / "token"),
+            SystemClock(),
+            timeout=timedelta(seconds=2),
+            metrics=metrics,
+        )
+        try:
+            with pytest.raises(CaRequestError):
+                await nobody.report(report)
+        finally:
+            await nobody.close()
+        assert stamp("unanswered") > stamp("answer") > 0
 
     run(tmp_path, scenario, metrics=metrics)
 
