@@ -26,6 +26,7 @@ FIELDS = {
     "live_leaves",
     "agents_trusting",
     "agents_reporting",
+    "agents_serving",
 }
 
 
