@@ -353,13 +353,16 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
     every leaf is still the old authority's), `taint <old>` at once: each agent learns the taint
     from its next report and sends exactly one CSR, which the CA signs within the window (+ the
     report interval and some slack for load) of the taint, and the leaf its output files hold
-    and its Envoy serves is then the new authority's. That bounds the CA's issuance rate after
-    the taint to the pacing chosen (one CSR per agent in the window); with two agents the
-    *spread* over the window is not shown here — tests/ca_server/test_taint_resign_process.py
-    shows it with six. Then `revoke <old>`: the published bundle, every agent's SDS `ROOTCA`
-    and both Envoys' `/certs` hold only the new root. 0 failed requests throughout, no restart,
-    no SDS update rejected, and over the whole cycle each agent sent two CSRs: its first and
-    the taint's re-sign — prepare, activate and revoke cost none."""
+    and its Envoy serves is then the new authority's; `show` then counts no agent serving a
+    leaf of the old one (`agents_serving`, the runbook's cue that revoking breaks nothing).
+    One CSR per agent within the window bounds the CA's issuance rate after the taint to the
+    pacing chosen; with two agents the *spread* over the window is not shown here —
+    tests/ca_server/test_taint_resign_process.py shows it with six.
+
+    Then `revoke <old>`: the published bundle, every agent's SDS `ROOTCA` and both Envoys'
+    `/certs` hold only the new root. 0 failed requests throughout, no restart, no SDS update
+    rejected, and over the whole cycle each agent sent two CSRs: its first and the taint's
+    re-sign — prepare, activate and revoke cost none."""
     ca = CaProcess(workdir / "ca", "--ca-reload-interval", "500ms")
     request.addfinalizer(ca.stop)
     ca.start()
@@ -388,6 +391,11 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
 
     def leaves_signed_by(ident: str) -> bool:
         return all(leaf_authority(agent) == ident for agent in mesh.agents.values())
+
+    def serving(*idents: str) -> tuple[Any, ...]:
+        """`show`'s agents_serving for each authority (reporting agents serving a leaf of it)."""
+        shown = rows()
+        return tuple(shown[ident]["agents_serving"] for ident in idents)
 
     def envoys_serve_leaves_of(ident: str) -> bool:
         return leaves_signed_by(ident) and all(
@@ -436,6 +444,13 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
         for agent in mesh.agents.values():
             assert "re-signing in" in agent.log()  # the agent said why it renewed early
 
+        # The runbook's signal that revoking breaks nothing: `show` counts no reporting agent
+        # still serving a leaf of the old authority (its live_leaves stays up: 1 h leaves).
+        watch.until(
+            lambda: serving(old, new) == (0, len(mesh.agents)),
+            10,
+            "`show` to count every agent serving a leaf of the new authority, none of the old",
+        )
         operator("revoke", old)
         watch.until(lambda: published(ca) == {new}, 10, "root-cert.pem without the old root")
         watch.until(
