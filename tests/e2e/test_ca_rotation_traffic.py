@@ -9,13 +9,15 @@ back through the client Envoy (`tests.support.traffic`) for the whole change:
 - self-signed, automatic: a one-minute root goes prepared → activated → old dropped by itself;
 - plugged-in: the operator's three steps in `--cacerts-dir` (A → A+B → signing under B → B),
   with a premature "B alone" refused while leaves signed under A live;
-- forced: `meshca authority prepare`, `activate`, `taint`, `revoke` run by the test.
+- forced: `meshca authority prepare`, `activate`, `taint`, `revoke` run by the test; the
+  agents re-sign their leaves of the tainted authority by themselves within the taint window.
 
 What each asserts: 0 failed requests at ≥ 20 requests/s; no agent or Envoy restarted; the
 Envoys' `/certs` (what they validate peers with) shows the new root and finally only it; and
 the CSRs each agent sent, from the CA's `issued` audit lines (`tests.support.csr_audit`), are
 its first certificate and due renewals, with at most one extra per agent — a bundle change
-makes no agent re-sign. The figures are printed (`pytest -s`) for the issue's closing note.
+makes no agent re-sign; under a taint that one extra is the re-sign the taint asks for. The
+figures are printed (`pytest -s`) for the issue's closing note.
 """
 
 from __future__ import annotations
@@ -331,25 +333,54 @@ def served_rootca(agent: AgentProcess) -> frozenset[int]:
     return frozenset(c.serial_number for c in load_certs(pem))
 
 
+# Forced rotation: leaves that no normal renewal replaces during the test, so every CSR after
+# an agent's first is one the taint asked for; the agents learn the taint from their report.
+LONG_SECRET_TTL = "1h"
+REPORT_INTERVAL = 1.0  # --report-interval, seconds (the agent jitters it by ± 20 %)
+TAINT_WINDOW = 10.0  # --taint-resign-window, seconds: the pacing chosen, agents / window
+LOAD_SLACK = 5.0  # process scheduling on a shared 2-core machine
+
+
 @pytest.mark.timeout(180)
 def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
     workdir: Path, request: pytest.FixtureRequest
 ) -> None:
     """The compromised-key runbook (docs/rotate-the-ca.md) run by `meshca authority` against
-    the CA's data directory while requests flow: `prepare` (wait until both Envoys validate
-    with old + new), `activate` (wait until every agent's leaf is signed by the new one — the
-    agents' own renewals, leaves live 8 s), `taint <old>` (the CA stops trusting it), then,
-    once `show` counts no live leaf signed by the old authority, `revoke <old>`: every agent's
-    `ROOTCA` and both Envoys' `/certs` lose the old root. 0 failed requests throughout, no
-    restart, and every CSR a due renewal: the forced rotation caused no re-signing here."""
+    the CA's data directory while requests flow. The agents hold 1 h leaves (no renewal falls
+    due during the test), report every second and re-sign within a 10 s taint window.
+
+    `prepare` (wait until both Envoys validate with old + new), `activate` (no agent re-signs:
+    every leaf is still the old authority's), `taint <old>` at once: each agent learns the taint
+    from its next report and sends exactly one CSR, which the CA signs within the window (+ the
+    report interval and some slack for load) of the taint, and the leaf its output files hold
+    and its Envoy serves is then the new authority's; `show` then counts no agent serving a
+    leaf of the old one (`agents_serving`, the runbook's cue that revoking breaks nothing).
+    One CSR per agent within the window bounds the CA's issuance rate after the taint to the
+    pacing chosen; with two agents the *spread* over the window is not shown here —
+    tests/ca_server/test_taint_resign_process.py shows it with six.
+
+    Then `revoke <old>`: the published bundle, every agent's SDS `ROOTCA` and both Envoys'
+    `/certs` hold only the new root. 0 failed requests throughout, no restart, no SDS update
+    rejected, and over the whole cycle each agent sent two CSRs: its first and the taint's
+    re-sign — prepare, activate and revoke cost none."""
     ca = CaProcess(workdir / "ca", "--ca-reload-interval", "500ms")
     request.addfinalizer(ca.stop)
     ca.start()
     target = data_dir_target(ca.data_dir)
     ((old, _),) = phases(ca).items()
     old_serial = serials_of(ca.root_cert_path)[old]
-    mesh = start_mesh(workdir, ca, request.addfinalizer, secret_ttl=SECRET_TTL)
+    agent_args = (
+        "--report-interval", f"{REPORT_INTERVAL:g}s",
+        "--taint-resign-window", f"{TAINT_WINDOW:g}s",
+    )  # fmt: skip
+    mesh = start_mesh(
+        workdir, ca, request.addfinalizer, secret_ttl=LONG_SECRET_TTL, agent_args=agent_args
+    )
     pids = mesh.pids()
+    # The latest moment the CA may sign an agent's re-sign, counted from the taint: the agent
+    # learns of it within one (jittered) report and re-signs at a point of the window counted
+    # from the taint itself (at once if that point has already passed).
+    resign_bound = TAINT_WINDOW + REPORT_INTERVAL * 1.2 + LOAD_SLACK
 
     def operator(*args: str) -> None:
         result = meshca_authority(target, *args)
@@ -361,9 +392,19 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
     def leaves_signed_by(ident: str) -> bool:
         return all(leaf_authority(agent) == ident for agent in mesh.agents.values())
 
+    def serving(*idents: str) -> tuple[Any, ...]:
+        """`show`'s agents_serving for each authority (reporting agents serving a leaf of it)."""
+        shown = rows()
+        return tuple(shown[ident]["agents_serving"] for ident in idents)
+
+    def envoys_serve_leaves_of(ident: str) -> bool:
+        return leaves_signed_by(ident) and all(
+            serves_written_leaf(agent, mesh.envoy_of[name]) for name, agent in mesh.agents.items()
+        )
+
     with Traffic(mesh.envoys.url, max_seconds=150, per_second=RATE) as traffic:
         watch = Watch(mesh, traffic)
-        watch.sample()
+        watch.until(lambda: envoys_serve_leaves_of(old), 10, "both Envoys serving leaves of old")
         operator("prepare")
         new = next(i for i, row in rows().items() if row["state"] == "prepared")
         # The command changes the shared state; the CA publishes it within a poll.
@@ -375,10 +416,41 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
             "both Envoys to validate with the old and the new root",
         )
         operator("activate", new)
-        watch.until(lambda: leaves_signed_by(new), 30, "every agent's leaf signed by the new one")
+        # Taint right away: activation re-signed nothing, every leaf is still the old one's.
+        assert leaves_signed_by(old)
+        # Just before the command: the taint time the CLI records (and the agents pace from)
+        # is later, so arrivals measured from here are, if anything, overstated.
+        tainted_at = datetime.now(UTC)
         operator("taint", old)
         assert rows()[old]["tainted"] is True
-        watch.until(lambda: rows()[old]["live_leaves"] == 0, 30, "no live leaf of the old one")
+        watch.until(
+            lambda: envoys_serve_leaves_of(new),
+            resign_bound + 5,  # + the file write and the SDS push after the CA has signed
+            "every agent's leaf, written and served by its Envoy, signed by the new authority",
+        )
+        replaced_within = (datetime.now(UTC) - tainted_at).total_seconds()
+
+        # From the CA's audit: after the taint each agent sent exactly one CSR — the leaf it
+        # now serves — and the CA signed it within the window (+ report interval + slack).
+        after_taint = tally(issued_lines(ca.log()), tainted_at)
+        arrivals: dict[str, float] = {}
+        for name, agent in mesh.agents.items():
+            entry = after_taint[agent.identity]
+            assert entry.total == 1, (name, entry.issued)
+            (resign,) = entry.issued
+            assert int(resign.serial, 16) == agent.file_serial(), (name, resign)
+            arrivals[name] = (resign.at - tainted_at).total_seconds()
+        assert all(0 <= at <= resign_bound for at in arrivals.values()), (resign_bound, arrivals)
+        for agent in mesh.agents.values():
+            assert "re-signing in" in agent.log()  # the agent said why it renewed early
+
+        # The runbook's signal that revoking breaks nothing: `show` counts no reporting agent
+        # still serving a leaf of the old authority (its live_leaves stays up: 1 h leaves).
+        watch.until(
+            lambda: serving(old, new) == (0, len(mesh.agents)),
+            10,
+            "`show` to count every agent serving a leaf of the new authority, none of the old",
+        )
         operator("revoke", old)
         watch.until(lambda: published(ca) == {new}, 10, "root-cert.pem without the old root")
         watch.until(
@@ -391,11 +463,23 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
         after = len(traffic.results)
         watch.until(lambda: len(traffic.results) > after + 3 * MIN_RATE, 10, "requests after")
     print(f"\nforced rotation, taint, revoke under traffic: {traffic.summary()}")
+    print(
+        f"  taint: {len(arrivals)} re-sign CSRs, signed "
+        + ", ".join(f"{name} {at:.1f} s" for name, at in arrivals.items())
+        + f" after the taint (window {TAINT_WINDOW:g} s, report every {REPORT_INTERVAL:g} s,"
+        f" bound {resign_bound:g} s); every leaf replaced and served within"
+        f" {replaced_within:.1f} s"
+    )
 
     assert_no_restart_and_no_failure(mesh, pids, traffic)
     assert old not in rows()
     assert watch.bundles == [{old}, {old, new}, {new}], watch.bundles
     for name, seen in watch.envoy_cas.items():
         assert seen == [{old_serial}, {old_serial, new_serial}, {new_serial}], (name, seen)
+    # The whole cycle: each agent's first CSR and the taint's re-sign (its one early CSR);
+    # no due renewal with 1 h leaves, and nothing for prepare, activate or revoke.
     tallies = assert_no_remint(mesh)
+    for name, agent in mesh.agents.items():
+        entry = tallies[agent.identity]
+        assert (entry.total, entry.due, len(entry.early)) == (2, 0, 1), (name, entry.issued)
     print(csr_figures(mesh, tallies))

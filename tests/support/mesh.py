@@ -55,11 +55,13 @@ def start_mesh(
     cleanup: Callable[[Callable[[], object]], object],
     *,
     secret_ttl: str,
+    agent_args: tuple[str, ...] = (),
 ) -> Mesh:
     """Two agents (`client`, `server`) on `ca` and their Envoys; returns once a first request
-    has passed through mTLS."""
-    client = AgentProcess(workdir, ca, "client", secret_ttl=secret_ttl)
-    server = AgentProcess(workdir, ca, "server", secret_ttl=secret_ttl)
+    has passed through mTLS. `agent_args` are extra `meshca agent` flags for both agents
+    (e.g. the report interval and taint window a test is about)."""
+    client = AgentProcess(workdir, ca, "client", secret_ttl=secret_ttl, extra_args=agent_args)
+    server = AgentProcess(workdir, ca, "server", secret_ttl=secret_ttl, extra_args=agent_args)
     for agent in (client, server):
         cleanup(agent.stop)
         agent.launch()
