@@ -36,14 +36,6 @@ def short_dir() -> Iterator[Path]:
         yield Path(path)
 
 
-def current_leaf(agent: AgentProcess) -> Any:
-    """The leaf of the output directory's current generation (waiting for the first one: the
-    files are written just after the agent reports ready)."""
-    wait_for(lambda: agent.file_serial() is not None, 10, "the certificate files")
-    generation = Path(os.path.realpath(agent.output_dir / "..data"))
-    return load_cert((generation / "cert-chain.pem").read_bytes())
-
-
 def series(exposition: str, name: str, resource: str) -> float | None:
     if f'{name}{{resource_name="{resource}"}}' not in exposition:
         return None
@@ -66,9 +58,9 @@ def test_rotation_and_restore_show_the_new_certificate_at_the_next_scrape(
     try:
         rotating.start()
         restored.start()
-        first = current_leaf(rotating)
+        first = rotating.wait_file_leaf()
         wait_for(lambda: rotating.file_serial() != first.serial_number, 15, "a rotation")
-        leaf = current_leaf(rotating)
+        leaf = rotating.wait_file_leaf()
         metrics = rotating.metrics()
         # Not stale: at least the certificate on disk (the board is updated before the files,
         # so a rotation landing between the two reads can only make it newer).
@@ -86,7 +78,7 @@ def test_rotation_and_restore_show_the_new_certificate_at_the_next_scrape(
         assert series(metrics, EXPIRY, "ROOTCA") == root.not_valid_after_utc.timestamp()
 
         # Restart the other agent while the CA is down: it serves its previous certificate.
-        kept = current_leaf(restored)
+        kept = restored.wait_file_leaf()
         restored.stop()
         ca.stop()
         again = AgentProcess(short_dir / "a", ca, "restored", secret_ttl="120s")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from agent.sds import SdsServer
 from agent.secrets import SecretCache, TlsSecret
 from tests.support.envoy import (
     EnvoyPair,
-    HttpResult,
     envoy_binary,
     http_get,
     start_client_envoy,
@@ -26,6 +24,7 @@ from tests.support.envoy import (
 from tests.support.loop import LoopThread
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import wait_for
+from tests.support.traffic import Traffic
 
 pytestmark = [
     pytest.mark.envoy,
@@ -117,31 +116,6 @@ def test_requests_pass_with_the_pinned_identities(mesh: Mesh) -> None:
     assert mesh.client.issued.serial in mesh.envoys.client.cert_serials()
     assert mesh.server.issued is not None
     assert mesh.server.issued.serial in mesh.envoys.server.cert_serials()
-
-
-class Traffic:
-    """Requests sent back to back on a thread until stopped; every result is kept."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.results: list[HttpResult] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.results.append(http_get(self.url))
-
-    def failures(self) -> list[HttpResult]:
-        return [result for result in self.results if not result.ok]
 
 
 def test_rotation_under_continuous_traffic_fails_no_request(mesh: Mesh) -> None:

@@ -48,21 +48,13 @@ def short_dir() -> Iterator[Path]:
         yield Path(path)
 
 
-def current_leaf(agent: AgentProcess) -> Any:
-    """The leaf of the output directory's current generation (waiting for the first one: the
-    files are written just after the agent reports ready)."""
-    wait_for(lambda: agent.file_serial() is not None, 10, "the certificate files")
-    generation = Path(os.path.realpath(agent.output_dir / "..data"))
-    return load_cert((generation / "cert-chain.pem").read_bytes())
-
-
 def test_status_of_an_agent_and_of_a_ca(short_dir: Path) -> None:
     ca = CaProcess(short_dir / "ca")
     ca.start()
     agent = AgentProcess(short_dir / "a", ca, "sleep", secret_ttl="120s")
     try:
         agent.start()
-        leaf = current_leaf(agent)
+        leaf = agent.wait_file_leaf()
         root = load_cert(ca.root_cert_path.read_bytes())
         address = f"127.0.0.1:{agent.status_port}"
 

@@ -97,6 +97,20 @@ class AgentProcess(MeshcaProcess):
         except (FileNotFoundError, ValueError):
             return None  # not written yet, or that generation was just retired
 
+    def wait_file_leaf(self, timeout: float = 10) -> x509.Certificate:
+        """`file_leaf`, waiting for the first one (the files are written just after the agent
+        reports ready)."""
+        leaves: list[x509.Certificate] = []
+
+        def written() -> bool:
+            leaf = self.file_leaf()
+            if leaf is not None:
+                leaves.append(leaf)
+            return leaf is not None
+
+        wait_for(written, timeout, f"agent {self.service_account}'s certificate files")
+        return leaves[-1]
+
     def file_serial(self) -> int | None:
         """Serial of the leaf in the output dir's current generation (None before the first)."""
         leaf = self.file_leaf()
