@@ -20,6 +20,7 @@ from ca_server.root_store import CaSetupError
 from ca_server.rotation import audit_events
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
 from meshca.commands.authority_view import (
+    Target,
     add_target_arguments,
     no_authorities_message,
     open_target,
@@ -53,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prepare: lifetime of the new authority (default: the active one's)",
     )
     parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="revoke: even while reporting agents still serve leaves the authority signed, or "
+        "when their reports cannot be read (those leaves stop verifying)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             if args.verb == "show":
                 state = target.store.read()
             else:
+                if args.verb == "revoke" and not args.force:
+                    _refuse_revoke_while_served(args.id, target, name)
                 state = _change(args, target.store, factory, lifetime, name)
             live = read_live_leaves(target.ledgers, name)
             agents = fleet_coverage(state, read_fleet(target.ledgers, name))
@@ -87,6 +96,31 @@ def run(args: argparse.Namespace) -> int:
     shown = show_document(state, live, agents)
     print(json.dumps(shown, indent=2) if args.output == "json" else render_authorities(shown))
     return 0
+
+
+def _refuse_revoke_while_served(ident: str | None, target: Target, name: str) -> None:
+    """Revoke removes the authority from every bundle at once: a leaf it signed that an agent
+    still serves stops verifying. Refused while the agents' reports say any serves one, or
+    cannot be read (unknown is not none); `--force` overrides. Agents that send no report
+    (Istio's) cannot be counted here: `show`'s unknown callers say how many there are."""
+    if ident is None:
+        return  # `_change` says the ID is missing
+    state = target.store.read()
+    slot = state.find(ident)
+    agents = fleet_coverage(state, read_fleet(target.ledgers, name))
+    if agents is None or agents.dropped:
+        why = "cannot read the agents' reports" if agents is None else "some reports were left out"
+        raise AuthorityCommandError(
+            f"{why}, so cannot tell whether any agent still serves a leaf {slot.id} signed; "
+            "fix that, or pass --force"
+        )
+    serving = agents.serving.get(slot.id, 0)
+    if serving:
+        raise AuthorityCommandError(
+            f"{serving} reporting agent(s) still serve a leaf {slot.id} signed, and it would stop "
+            "verifying: wait for `show` to report SERVING 0 (agents re-sign within "
+            "--taint-resign-window of the taint), or pass --force"
+        )
 
 
 def _change(

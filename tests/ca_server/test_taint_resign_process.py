@@ -18,7 +18,7 @@ from agent.propagation import leaf_authority
 from ca_server.authority_slots import authority_id
 from certs import load_certs
 from tests.support.agent_process import AgentProcess
-from tests.support.authority_cli import data_dir_target, meshca_authority
+from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.csr_audit import issued_lines
 from tests.support.processes import wait_for
@@ -114,6 +114,13 @@ def test_taint_makes_every_agent_resign_paced_over_the_window(short_dir: Path) -
         for agent in agents:
             assert "re-signing in" in agent.log()  # said why it renewed early
 
+        # Revoke is refused while the agents' reports (published each CA poll) still show a
+        # leaf of the old one served: the runbook's cue is SERVING 0.
+        def nobody_serves_old() -> bool:
+            rows = authority_rows(data_dir_target(ca.data_dir))
+            return next(r for r in rows if r["id"] == old)["agents_serving"] == 0
+
+        wait_for(nobody_serves_old, 10, "show to count no agent serving a leaf of the old one")
         _authority("revoke", ca, old)
         wait_for(
             lambda: all(_root_ids(a.output_dir / "root-cert.pem") == {new} for a in agents),

@@ -109,7 +109,37 @@ def test_forced_rotation_prepare_activate_taint_revoke(tmp_path: Path):
 
     assert run(tmp_path, "taint", first[:10]).returncode == 0
     assert next(r for r in rows(tmp_path) if r["id"] == first)["tainted"] is True
+
+    # An agent reports it still serves a leaf of the tainted one: revoke would break it.
+    def agent_serving(authority: str) -> None:
+        ledger = LeafLedger()
+        ledger.agents.record_periodic("pod-1", "ab" * 32, [authority], datetime.now(UTC))
+        DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
+
+    agent_serving(first)
+    before = (tmp_path / STATE_FILE).read_bytes()
+    refused = run(tmp_path, "revoke", first)
+    assert refused.returncode == 3, refused.stderr
+    assert "1 reporting agent(s) still serve a leaf" in refused.stderr
+    assert "--force" in refused.stderr
+    assert (tmp_path / STATE_FILE).read_bytes() == before, "a refusal writes nothing"
+    agent_serving(prepared["id"])  # it re-signed
     revoked = run(tmp_path, "revoke", first)
     assert revoked.returncode == 0, revoked.stderr
     assert [r["id"] for r in rows(tmp_path)] == [prepared["id"]]
     assert "authority-revoked" in revoked.stderr
+
+
+def test_revoke_force_overrides_agents_still_serving(tmp_path: Path):
+    first = _ca_state(tmp_path)
+    assert run(tmp_path, "prepare").returncode == 0
+    prepared = next(r["id"] for r in rows(tmp_path) if r["state"] == "prepared")
+    assert run(tmp_path, "activate", prepared).returncode == 0
+    assert run(tmp_path, "taint", first).returncode == 0
+    ledger = LeafLedger()
+    ledger.agents.record_periodic("pod-1", "ab" * 32, [first], datetime.now(UTC))
+    DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
+    assert run(tmp_path, "revoke", first).returncode == 3
+    forced = run(tmp_path, "revoke", first, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert [r["id"] for r in rows(tmp_path)] == [prepared]
