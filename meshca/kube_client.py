@@ -12,6 +12,7 @@ from pathlib import Path
 
 import kubernetes.client
 import kubernetes.config
+import yaml
 
 
 class KubeCredentialsError(Exception):
@@ -32,7 +33,9 @@ def build_api_client(
                 client_configuration=configuration,
                 persist_config=False,
             )
-    except (kubernetes.config.ConfigException, OSError) as exc:
+    # A kubeconfig that is not YAML, or whose fields have the wrong types, fails inside the
+    # client with a parser or type error: all of them are "this file is unusable".
+    except (kubernetes.config.ConfigException, OSError, yaml.YAMLError, TypeError) as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
         raise KubeCredentialsError(
             f"cannot load Kubernetes credentials from the {where}: {exc}"

@@ -29,6 +29,7 @@ from ca_server.authority_state import (
 )
 from ca_server.config import DEFAULT_NAMESPACE
 from ca_server.leaf_ledger import DirectoryLedgerSink, LedgerSink
+from ca_server.root_store import CaSetupError
 from meshca.clock import SystemClock
 
 AUTHORITY_COLUMNS = (
@@ -78,8 +79,12 @@ def open_target(args: argparse.Namespace, factory: SlotFactory, agent: str) -> I
     from ca_server.kube.clients import build_api_client
     from ca_server.kube.replica_reports import ConfigMapLedgerSink
     from ca_server.kube.secret_root import KubeAuthorityStateStore
+    from meshca.kube_client import KubeCredentialsError
 
-    api = build_api_client(args.kubeconfig, pool_size=2, user_agent=agent)
+    try:
+        api = build_api_client(args.kubeconfig, pool_size=2, user_agent=agent)
+    except KubeCredentialsError as exc:
+        raise CaSetupError(str(exc)) from None
     try:
         kube_store = KubeAuthorityStateStore(api, args.namespace, factory, clock)
         ledgers = ConfigMapLedgerSink(api, args.namespace, agent)

@@ -4,6 +4,8 @@ message naming the flag or variable, before anything listens or signs."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from agent.config import AgentConfig, ConfigError, add_agent_arguments
 from ca_server.config import CaConfig
 from ca_server.config import ConfigError as CaConfigError
 from meshca.cli import build_parser
+from tests.support.processes import child_env
 
 
 def _agent(argv: list[str], env: dict[str, str] | None = None) -> AgentConfig:
@@ -86,3 +89,32 @@ def test_sds_socket_path_longer_than_the_unix_limit_is_refused(tmp_path: Path) -
 
     with pytest.raises(ValueError, match="Unix socket limit"):
         SdsServer(SecretCache(), tmp_path / ("s" * 120))
+
+
+KUBECONFIGS = {
+    "missing file": None,
+    "not YAML": "garbage: [\n",
+    "no current context": "apiVersion: v1\nkind: Config\n",
+    "contexts of the wrong type": "apiVersion: v1\nkind: Config\ncurrent-context: x\ncontexts: 7\n",
+}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("content", KUBECONFIGS.values(), ids=list(KUBECONFIGS))
+@pytest.mark.parametrize("command", [("authority", "show"), ("status",)], ids=" ".join)
+def test_an_unusable_kubeconfig_is_one_clear_line_not_a_traceback(
+    tmp_path: Path, content: str | None, command: tuple[str, ...]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    result = subprocess.run(
+        [sys.executable, "-m", "meshca", *command, "--kubeconfig", str(kubeconfig)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode in (1, 2), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot load Kubernetes credentials from the kubeconfig {kubeconfig}" in result.stderr
