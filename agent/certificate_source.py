@@ -19,7 +19,6 @@ the Agent supervises (it must not return: a source that stops renewing stops the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -36,6 +35,7 @@ from agent.secrets import SecretCache
 from agent.token import FileTokenProvider, IdentityResolver
 from agent.trust_bundle import RootFileWatch, TrustBundleKeeper
 from meshca.clock import Clock
+from meshca.waiting import cancel_and_wait
 
 if TYPE_CHECKING:
     # Node mode's identity sources: imported where node mode is chosen, so a pod agent never
@@ -106,10 +106,7 @@ class CaCertificateSource:
         try:
             await self.scheduler.run()
         finally:
-            if reporting is not None:
-                reporting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reporting
+            await cancel_and_wait(reporting)
 
     async def close(self) -> None:
         if self.root_file is not None:

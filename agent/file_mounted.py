@@ -62,7 +62,7 @@ from agent.secrets import (
 from certs import CertsError, load_certs, load_private_key
 from meshca.clock import Clock
 from meshca.safe_read import UnsafeFileError, path_is_within, read_regular_file
-from meshca.waiting import result_within
+from meshca.waiting import cancel_and_wait, result_within
 
 if TYPE_CHECKING:
     # Imported for real only when the first file is watched (`FileWatcher.start`): an agent
@@ -250,11 +250,8 @@ class FileWatcher:
         self._resync = asyncio.create_task(self._resync_forever())
 
     async def stop(self) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync
-            self._resync = None
+        resync, self._resync = self._resync, None
+        await cancel_and_wait(resync)
         for watched in self._watched.values():
             if watched.timer is not None:
                 watched.timer.cancel()

@@ -31,7 +31,6 @@ only, at most `max_bytes`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -41,7 +40,7 @@ from typing import Any, TypeVar, cast
 
 from meshca.clock import Clock
 from meshca.safe_read import DEFAULT_MAX_BYTES, UnsafeFileError, read_regular_file
-from meshca.waiting import result_within
+from meshca.waiting import cancel_and_wait, result_within
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +131,7 @@ class PolledFile:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _poll_forever(self) -> None:
         seen = self._read_signature  # the signature at the previous look

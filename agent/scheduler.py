@@ -77,6 +77,7 @@ from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCac
 from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
 from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
 from meshca.clock import Clock
+from meshca.waiting import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -645,7 +646,4 @@ class SingleIdentitySource:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

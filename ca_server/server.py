@@ -21,7 +21,6 @@ by creating its ready file. A worker dies with its supervisor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -75,6 +74,7 @@ from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import atomic_write, ensure_dir
 from meshca.status_http import StatusServer, json_response, metrics_route, text
+from meshca.waiting import cancel_and_wait
 from meshca_proto import ca_pb2
 
 log = logging.getLogger(__name__)
@@ -315,10 +315,7 @@ async def _serve(
         if config.worker is not None:
             config.worker.ready_file.unlink(missing_ok=True)
         for task in (watcher, publishing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         if publisher is not None:
             publisher.remove()
         await health_servicer.enter_graceful_shutdown()

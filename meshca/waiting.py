@@ -1,4 +1,7 @@
-"""Waiting for a future with a time limit, without `asyncio.wait_for`'s two traps.
+"""Waiting on background work: with a time limit (`result_within`), and at a stop
+(`cancel_and_wait`).
+
+The time limit avoids `asyncio.wait_for`'s two traps.
 
 `wait_for` cancels what it waits for on timeout (a read in a worker thread cannot be cancelled,
 and a shared future must outlive one impatient caller), and on Python 3.11 it can swallow a
@@ -10,6 +13,7 @@ wait on work that runs elsewhere (worker threads, shared reads) goes through `re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -28,6 +32,16 @@ async def result_within(future: asyncio.Future[T], timeout: float) -> T:
     if not done:
         raise TimeoutError
     return future.result()
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancels a background task and waits until it has finished unwinding, so a stop returns
+    only once the task's `finally` blocks have run; `None` (never started) is fine."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

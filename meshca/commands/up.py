@@ -32,6 +32,7 @@ from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.files import atomic_write, ensure_dir
 from meshca.logs import configure_logging
+from meshca.waiting import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -242,10 +243,7 @@ async def _up(up: UpConfig) -> None:
         )
         await stop.wait()
     finally:
-        if refresher is not None:
-            refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+        await cancel_and_wait(refresher)
         if agent is not None:
             await agent.stop()
         await asyncio.to_thread(ca.stop)  # also ends a start still waiting for the CA

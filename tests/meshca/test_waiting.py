@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from meshca.waiting import result_within
+from meshca.waiting import cancel_and_wait, result_within
 
 
 def test_a_cancellation_arriving_with_the_result_still_cancels_the_waiter() -> None:
@@ -54,5 +54,26 @@ def test_the_result_or_the_works_own_error_is_returned() -> None:
         failing = loop.run_in_executor(None, int, "x")
         with pytest.raises(ValueError):
             await result_within(failing, 5)
+
+    asyncio.run(main())
+
+
+def test_cancel_and_wait_returns_once_the_task_has_unwound() -> None:
+    unwound: list[str] = []
+
+    async def background() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0)  # cleanup that itself awaits
+            unwound.append("finally ran")
+
+    async def main() -> None:
+        await cancel_and_wait(None)  # never started: nothing to do
+        task = asyncio.create_task(background())
+        await asyncio.sleep(0)
+        await cancel_and_wait(task)
+        assert unwound == ["finally ran"]
+        assert task.cancelled()
 
     asyncio.run(main())
