@@ -131,8 +131,10 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.issued.inc()
         self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
-        issued_by = issuer_key_id(issued.leaf) if reported is not None else None
-        if reported is not None and issued_by is not None and self._agent_reports is not None:
+        # Only for callers that sent report headers (meshca agents): nothing extra per request
+        # for Istio's agents.
+        issued_by = issuer_key_id(issued.leaf) if reported else None
+        if reported and issued_by is not None and self._agent_reports is not None:
             sole_leaf = identity == caller.identity  # not a node agent impersonating a pod
             self._agent_reports.record_issued(reported, issued_by, sole_leaf=sole_leaf)
         self._metrics.leaves.record(
