@@ -130,6 +130,11 @@ class LedgerSink(Protocol):
         """Every process's agent reports, merged."""
         ...
 
+    def figures(self, now: datetime) -> tuple[dict[str, int], FleetReports]:
+        """`live` and `agents` from one read of the published snapshots (a rotator round
+        wants both; in Kubernetes mode that is one list call instead of two)."""
+        ...
+
 
 class DirectoryLedgerSink:
     """One file per process in `data_dir/leaves/` (shared by the processes on one host)."""
@@ -169,6 +174,9 @@ class DirectoryLedgerSink:
 
     def agents(self, now: datetime) -> FleetReports:
         return merge_snapshots(_read_all(self._agents_directory), now)
+
+    def figures(self, now: datetime) -> tuple[dict[str, int], FleetReports]:
+        return self.live(now), self.agents(now)  # two directories: nothing to share
 
 
 def _read_all(directory: Path) -> list[tuple[str, str]]:

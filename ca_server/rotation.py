@@ -388,7 +388,7 @@ class AuthorityRotator:
 
     def _refresh_report(self) -> None:
         """Rebuilds `report` from the converged state and every process's published figures
-        (blocking: worker thread). In Kubernetes mode that is two lists of the replica
+        (blocking: worker thread). In Kubernetes mode that is one list of the replica
         ConfigMaps per round. A figure that cannot be read is shown as unknown; the failure is
         logged once per run of failures, not every round."""
         if self.signer is None:
@@ -398,8 +398,7 @@ class AuthorityRotator:
         live: dict[str, int] | None = None
         fleet: FleetReports | None = None
         try:
-            live = sink.live(now)
-            fleet = sink.agents(now)
+            live, fleet = sink.figures(now)
             self._report_failing = False
         except Exception as exc:  # an API or file failure must not hide the slots themselves
             if not self._report_failing:

@@ -118,3 +118,9 @@ class ConfigMapLedgerSink:
     def agents(self, now: datetime) -> FleetReports:
         where = f"ConfigMap {self._namespace}/"
         return merge_snapshots(((where + name, text) for name, _, text in self._reports()), now)
+
+    def figures(self, now: datetime) -> tuple[dict[str, int], FleetReports]:
+        where = f"ConfigMap {self._namespace}/"
+        reports = self._reports()
+        live = sum_snapshots(((where + name, text) for name, text, _ in reports), now)
+        return live, merge_snapshots(((where + name, text) for name, _, text in reports), now)
