@@ -260,11 +260,19 @@ class CaClient:
         self._record(started, "OK", answered=True)
         return self._validate(list(response.cert_chain), request.identity, request.key)
 
-    async def report(self, report: AgentReport) -> dict[str, float]:
+    @property
+    def timeout(self) -> timedelta:
+        """Each call's deadline."""
+        return timedelta(seconds=self._timeout)
+
+    async def report(
+        self, report: AgentReport, *, timeout: timedelta | None = None
+    ) -> dict[str, float]:
         """Sends one periodic report (`meshca.v1.AgentReportService/Report`) with the same
         credentials as a CSR; returns the tainted authorities (ID -> seconds since the taint).
-        One attempt: the next period is the retry. Raises `TokenError`, `CaRequestError`
-        (`UNIMPLEMENTED` from a CA that is not meshca) or `CaConnectionError`."""
+        One attempt (deadline `timeout`, else the client's): the next period is the retry.
+        Raises `TokenError`, `CaRequestError` (`UNIMPLEMENTED` from a CA that is not meshca) or
+        `CaConnectionError`."""
         metadata = self._metadata()
         stub = report_pb2_grpc.AgentReportServiceStub(self._get_channel())
         message = report_pb2.AgentReportRequest(
@@ -273,7 +281,11 @@ class CaClient:
             leaf_authorities=sorted(report.leaf_authorities),
         )
         try:
-            response = await stub.Report(message, metadata=metadata, timeout=self._timeout)
+            response = await stub.Report(
+                message,
+                metadata=metadata,
+                timeout=self._timeout if timeout is None else timeout.total_seconds(),
+            )
         except grpc.aio.AioRpcError as exc:
             if self._metrics:  # the report also tells whether the CA is reachable
                 self._metrics.record_reachability(answered=exc.code() not in UNANSWERED)

@@ -9,8 +9,11 @@ re-signs the affected leaves paced over the taint window. Pod and node agents al
 per agent, covering all its identities.
 
 Failures are logged and the next period tries again (the report is advisory; certificates do
-not depend on it). A CA that answers `UNIMPLEMENTED` (Istio's istiod) is not meshca: the
-reporter says so once and stops.
+not depend on it). That holds for an unexpected error too: the report is how an agent learns of
+a taint between renewals, so it must outlive a bug or an exception type gRPC did not document,
+not stop at the first one. Each report's deadline is at most one period, so a call that hangs
+delays the next report (and with it a taint) by one period, not by the CSR timeout. A CA that
+answers `UNIMPLEMENTED` (Istio's istiod) is not meshca: the reporter says so once and stops.
 
 Concurrency: one task on the agent's event loop (`CaCertificateSource.run` owns it); the clock
 and the random source are injected.
@@ -74,15 +77,24 @@ class PeriodicReporter:
             except (CaClientError, TokenError) as exc:
                 self._count("ERROR")
                 failing = self._failed(exc, failing)
+            except Exception:  # a bug here must not end taint learning for the agent's life
+                self._count("ERROR")
+                log.exception("unexpected error sending the agent report; trying again next period")
+                failing = True
             else:
                 if failing:
                     log.info("agent report to the CA succeeded again")
                 failing = False
 
+    @property
+    def deadline(self) -> timedelta:
+        """One report's deadline: the period at most (the client's own timeout if shorter)."""
+        return min(self.interval, self.client.timeout)
+
     async def report_once(self) -> int:
         """One report; returns how many identities were rescheduled for a taint."""
         report = self.propagation.periodic(self.scheduler.leaf_authorities())
-        tainted = await self.client.report(report)
+        tainted = await self.client.report(report, timeout=self.deadline)
         self.sent += 1
         self._count("OK")
         return self.scheduler.authorities_tainted(tainted)

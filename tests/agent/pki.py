@@ -139,12 +139,19 @@ def node_ca(pki: TestCa, clock: Clock, *, delay: float = 0.03, **options: Any) -
 
 
 async def start_fake_ca(
-    servicer: FakeCaServicer, directory: Path, now: datetime
+    servicer: FakeCaServicer,
+    directory: Path,
+    now: datetime,
+    *,
+    also: Callable[[grpc.aio.Server], None] | None = None,
 ) -> tuple[grpc.aio.Server, str]:
-    """Serves `servicer` with TLS on a free loopback port; returns (server, "127.0.0.1:PORT")."""
+    """Serves `servicer` (and whatever `also` adds to the server) with TLS on a free loopback
+    port; returns (server, "127.0.0.1:PORT")."""
     key_pem, cert_pem = servicer.pki.write_serving(directory, now)
     server = grpc.aio.server()
     ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(servicer, server)
+    if also is not None:
+        also(server)
     port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key_pem, cert_pem)]))
     await server.start()
     return server, f"127.0.0.1:{port}"

@@ -339,6 +339,30 @@ LONG_SECRET_TTL = "1h"
 REPORT_INTERVAL = 1.0  # --report-interval, seconds (the agent jitters it by ± 20 %)
 TAINT_WINDOW = 10.0  # --taint-resign-window, seconds: the pacing chosen, agents / window
 LOAD_SLACK = 5.0  # process scheduling on a shared 2-core machine
+RESIGN_WAIT_SLACK = 30.0  # waiting for the outcome only; the timing is asserted from the audit
+AGENT_LOG_CLUES = ("taint", "report", "CA call failed", "could not obtain", "ERROR", "Traceback")
+
+
+def taint_diagnosis(mesh: Mesh, ca: CaProcess, tainted_at: datetime) -> str:
+    """What each party did after the taint, for a failure message: the leaves the agents write
+    and their Envoys serve, the CSRs the CA signed, and the agents' lines about the taint, their
+    reports and failed CA calls."""
+    lines = [f"tainted at {tainted_at.isoformat()}"]
+    for name, agent in mesh.agents.items():
+        lines.append(
+            f"{name}: file leaf by {leaf_authority(agent)} serial {agent.file_serial()}, "
+            f"Envoy serves {mesh.envoy_of[name].cert_serials()}"
+        )
+    for item in issued_lines(ca.log()):
+        if item.at >= tainted_at:
+            lines.append(f"CA issued {item.identity} serial {item.serial} at {item.at.isoformat()}")
+    for name, agent in mesh.agents.items():
+        clues = [
+            line for line in agent.log().splitlines() if any(c in line for c in AGENT_LOG_CLUES)
+        ]
+        lines.append(f"--- agent {name}, last lines about the taint, reports and CA calls:")
+        lines.extend(clues[-15:])
+    return "\n".join(lines)
 
 
 @pytest.mark.timeout(180)
@@ -423,11 +447,16 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
         tainted_at = datetime.now(UTC)
         operator("taint", old)
         assert rows()[old]["tainted"] is True
-        watch.until(
-            lambda: envoys_serve_leaves_of(new),
-            resign_bound + 5,  # + the file write and the SDS push after the CA has signed
-            "every agent's leaf, written and served by its Envoy, signed by the new authority",
-        )
+        # Generous: how fast the CA signed is asserted below from its audit, with the figures;
+        # this only waits for the outcome (+ the file write and the SDS push after the signing).
+        try:
+            watch.until(
+                lambda: envoys_serve_leaves_of(new),
+                resign_bound + RESIGN_WAIT_SLACK,
+                "every agent's leaf, written and served by its Envoy, signed by the new authority",
+            )
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{taint_diagnosis(mesh, ca, tainted_at)}") from None
         replaced_within = (datetime.now(UTC) - tainted_at).total_seconds()
 
         # From the CA's audit: after the taint each agent sent exactly one CSR — the leaf it
@@ -440,15 +469,19 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
             (resign,) = entry.issued
             assert int(resign.serial, 16) == agent.file_serial(), (name, resign)
             arrivals[name] = (resign.at - tainted_at).total_seconds()
-        assert all(0 <= at <= resign_bound for at in arrivals.values()), (resign_bound, arrivals)
+        assert all(0 <= at <= resign_bound for at in arrivals.values()), (
+            f"re-signs signed {arrivals} s after the taint, bound {resign_bound} s\n"
+            + taint_diagnosis(mesh, ca, tainted_at)
+        )
         for agent in mesh.agents.values():
             assert "re-signing in" in agent.log()  # the agent said why it renewed early
+            assert "unexpected error" not in agent.log()  # nor did its report ever break
 
         # The runbook's signal that revoking breaks nothing: `show` counts no reporting agent
         # still serving a leaf of the old authority (its live_leaves stays up: 1 h leaves).
         watch.until(
             lambda: serving(old, new) == (0, len(mesh.agents)),
-            10,
+            30,  # a report (1 s) and a poll of the reports: generous, no timing claim here
             "`show` to count every agent serving a leaf of the new authority, none of the old",
         )
         operator("revoke", old)
