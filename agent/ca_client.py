@@ -270,8 +270,9 @@ class CaClient:
     ) -> dict[str, float]:
         """Sends one periodic report (`meshca.v1.AgentReportService/Report`) with the same
         credentials as a CSR; returns the tainted authorities (ID -> seconds since the taint).
-        One attempt (deadline `timeout`, else the client's): the next period is the retry.
-        Raises `TokenError`, `CaRequestError` (`UNIMPLEMENTED` from a CA that is not meshca) or
+        One attempt (deadline `timeout`, else the client's): the next period is the retry, also
+        for a report the CA shed because it is busy (`CaRequestError.retry_after` set). Raises
+        `TokenError`, `CaRequestError` (`UNIMPLEMENTED` from a CA that is not meshca) or
         `CaConnectionError`."""
         metadata = self._metadata()
         stub = report_pb2_grpc.AgentReportServiceStub(self._get_channel())
@@ -287,9 +288,12 @@ class CaClient:
                 timeout=self._timeout if timeout is None else timeout.total_seconds(),
             )
         except grpc.aio.AioRpcError as exc:
+            # A report shed with a retry hint is the CA answering "busy", not silence.
+            retry_after = retry_pushback(exc.trailing_metadata())
             if self._metrics:  # the report also tells whether the CA is reachable
-                self._metrics.record_reachability(answered=exc.code() not in UNANSWERED)
-            raise CaRequestError(exc.code(), exc.details() or "") from None
+                unanswered = exc.code() in UNANSWERED and retry_after is None
+                self._metrics.record_reachability(answered=not unanswered)
+            raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
         if self._metrics:
             self._metrics.record_reachability(answered=True)
         return {t.id: t.seconds_since_taint for t in response.tainted}

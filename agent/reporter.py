@@ -9,7 +9,11 @@ re-signs the affected leaves paced over the taint window. Pod and node agents al
 per agent, covering all its identities.
 
 Failures are logged and the next period tries again (the report is advisory; certificates do
-not depend on it). That holds for an unexpected error too: the report is how an agent learns of
+not depend on it): one line when reports start failing, then quiet until one succeeds. A report
+a busy CA sheds (`UNAVAILABLE` with a retry hint: reports are the CA's lowest priority) is said
+at INFO, not as a warning, and counted as `UNAVAILABLE` like any other refusal.
+
+Trying again next period holds for an unexpected error too: the report is how an agent learns of
 a taint between renewals, so it must outlive a bug or an exception type gRPC did not document,
 not stop at the first one. Each report's deadline is at most one period, so a call that hangs
 delays the next report (and with it a taint) by one period, not by the CSR timeout. A CA that
@@ -38,6 +42,9 @@ from meshca.clock import Clock
 log = logging.getLogger(__name__)
 
 INTERVAL_JITTER = 0.2
+# What the reporter last said about failing reports (it says it once, not every period).
+BUSY = "busy"  # shed by an overloaded CA with a retry hint
+FAILING = "failing"  # anything else
 
 
 def report_delay(interval: timedelta, rng: random.Random) -> float:
@@ -59,7 +66,7 @@ class PeriodicReporter:
 
     async def run(self) -> None:
         """Reports until cancelled (or until the CA turns out not to take reports)."""
-        failing = False
+        trouble: str | None = None  # what was last logged about failing reports, if anything
         while True:
             await self.clock.sleep(report_delay(self.interval, self.rng))
             try:
@@ -73,18 +80,18 @@ class PeriodicReporter:
                         self.client.addr,
                     )
                     return
-                failing = self._failed(exc, failing)
+                trouble = self._failed(exc, trouble)
             except (CaClientError, TokenError) as exc:
                 self._count("ERROR")
-                failing = self._failed(exc, failing)
+                trouble = self._failed(exc, trouble)
             except Exception:  # a bug here must not end taint learning for the agent's life
                 self._count("ERROR")
                 log.exception("unexpected error sending the agent report; trying again next period")
-                failing = True
+                trouble = FAILING
             else:
-                if failing:
+                if trouble is not None:
                     log.info("agent report to the CA succeeded again")
-                failing = False
+                trouble = None
 
     @property
     def deadline(self) -> timedelta:
@@ -99,11 +106,22 @@ class PeriodicReporter:
         self._count("OK")
         return self.scheduler.authorities_tainted(tainted)
 
-    def _failed(self, exc: Exception, failing: bool) -> bool:
-        # One warning when reports start failing, then quiet until they work again.
-        level = logging.DEBUG if failing else logging.WARNING
-        log.log(level, "agent report to the CA failed (%s); trying again next period", exc)
-        return True
+    def _failed(self, exc: Exception, trouble: str | None) -> str:
+        """One line when reports start failing (or start failing otherwise than by the CA
+        being busy), then quiet until a report succeeds again. A report the CA shed with a
+        retry hint is load shedding working as meant, not a fault: said once at INFO, and the
+        next period is the retry (the hint is shorter than a period or the CA is swamped)."""
+        busy = isinstance(exc, CaRequestError) and exc.retry_after is not None
+        now = BUSY if busy else FAILING
+        if trouble == now or (trouble == FAILING and busy):
+            log.debug("agent report to the CA failed (%s); trying again next period", exc)
+        elif busy:
+            log.info(
+                "the CA is busy and shed the agent report (%s); reporting again next period", exc
+            )
+        else:
+            log.warning("agent report to the CA failed (%s); trying again next period", exc)
+        return FAILING if FAILING in (trouble, now) else BUSY
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:

@@ -1,4 +1,4 @@
-"""Admission control: a bounded number of CreateCertificate requests in flight per CA process.
+"""Admission control: a bounded number of requests in flight per CA process.
 
 Why: when a node scales up, thousands of pods ask for their first certificate at once. Queueing
 them all makes every request slow, and the slowest run into their deadlines (the failure mode
@@ -63,6 +63,7 @@ class Ticket:
     """One admitted request; `release()` when its handler ends (exactly once)."""
 
     admission: Admission
+    report: bool = False
     released: bool = False
 
     def release(self) -> None:
@@ -75,7 +76,8 @@ class Admission:
     def __init__(self, policy: AdmissionPolicy, monotonic: Callable[[], float]) -> None:
         self._policy = policy
         self._monotonic = monotonic
-        self._in_flight = 0
+        self._in_flight = 0  # certificate requests
+        self._reports_in_flight = 0
         self._rate: float | None = None  # completions per second of busy time
         self._busy_since = 0.0  # start of the current busy stretch (valid while in flight)
         self._window_busy = 0.0  # busy time in the current window, before `_busy_since`
@@ -88,7 +90,12 @@ class Admission:
 
     @property
     def in_flight(self) -> int:
+        """Certificate requests in flight (reports are `reports_in_flight`)."""
         return self._in_flight
+
+    @property
+    def reports_in_flight(self) -> int:
+        return self._reports_in_flight
 
     def admit(self, *, renewal: bool) -> Ticket:
         """A ticket, or `OverloadedError` (with a retry hint) when this request must wait."""
@@ -109,6 +116,24 @@ class Admission:
         self._in_flight += 1
         return Ticket(self)
 
+    def admit_report(self) -> Ticket:
+        """A ticket for an agent report, or `OverloadedError` when anything else is asked of
+        this CA: only while fewer than `reports_limit` requests (certificates and reports) are
+        in flight. Its hint is a renewal's (the agent reports again next period
+        anyway; another client learns when the queue should have drained)."""
+        busy = self._in_flight + self._reports_in_flight
+        limit = self._policy.reports_limit
+        if busy >= limit:
+            raise OverloadedError(
+                "overloaded-report",
+                f"the CA is busy ({busy} requests in flight, limit {limit} for agent reports, "
+                "which come after every certificate request); report again next period or "
+                f"after the {RETRY_PUSHBACK_TRAILER} hint",
+                retry_after_ms=self.retry_hint_ms(renewal=True),
+            )
+        self._reports_in_flight += 1
+        return Ticket(self, report=True)
+
     def retry_hint_ms(self, *, renewal: bool) -> int:
         """About the time the queue needs to drain at the rate requests have been completing
         (longer for renewals), within [50 ms, 30 s]. The queue is the requests in flight plus
@@ -126,6 +151,9 @@ class Admission:
         return int(min(_MAX_HINT_MS, max(_MIN_HINT_MS, drain_ms)))
 
     def _release(self, ticket: Ticket) -> None:
+        if ticket.report:  # not part of the certificate queue the hints describe
+            self._reports_in_flight -= 1
+            return
         now = self._monotonic()
         self._in_flight -= 1
         self._window_completions += 1

@@ -94,10 +94,14 @@ class AdmissionPolicy:
     """How many CreateCertificate requests one CA process works on at once (see
     `ca_server.admission`). First certificates may use all `max_in_flight` slots; renewals
     (requests with `x-meshca-renewal: 1`) only the first `max_in_flight_renewals`, so under a
-    storm renewals are refused first and pods waiting for their first certificate get through."""
+    storm renewals are refused first and pods waiting for their first certificate get through.
+    Agent reports come last: admitted only while fewer than `reports_limit` requests of any
+    kind are in flight, and never in a certificate request's slot."""
 
     max_in_flight: int = 128
     max_in_flight_renewals: int = 64
+    # None: a quarter of `max_in_flight`, at most `max_in_flight_renewals` (`reports_limit`).
+    max_in_flight_reports: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_in_flight_renewals <= self.max_in_flight:
@@ -105,6 +109,19 @@ class AdmissionPolicy:
                 "admission limits must satisfy 0 < renewals <= max in flight "
                 f"(got renewals={self.max_in_flight_renewals}, max={self.max_in_flight})"
             )
+        reports = self.max_in_flight_reports
+        if reports is not None and not 0 < reports <= self.max_in_flight_renewals:
+            raise ValueError(
+                "admission limits must satisfy 0 < reports <= renewals "
+                f"(got reports={reports}, renewals={self.max_in_flight_renewals})"
+            )
+
+    @property
+    def reports_limit(self) -> int:
+        """The in-flight level at which agent reports are refused."""
+        if self.max_in_flight_reports is not None:
+            return self.max_in_flight_reports
+        return min(max(1, self.max_in_flight // 4), self.max_in_flight_renewals)
 
 
 @dataclass(frozen=True)
@@ -227,8 +244,10 @@ class CaConfig:
 
 def _admission(args: argparse.Namespace) -> AdmissionPolicy:
     renewals = args.max_in_flight_renewals or max(1, args.max_in_flight // 2)
+    renewals = min(renewals, args.max_in_flight)
+    reports = args.max_in_flight_reports and min(args.max_in_flight_reports, renewals)
     try:
-        return AdmissionPolicy(args.max_in_flight, min(renewals, args.max_in_flight))
+        return AdmissionPolicy(args.max_in_flight, renewals, reports)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -459,6 +478,14 @@ def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
         default=None,
         help="in-flight level above which renewals (x-meshca-renewal: 1) are refused "
         "(default: half of --max-in-flight), so first certificates get through first",
+    )
+    capacity.add_argument(
+        "--max-in-flight-reports",
+        type=_positive(int),
+        default=None,
+        help="in-flight level at which agent reports (meshca.v1.AgentReportService) are "
+        "refused (default: a quarter of --max-in-flight, at most the renewals' level); "
+        "reports never take a certificate request's slot",
     )
     # Set by the supervisor for its workers only.
     capacity.add_argument("--worker-slot", type=int, default=None, help=argparse.SUPPRESS)

@@ -150,7 +150,7 @@ class CaMetrics:
         self.shed = Counter(
             "meshca_ca_requests_shed",
             "Requests refused with UNAVAILABLE and a retry hint because too many were in flight, "
-            "by kind (first certificate or renewal)",
+            "by kind (first certificate, renewal or agent report)",
             ["kind"],
             registry=r,
         )

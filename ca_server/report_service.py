@@ -7,6 +7,13 @@ stays fresh while nobody renews. The answer lists the tainted authorities (with 
 each was tainted), which is how every agent, due a renewal or not, learns that leaves must be
 re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces that).
 
+Admission first (`ca_server.admission`, the same per-process policy as CreateCertificate, at
+the lowest priority): when the CA already has `max_in_flight_reports` requests in flight, the
+report is refused at once with `UNAVAILABLE` and a `grpc-retry-pushback-ms` trailer, before
+authentication costs anything (a TokenReview in Kubernetes mode), and counted as
+`meshca_ca_agent_reports_total{outcome="overloaded-report"}` and
+`meshca_ca_requests_shed_total{kind="report"}`. Not audited: nothing was decided about anyone.
+
 Authenticated exactly like CreateCertificate (the same authenticator chain: a token, or a
 client certificate on the mTLS port); it never signs anything and never touches Istio's wire
 (`istio.v1.auth`). Refusals: `UNAUTHENTICATED` (as CreateCertificate), `INVALID_ARGUMENT` for
@@ -20,13 +27,15 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission
 from ca_server.agent_reports import AgentReports
 from ca_server.authn import AuthenticatorChain
-from ca_server.errors import InvalidRequestError, RequestError, clip
+from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request
 from meshca.clock import Clock
@@ -54,7 +63,9 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         tainted_since: TaintedSince,
         metrics: CaMetrics,
         clock: Clock,
+        admission: Admission,
     ) -> None:
+        self._admission = admission
         self._authenticators = authenticators
         self._reports = reports
         self._tainted_since = tainted_since
@@ -62,6 +73,23 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         self._clock = clock
 
     async def Report(
+        self,
+        request: report_pb2.AgentReportRequest | UndecodableReport,
+        context: grpc.aio.ServicerContext,
+    ) -> report_pb2.AgentReportResponse:
+        """Admission control, then the report itself (`_report`)."""
+        try:
+            ticket = self._admission.admit_report()
+        except OverloadedError as exc:
+            self._metrics.shed.labels("report").inc()
+            context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, str(exc.retry_after_ms)),))
+            await self._refuse(context, exc)
+        try:
+            return await self._report(request, context)
+        finally:
+            ticket.release()
+
+    async def _report(
         self,
         request: report_pb2.AgentReportRequest | UndecodableReport,
         context: grpc.aio.ServicerContext,
@@ -83,9 +111,7 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
                     "letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
                 )
         except RequestError as exc:
-            self._metrics.agent_reports.labels(exc.reason).inc()
-            await context.abort(exc.code, exc.message)
-            raise AssertionError("unreachable: context.abort raises") from exc
+            await self._refuse(context, exc)
         self._metrics.agent_reports.labels("recorded").inc()
         now = self._clock.now()
         return report_pb2.AgentReportResponse(
@@ -96,6 +122,11 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
                 for ident, at in sorted(self._tainted_since().items())
             ]
         )
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, error: RequestError) -> NoReturn:
+        self._metrics.agent_reports.labels(error.reason).inc()
+        await context.abort(error.code, error.message)
+        raise AssertionError("unreachable: context.abort raises")
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,7 @@ async def _serve(
 
     started = clock.now()
     state = CaState()
+    admission = Admission(config.admission, clock.monotonic)  # one policy: CSRs, then reports
     service = CertificateService(
         authenticators=build_authenticators(config, signer, clock, kube),
         impersonation=impersonation_policy_for(kube),
@@ -240,7 +241,7 @@ async def _serve(
         ttl_policy=setup.ttl_policy,
         metrics=metrics,
         clock=clock,
-        admission=Admission(config.admission, clock.monotonic),
+        admission=admission,
         agent_reports=setup.agent_reports,
     )
     server = grpc.aio.server(options=server_options(config))
@@ -253,6 +254,7 @@ async def _serve(
                 tainted_since=tainted_since_for(signer),
                 metrics=metrics,
                 clock=clock,
+                admission=admission,
             ),
             server,
         )

@@ -40,10 +40,12 @@ CLIENT_TIMEOUT = timedelta(seconds=30)  # a CSR's deadline: far longer than a re
 
 @dataclass
 class ScriptedReports(report_pb2_grpc.AgentReportServiceServicer):
-    """Answers each report with the taints it is given; `hang_first` calls never answer."""
+    """Answers each report with the taints it is given; `hang_first` calls never answer; while
+    `shed` is set, refuses as a busy meshca CA does (`UNAVAILABLE` with a retry hint)."""
 
     tainted: dict[str, float] = field(default_factory=dict)
     hang_first: int = 0
+    shed: bool = False
     received: int = 0
 
     async def Report(
@@ -52,6 +54,9 @@ class ScriptedReports(report_pb2_grpc.AgentReportServiceServicer):
         self.received += 1
         if self.received <= self.hang_first:
             await asyncio.sleep(3600)
+        if self.shed:
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", "200"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the CA is busy (test)")
         return report_pb2.AgentReportResponse(
             tainted=[
                 report_pb2.TaintedAuthority(id=ident, seconds_since_taint=since)
@@ -168,3 +173,61 @@ def test_an_unexpected_error_does_not_end_the_report(
         asyncio.run(main())
     assert "unexpected error sending the agent report" in caplog.text
     assert "injected: the bundle digest failed" in caplog.text
+
+
+def test_a_busy_ca_shedding_reports_is_one_info_line_and_counted_unavailable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CA under a certificate storm sheds reports (their lowest priority) with a retry hint.
+    The agent just reports again next period: one INFO line for the whole busy stretch (no
+    warning per period), each refusal counted as UNAVAILABLE, the CA counted as answering; once
+    the CA takes reports again, one line says so and the taint it answers is acted on."""
+
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            r.reports.shed = True
+            await until(lambda: reports_counted(r.metrics, "UNAVAILABLE") >= 4, timeout=10)
+            exposition = generate_latest(r.metrics.registry).decode()
+            assert sample_value(exposition, "meshca_agent_ca_last_answer_timestamp_seconds") > 0
+            assert (
+                sample_value(exposition, "meshca_agent_ca_last_unanswered_timestamp_seconds") == 0
+            )
+            assert r.scheduler.installs == 1  # a shed report costs no certificate
+            r.reports.tainted = {r.authority: 0.0}
+            r.reports.shed = False
+            await until(lambda: r.scheduler.installs == 2, timeout=5)
+            assert reports_counted(r.metrics, "OK") >= 1
+
+    with caplog.at_level(logging.DEBUG, logger="agent.reporter"):
+        asyncio.run(main())
+    said = [
+        (record.levelno, record.getMessage())
+        for record in caplog.records
+        if record.name == "agent.reporter" and record.levelno >= logging.INFO
+    ]
+    assert len(said) == 2, said
+    (busy_level, busy), (back_level, back) = said
+    assert busy_level == logging.INFO and "the CA is busy and shed the agent report" in busy
+    assert "UNAVAILABLE" in busy
+    assert back_level == logging.INFO and "succeeded again" in back
+    quiet = [r for r in caplog.records if r.name == "agent.reporter" and r.levelno == logging.DEBUG]
+    assert len(quiet) >= 3  # the later refusals, each a debug line only
+
+
+def test_a_failure_while_the_ca_is_busy_still_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shedding is said at INFO; a real failure after it (here the token file going away) is
+    a warning of its own, once."""
+
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            r.reports.shed = True
+            await until(lambda: reports_counted(r.metrics, "UNAVAILABLE") >= 2, timeout=10)
+            (tmp_path / "token").unlink()
+            await until(lambda: reports_counted(r.metrics, "ERROR") >= 3, timeout=10)
+
+    with caplog.at_level(logging.INFO, logger="agent.reporter"):
+        asyncio.run(main())
+    levels = [r.levelno for r in caplog.records if r.name == "agent.reporter"]
+    assert levels == [logging.INFO, logging.WARNING], caplog.text
