@@ -28,6 +28,18 @@ then wait *inside* the CA, which is where admission control sheds (and renewals 
 prints the TokenReviews the API server answered and its API calls per 1,000 certificates
 (`bench/kube_api_calls.py` compares TokenReview with offline validation).
 
+`--reports M` runs a report storm instead (`meshca.v1.AgentReportService/Report`, meshca's
+periodic agent report): `--identities` agents (pods of the fake API server, in-process here, each
+with its own projected token, a real JWT its TokenReview also knows) each report M times, once
+per round, `--in-flight` at a time, each agent always on the same one of a few connections (an
+agent keeps its connection), against a CA in Kubernetes mode with `--token-validation
+tokenreview` and then `offline`. A report refused with a retry hint is counted as shed and not
+retried (the agent reports again next period). Per mode it prints, for the first round (tokens
+the CA has not seen) and for the later rounds (steady state): reports/s, shed, failures, and the
+API calls per 1,000 reports with their breakdown — the CA's background rounds (its replica
+ConfigMap, its peers' list; per interval, not per report) included — and TokenReviews per
+distinct token (at most one per worker: the verified-token cache).
+
 The client runs on the same machine as the CA (one Python process); on 2 cores it takes a
 noticeable share of the CPU, so read the figures as a lower bound of the CA's capacity.
 """
@@ -58,8 +70,9 @@ sys.path[:0] = [
 
 from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
 from certs import SpiffeId, build_csr, generate_private_key  # noqa: E402
-from meshca_proto import ca_pb2, ca_pb2_grpc  # noqa: E402
+from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc  # noqa: E402
 from tests.support.ca_process import CaProcess  # noqa: E402
+from tests.support.kube_api import KubeApiServer  # noqa: E402
 from tests.support.metrics import sample_value  # noqa: E402
 from tests.support.processes import child_env, stop_child, wait_for  # noqa: E402
 
@@ -255,6 +268,183 @@ def report(outcomes: list[Outcome], wall: float, metrics: str) -> None:
     print(f"CA: issued {issued:.0f}, shed {shed_first:.0f} first + {shed_renewal:.0f} renewals")
 
 
+@dataclass
+class ReportRound:
+    reports: int = 0
+    shed: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    calls: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def add(self, other: ReportRound) -> None:
+        self.reports += other.reports
+        self.shed += other.shed
+        self.failures += other.failures
+        self.seconds += other.seconds
+        for key, count in other.calls.items():
+            self.calls[key] = self.calls.get(key, 0) + count
+
+    def describe(self, name: str) -> str:
+        answered = self.reports - self.shed - len(self.failures)
+        per_thousand = sum(self.calls.values()) * 1000 / max(self.reports, 1)
+        breakdown = (
+            ", ".join(
+                f"{verb} {resource} {n}" for (verb, resource), n in sorted(self.calls.items())
+            )
+            or "none"
+        )
+        return (
+            f"{name}: {self.reports} reports in {self.seconds:.1f} s "
+            f"({answered / max(self.seconds, 1e-9):.0f} answered/s), shed {self.shed}, "
+            f"failed {len(self.failures)} {sorted(set(self.failures))[:3]}; "
+            f"API calls per 1,000 reports {per_thousand:.1f} ({breakdown})"
+        )
+
+
+def seed_agents(server: KubeApiServer, agents: int) -> list[str]:
+    """One running pod per agent, each with its projected token (a JWT bound to the pod)."""
+    server.create_namespace("istio-system")
+    server.create_namespace("storm")
+    tokens = []
+    for index in range(agents):
+        pod, account = f"agent-{index}", f"storm-{index % 50}"
+        server.create_pod("storm", pod, service_account=account, node_name=f"node-{index % 10}")
+        tokens.append(
+            server.issue_service_account_token(
+                "storm", account, audiences=["istio-ca"], pod_name=pod
+            )
+        )
+    return tokens
+
+
+@dataclass
+class ReportPhases:
+    """A burst of every agent's first report, the re-reports of the agents it shed until each
+    had one answered (as agents would, a period later), then `--reports` steady rounds."""
+
+    burst: ReportRound
+    catch_up: ReportRound
+    catch_up_rounds: int
+    steady: ReportRound
+
+
+async def report_phases(
+    ca: CaProcess, server: KubeApiServer, tokens: list[str], rounds: int, in_flight: int
+) -> ReportPhases:
+    credentials = grpc.ssl_channel_credentials(ca.root_cert_path.read_bytes())
+    options = [("grpc.ssl_target_name_override", "localhost")]
+    channels = [
+        grpc.aio.secure_channel(ca.addr, credentials, options=options) for _ in range(CONNECTIONS)
+    ]
+    stubs = [report_pb2_grpc.AgentReportServiceStub(channel) for channel in channels]
+    for channel in channels:
+        await channel.channel_ready()
+    slots = asyncio.Semaphore(in_flight)
+
+    async def one(index: int, result: ReportRound) -> bool:
+        request = report_pb2.AgentReportRequest(agent_id=f"agent-{index}")
+        headers = (("authorization", f"Bearer {tokens[index]}"),)
+        async with slots:
+            try:
+                await stubs[index % CONNECTIONS].Report(
+                    request, metadata=headers, timeout=ATTEMPT_TIMEOUT
+                )
+            except grpc.aio.AioRpcError as error:
+                if "grpc-retry-pushback-ms" in dict(error.trailing_metadata() or ()):
+                    result.shed += 1
+                else:
+                    result.failures.append(error.code().name)
+                return False
+        return True
+
+    async def round_of(agents: list[int]) -> tuple[ReportRound, list[int]]:
+        """Every agent in `agents` reports once; the API server's counts are this round's."""
+        result = ReportRound(reports=len(agents))
+        server.reset_counts()
+        started = time.perf_counter()
+        answered = await asyncio.gather(*(one(index, result) for index in agents))
+        result.seconds = time.perf_counter() - started
+        result.calls = {k: n for k, n in server.request_counts().items() if k[0] != "watch"}
+        return result, [index for index, ok in zip(agents, answered, strict=True) if not ok]
+
+    everyone = list(range(len(tokens)))
+    burst, pending = await round_of(everyone)
+    catch_up, catch_up_rounds = ReportRound(), 0
+    while pending and catch_up_rounds < 100:
+        await asyncio.sleep(0.2)
+        result, pending = await round_of(pending)
+        catch_up.add(result)
+        catch_up_rounds += 1
+    steady = ReportRound()
+    for _ in range(rounds):
+        result, _ = await round_of(everyone)
+        steady.add(result)
+    for channel in channels:
+        await channel.close()
+    return ReportPhases(burst, catch_up, catch_up_rounds, steady)
+
+
+def measure_reports(mode: str, args: argparse.Namespace, extra: list[str]) -> ReportPhases:
+    with KubeApiServer() as server, tempfile.TemporaryDirectory(prefix="meshca-storm-") as tmp:
+        prepared = time.perf_counter()
+        tokens = seed_agents(server, args.identities)
+        kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
+        ca = CaProcess(
+            Path(tmp) / "data",
+            "--log-level",
+            "WARNING",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--no-root-configmaps",
+            "--token-validation",
+            mode,
+            "--kube-qps",
+            args.kube_qps,
+            "--kube-burst",
+            args.kube_burst,
+            *extra,
+        )
+        ca.start(timeout=120)
+        try:
+            # Start-up traffic is not per report: let the CA open its watch of the root Secret.
+            deadline = time.monotonic() + 10
+            while server.count("watch", "secrets") == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print(
+                f"{mode}: {len(tokens)} agents seeded and CA started in "
+                f"{time.perf_counter() - prepared:.1f} s"
+            )
+            return asyncio.run(report_phases(ca, server, tokens, args.reports, args.in_flight))
+        finally:
+            ca.stop()
+
+
+def report_storm(args: argparse.Namespace, extra: list[str]) -> None:
+    steady = {}
+    for mode in ("tokenreview", "offline"):
+        phases = measure_reports(mode, args, extra)
+        print(f"{mode:>11} " + phases.burst.describe("burst (every agent at once, new tokens)"))
+        print(
+            f"{mode:>11} "
+            + phases.catch_up.describe(f"shed agents again ({phases.catch_up_rounds} rounds)")
+        )
+        print(f"{mode:>11} " + phases.steady.describe(f"steady ({args.reports} rounds)"))
+        reviews = sum(
+            phase.calls.get(("create", "tokenreviews"), 0)
+            for phase in (phases.burst, phases.catch_up, phases.steady)
+        )
+        print(f"{mode:>11} TokenReviews per distinct token: {reviews / args.identities:.2f}")
+        steady[mode] = phases.steady
+    review, offline = (
+        sum(steady[m].calls.values()) * 1000 / max(steady[m].reports, 1)
+        for m in ("tokenreview", "offline")
+    )
+    print(
+        f"steady state, API calls per 1,000 reports: tokenreview {review:.1f}, "
+        f"offline {offline:.1f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -272,6 +462,12 @@ def main() -> None:
     )
     parser.add_argument("--kube-qps", default="50", help="the CA's TokenReview rate (default 50)")
     parser.add_argument("--kube-burst", default="100", help="and burst (default 100)")
+    parser.add_argument(
+        "--reports",
+        type=int,
+        default=0,
+        help="run a report storm instead: every agent (--identities) reports this many times",
+    )
     args = parser.parse_args()
     renewals = args.identities // 5 if args.renewals is None else args.renewals
     extra = []
@@ -279,6 +475,9 @@ def main() -> None:
         extra += ["--workers", str(args.workers)]
     if args.max_in_flight is not None:
         extra += ["--max-in-flight", str(args.max_in_flight)]
+    if args.reports:
+        report_storm(args, extra)
+        return
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="meshca-storm-")))
         api_url = None
