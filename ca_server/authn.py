@@ -21,10 +21,13 @@ from meshca.clock import Clock
 
 @dataclass(frozen=True)
 class AuthnRequest:
-    """What an authenticator may look at: request headers and the verified TLS peer chain."""
+    """What an authenticator may look at: request headers and the verified TLS peer chain.
+    `advisory`: the request may be refused rather than wait for a budget certificate requests
+    share (an agent report: the TokenReview rate limit, `ca_server.kube.ratelimit`)."""
 
     headers: Mapping[str, str]
     peer_chain: tuple[x509.Certificate, ...] = ()
+    advisory: bool = False
 
     @property
     def bearer_token(self) -> str | None:

@@ -13,6 +13,9 @@ report is refused at once with `UNAVAILABLE` and a `grpc-retry-pushback-ms` trai
 authentication costs anything (a TokenReview in Kubernetes mode), and counted as
 `meshca_ca_agent_reports_total{outcome="overloaded-report"}` and
 `meshca_ca_requests_shed_total{kind="report"}`. Not audited: nothing was decided about anyone.
+Its authentication is advisory (`AuthnRequest.advisory`): a report whose token needs a
+TokenReview gets one only from the spare API budget, else it is shed the same way
+(`outcome="tokenreview-budget"`), so reports never queue ahead of CSRs at the API server either.
 
 Authenticated exactly like CreateCertificate (the same authenticator chain: a token, or a
 client certificate on the mTLS port); it never signs anything and never touches Istio's wire
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import NoReturn
 
@@ -81,8 +84,6 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         try:
             ticket = self._admission.admit_report()
         except OverloadedError as exc:
-            self._metrics.shed.labels("report").inc()
-            context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, str(exc.retry_after_ms)),))
             await self._refuse(context, exc)
         try:
             return await self._report(request, context)
@@ -95,7 +96,8 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> report_pb2.AgentReportResponse:
         try:
-            await self._authenticators.authenticate(authn_request(context))
+            # Advisory: refused rather than queued for the API budget CSRs need.
+            await self._authenticators.authenticate(replace(authn_request(context), advisory=True))
             if isinstance(request, UndecodableReport):
                 raise InvalidRequestError("request-malformed", request.problem)
             recorded = self._reports.record_periodic(
@@ -125,6 +127,9 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
 
     async def _refuse(self, context: grpc.aio.ServicerContext, error: RequestError) -> NoReturn:
         self._metrics.agent_reports.labels(error.reason).inc()
+        if isinstance(error, OverloadedError):  # shed: by admission or for the API budget
+            self._metrics.shed.labels("report").inc()
+            context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, str(error.retry_after_ms)),))
         await context.abort(error.code, error.message)
         raise AssertionError("unreachable: context.abort raises")
 

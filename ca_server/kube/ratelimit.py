@@ -4,6 +4,11 @@ The python `kubernetes` client has no client-side limiter (client-go's QPS/Burst
 workloads starting at once would become the same burst at the API server. The bucket turns it
 into at most `burst` immediate calls followed by `rate` per second.
 
+Requests that may simply be refused (agent reports: advisory, reported again next period) take
+only a spare token (`take_spare`): one that leaves at least half the burst in the bucket, taken
+at once or not at all. They never reserve a future slot, so a certificate request never waits
+behind them, and a certificate storm right after a report storm still finds half the burst.
+
 Concurrency: used only from the event loop; `acquire` reserves a slot synchronously (no lock
 needed between awaits) and then sleeps until the slot's time, so waiters are served in order.
 """
@@ -35,3 +40,16 @@ class AsyncTokenBucket:
         delay = self.reserve()
         if delay > 0:
             await self._clock.sleep(delay)
+
+    def take_spare(self) -> float:
+        """Takes one token if the bucket still holds half its burst (rounded down) after it;
+        returns 0 then. Otherwise takes nothing and returns the seconds until a token would be
+        spare (a retry hint)."""
+        now = self._clock.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+        self._updated = now
+        floor = float(int(self._burst) // 2)
+        if self._tokens - 1 >= floor:
+            self._tokens -= 1
+            return 0.0
+        return (floor + 1 - self._tokens) / self._rate

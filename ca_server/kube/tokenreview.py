@@ -16,6 +16,11 @@ short because a refusal can be transient on the API server's side (a pod just cr
 being rotated) and a legitimate workload must not stay locked out. A JWT past its `exp` is
 refused without a review (the API server would refuse it too). Transient API errors are never
 remembered.
+An advisory request (an agent report, `AuthnRequest.advisory`) gets a review only from the
+bucket's spare tokens (`AsyncTokenBucket.take_spare`), never a reserved slot: when there is none
+it is refused with `OverloadedError` (UNAVAILABLE and a retry hint) instead of queueing ahead of
+certificate requests. Cache hits and a review already under way for the same token cost nothing
+and are always served.
 
 Concurrency: `authenticate` runs on the event loop. The review itself is a blocking HTTP call on
 the synchronous client, so it runs in a worker thread (`asyncio.to_thread`) after the token
@@ -37,7 +42,12 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from ca_server.authn import AuthnRequest, Caller
-from ca_server.errors import AuthenticationError, DependencyUnavailableError, clip
+from ca_server.errors import (
+    AuthenticationError,
+    DependencyUnavailableError,
+    OverloadedError,
+    clip,
+)
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.metrics import CaMetrics
@@ -165,16 +175,38 @@ class TokenReviewAuthenticator:
         _refuse_expired_token(token, now)
         review = self._in_flight.get(digest)
         if review is None:
-            review = asyncio.create_task(self._review_and_remember(api, token, cluster_id, digest))
+            paid = request.advisory and self._spare_token()
+            review = asyncio.create_task(
+                self._review_and_remember(api, token, cluster_id, digest, paid=paid)
+            )
             self._in_flight[digest] = review
             review.add_done_callback(lambda task: self._review_done(digest, task))
         return await asyncio.shield(review)
 
+    def _spare_token(self) -> bool:
+        """True once a spare token is taken; `OverloadedError` when there is none."""
+        wait = self._limiter.take_spare()
+        if wait > 0:
+            raise OverloadedError(
+                "tokenreview-budget",
+                "the CA keeps its Kubernetes API budget (TokenReview) for certificate requests "
+                "right now; this advisory request can wait: retry after the "
+                "grpc-retry-pushback-ms hint",
+                retry_after_ms=min(30_000, max(50, int(wait * 1000))),
+            )
+        return True
+
     async def _review_and_remember(
-        self, api: kubernetes.client.ApiClient, token: str, cluster_id: str, digest: str
+        self,
+        api: kubernetes.client.ApiClient,
+        token: str,
+        cluster_id: str,
+        digest: str,
+        *,
+        paid: bool = False,
     ) -> Caller:
         try:
-            caller = await self._review(api, token, cluster_id)
+            caller = await self._review(api, token, cluster_id, paid=paid)
         except AuthenticationError as exc:
             self._refusals.put(digest, exc, self._clock.now(), None)
             raise
@@ -188,9 +220,11 @@ class TokenReviewAuthenticator:
             task.exception()  # retrieved: every waiter may have gone away
 
     async def _review(
-        self, api: kubernetes.client.ApiClient, token: str, cluster_id: str
+        self, api: kubernetes.client.ApiClient, token: str, cluster_id: str, *, paid: bool
     ) -> Caller:
-        await self._limiter.acquire()
+        """One TokenReview, after a token from the bucket unless the caller `paid` one."""
+        if not paid:
+            await self._limiter.acquire()
         try:
             review = await asyncio.to_thread(self._create_review, api, token)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 
 from meshca_proto import report_pb2
-from tests.k8s.conftest import CaFactory
+from tests.k8s.conftest import CaFactory, issue, spiffe
 from tests.support.ca_client import report_channel, send_report
 from tests.support.kube_api import KubeApiServer
 from tests.support.metrics import sample_value
@@ -80,3 +81,58 @@ def test_reports_cost_no_api_call_offline_and_one_review_per_token_and_worker(
 
     recorded = sample_value(ca.metrics(), "meshca_ca_agent_reports_total", {"outcome": "recorded"})
     assert recorded == AGENTS * REPORTS_EACH
+
+
+def test_a_report_never_spends_the_review_budget_certificates_need(
+    kube_api: KubeApiServer, kube_ca: CaFactory
+) -> None:
+    """TokenReviews at 0.05/s with a burst of 4: reports with tokens new to the CA take the
+    two spare ones, the third is shed (UNAVAILABLE, a hint, no review made) rather than queue;
+    two CSRs with new tokens then get their reviews at once (waiting for a slot would take 20 s,
+    past their deadline). A report whose token is already verified costs nothing and is
+    answered."""
+    kube_api.create_namespace("shop")
+    tokens = [
+        kube_api.issue_service_account_token("shop", "cart", audiences=["istio-ca"])
+        for _ in range(5)
+    ]
+    ca = kube_ca(
+        "ca-0",
+        "--no-root-configmaps",
+        "--token-validation",
+        "tokenreview",
+        "--kube-qps",
+        "0.05",
+        "--kube-burst",
+        "4",
+    )
+    with report_channel(ca.addr, ca.root_cert_path.read_bytes()) as channel:
+
+        def report(token: str) -> None:
+            send_report(channel, report_pb2.AgentReportRequest(agent_id="a-1"), token=token)
+
+        report(tokens[0])
+        report(tokens[1])
+        assert kube_api.tokenreview_count == 2
+        with pytest.raises(grpc.RpcError) as shed:
+            report(tokens[2])
+        assert shed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "TokenReview" in (shed.value.details() or "")
+        hint = dict(shed.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+        assert 50 <= int(hint) <= 30_000
+        assert kube_api.tokenreview_count == 2
+
+        for token in tokens[3:]:
+            started = time.monotonic()
+            assert len(issue(ca, token, spiffe("shop", "cart"))) == 2
+            assert time.monotonic() - started < 5
+        assert kube_api.tokenreview_count == 4
+
+        report(tokens[3])  # verified by its CSR: no budget needed
+        assert kube_api.tokenreview_count == 4
+
+    metrics = ca.metrics()
+    outcome = {"outcome": "tokenreview-budget"}
+    assert sample_value(metrics, "meshca_ca_agent_reports_total", outcome) == 1
+    assert sample_value(metrics, "meshca_ca_agent_reports_total", {"outcome": "recorded"}) == 3
+    assert sample_value(metrics, "meshca_ca_requests_shed_total", {"kind": "report"}) == 1

@@ -60,6 +60,24 @@ def test_token_bucket_allows_burst_then_paces():
         AsyncTokenBucket(rate=0, burst=1, clock=clock)
 
 
+def test_spare_tokens_leave_half_the_burst_and_never_reserve_a_slot():
+    """What agent reports spend: a token only while half the burst stays in the bucket, so a
+    certificate request arriving next never waits behind them."""
+    clock = FakeClock()
+    bucket = AsyncTokenBucket(rate=10, burst=4, clock=clock)
+    assert [bucket.take_spare() for _ in range(2)] == [0.0, 0.0]
+    assert bucket.take_spare() == pytest.approx(0.1)  # 2 left: none spare, nothing taken
+    assert bucket.take_spare() == pytest.approx(0.1)
+    assert [bucket.reserve() for _ in range(2)] == [0.0, 0.0]  # certificates: the other half
+    assert bucket.take_spare() == pytest.approx(0.3)
+    clock.advance(0.3)
+    assert bucket.take_spare() == 0.0
+    # A bucket of one: its token is spare only when full (nothing to keep back).
+    single = AsyncTokenBucket(rate=1, burst=1, clock=clock)
+    assert single.take_spare() == 0.0
+    assert single.take_spare() == pytest.approx(1.0)
+
+
 def _status(
     authenticated=True,
     username="system:serviceaccount:shop:cart",
