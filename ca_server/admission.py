@@ -119,8 +119,8 @@ class Admission:
     def admit_report(self) -> Ticket:
         """A ticket for an agent report, or `OverloadedError` when anything else is asked of
         this CA: only while fewer than `reports_limit` requests (certificates and reports) are
-        in flight. Its hint is a renewal's (the agent reports again next period
-        anyway; another client learns when the queue should have drained)."""
+        in flight. Its hint is a renewal's (the agent reports again next period anyway; another
+        client learns when the queue should have drained)."""
         busy = self._in_flight + self._reports_in_flight
         limit = self._policy.reports_limit
         if busy >= limit:

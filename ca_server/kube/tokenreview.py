@@ -16,6 +16,7 @@ short because a refusal can be transient on the API server's side (a pod just cr
 being rotated) and a legitimate workload must not stay locked out. A JWT past its `exp` is
 refused without a review (the API server would refuse it too). Transient API errors are never
 remembered.
+
 An advisory request (an agent report, `AuthnRequest.advisory`) gets a review only from the
 bucket's spare tokens (`AsyncTokenBucket.take_spare`), never a reserved slot: when there is none
 it is refused with `OverloadedError` (UNAVAILABLE and a retry hint) instead of queueing ahead of
