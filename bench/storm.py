@@ -183,17 +183,23 @@ def api_calls(api_url: str) -> dict[str, int]:
     return {f"{c['verb']} {c['resource']}": int(c["count"]) for c in counts}
 
 
-async def run_storm(
-    ca: CaProcess, jobs: list[Job], in_flight: int, give_up_after: float
-) -> tuple[list[Outcome], float]:
+async def open_channels(ca: CaProcess) -> list[grpc.aio.Channel]:
+    """`CONNECTIONS` TLS connections to the CA, ready (spread over its workers)."""
     credentials = grpc.ssl_channel_credentials(ca.root_cert_path.read_bytes())
     options = [("grpc.ssl_target_name_override", "localhost")]
     channels = [
         grpc.aio.secure_channel(ca.addr, credentials, options=options) for _ in range(CONNECTIONS)
     ]
-    stubs = [ca_pb2_grpc.IstioCertificateServiceStub(channel) for channel in channels]
     for channel in channels:
         await channel.channel_ready()
+    return channels
+
+
+async def run_storm(
+    ca: CaProcess, jobs: list[Job], in_flight: int, give_up_after: float
+) -> tuple[list[Outcome], float]:
+    channels = await open_channels(ca)
+    stubs = [ca_pb2_grpc.IstioCertificateServiceStub(channel) for channel in channels]
     slots = asyncio.Semaphore(in_flight)
     rng = random.Random(7)
     order = list(range(len(jobs)))
@@ -346,14 +352,8 @@ class ReportPhases:
 async def report_phases(
     ca: CaProcess, server: KubeApiServer, tokens: list[str], rounds: int, in_flight: int
 ) -> ReportPhases:
-    credentials = grpc.ssl_channel_credentials(ca.root_cert_path.read_bytes())
-    options = [("grpc.ssl_target_name_override", "localhost")]
-    channels = [
-        grpc.aio.secure_channel(ca.addr, credentials, options=options) for _ in range(CONNECTIONS)
-    ]
+    channels = await open_channels(ca)
     stubs = [report_pb2_grpc.AgentReportServiceStub(channel) for channel in channels]
-    for channel in channels:
-        await channel.channel_ready()
     slots = asyncio.Semaphore(in_flight)
 
     async def one(index: int, result: ReportRound) -> bool:
