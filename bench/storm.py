@@ -40,6 +40,12 @@ API calls per 1,000 reports with their breakdown — the CA's background rounds 
 ConfigMap, its peers' list; per interval, not per report) included — and TokenReviews per
 distinct token (at most one per worker: the verified-token cache).
 
+`--report-agents K` runs the certificate storm twice, on a fresh CA each time: alone, then while
+K of its identities keep sending agent reports every `--report-period` seconds (± 20 %) — the
+baseline measured in the same run. It prints both storms, the reports sent/answered/shed, and
+the ratio of the p99s with and without reports (admission puts reports last and never in a
+certificate's slot; what reports still share with certificates is the CPU).
+
 The client runs on the same machine as the CA (one Python process); on 2 cores it takes a
 noticeable share of the CPU, so read the figures as a lower bound of the CA's capacity.
 """
@@ -195,9 +201,66 @@ async def open_channels(ca: CaProcess) -> list[grpc.aio.Channel]:
     return channels
 
 
+@dataclass
+class ReportLoad:
+    """Agent reports sent while the certificate storm ran (`--report-agents`)."""
+
+    sent: int = 0
+    answered: int = 0
+    shed: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+async def keep_reporting(
+    ca: CaProcess, tokens: list[str], period: float, done: asyncio.Event, load: ReportLoad
+) -> None:
+    """Each token is an agent reporting every `period` (± 20 %, as the agent does) until `done`;
+    a report refused with a hint is not retried (the agent waits for its next period)."""
+    channels = await open_channels(ca)
+    stubs = [report_pb2_grpc.AgentReportServiceStub(channel) for channel in channels]
+    rng = random.Random(11)
+
+    async def agent(index: int) -> None:
+        request = report_pb2.AgentReportRequest(agent_id=f"agent-{index}")
+        headers = (("authorization", f"Bearer {tokens[index]}"),)
+        pause = rng.uniform(0, period)
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), pause)
+                return
+            load.sent += 1
+            try:
+                await stubs[index % CONNECTIONS].Report(
+                    request, metadata=headers, timeout=ATTEMPT_TIMEOUT
+                )
+            except grpc.aio.AioRpcError as error:
+                if "grpc-retry-pushback-ms" in dict(error.trailing_metadata() or ()):
+                    load.shed += 1
+                else:
+                    load.failures.append(error.code().name)
+            else:
+                load.answered += 1
+            pause = period * rng.uniform(0.8, 1.2)
+
+    await asyncio.gather(*(agent(index) for index in range(len(tokens))))
+    for channel in channels:
+        await channel.close()
+
+
 async def run_storm(
-    ca: CaProcess, jobs: list[Job], in_flight: int, give_up_after: float
-) -> tuple[list[Outcome], float]:
+    ca: CaProcess,
+    jobs: list[Job],
+    in_flight: int,
+    give_up_after: float,
+    reporters: tuple[list[str], float] | None = None,
+) -> tuple[list[Outcome], float, ReportLoad]:
+    """The storm; with `reporters` (tokens, period) agents keep reporting while it runs."""
+    load, done = ReportLoad(), asyncio.Event()
+    reporting = (
+        asyncio.create_task(keep_reporting(ca, reporters[0], reporters[1], done, load))
+        if reporters
+        else None
+    )
     channels = await open_channels(ca)
     stubs = [ca_pb2_grpc.IstioCertificateServiceStub(channel) for channel in channels]
     slots = asyncio.Semaphore(in_flight)
@@ -246,9 +309,12 @@ async def run_storm(
     started = time.perf_counter()
     outcomes = await asyncio.gather(*(one(index) for index in order))
     wall = time.perf_counter() - started
+    done.set()
+    if reporting is not None:
+        await reporting
     for channel in channels:
         await channel.close()
-    return list(outcomes), wall
+    return list(outcomes), wall, load
 
 
 def _ms(values: list[float], q: int) -> str:
@@ -493,6 +559,16 @@ def main() -> None:
         default=0,
         help="run a report storm instead: every agent (--identities) reports this many times",
     )
+    parser.add_argument(
+        "--report-agents",
+        type=int,
+        default=0,
+        help="run the certificate storm twice, the second time with this many of its "
+        "identities reporting throughout (see --report-period)",
+    )
+    parser.add_argument(
+        "--report-period", type=float, default=1.0, help="seconds between an agent's reports"
+    )
     args = parser.parse_args()
     renewals = args.identities // 5 if args.renewals is None else args.renewals
     extra = []
@@ -503,6 +579,54 @@ def main() -> None:
     if args.reports:
         report_storm(args, extra)
         return
+    if not args.report_agents:
+        certificate_storm(args, extra, renewals)
+        return
+    print("-- baseline: the certificate storm alone")
+    alone = certificate_storm(args, extra, renewals)
+    print(
+        f"-- the same storm while {args.report_agents} agents report every {args.report_period:g} s"
+    )
+    mixed = certificate_storm(args, extra, renewals, args.report_agents)
+    load = mixed.load
+    print(
+        f"reports during the storm: {load.sent} sent, {load.answered} answered, {load.shed} shed "
+        f"with a hint, {len(load.failures)} failed {sorted(set(load.failures))[:3]}"
+    )
+    for name, renewal in (("first certificates", False), ("renewals", True)):
+        before, after = alone.p99(renewal), mixed.p99(renewal)
+        if before and after:
+            print(
+                f"{name} p99 with reports ÷ without: {after / before:.2f} "
+                f"({after * 1000:.0f} ms vs {before * 1000:.0f} ms)"
+            )
+    print(
+        f"failed certificates: {mixed.failed} with reports, {alone.failed} without; wall time "
+        f"ratio {mixed.wall / alone.wall:.2f}"
+    )
+
+
+@dataclass
+class StormResult:
+    outcomes: list[Outcome]
+    wall: float
+    load: ReportLoad
+
+    @property
+    def failed(self) -> int:
+        return sum(o.latency is None for o in self.outcomes)
+
+    def p99(self, renewal: bool) -> float | None:
+        latencies = [o.latency for o in self.outcomes if o.renewal is renewal and o.latency]
+        return statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else None
+
+
+def certificate_storm(
+    args: argparse.Namespace, ca_args: list[str], renewals: int, report_agents: int = 0
+) -> StormResult:
+    """One storm against a fresh CA, printed; `report_agents` of its identities keep reporting
+    (every `--report-period`) while it runs."""
+    extra = list(ca_args)
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="meshca-storm-")))
         api_url = None
@@ -520,7 +644,14 @@ def main() -> None:
                 f"{args.identities} first certificates + {renewals} renewals, "
                 f"{args.in_flight} in flight"
             )
-            outcomes, wall = asyncio.run(run_storm(ca, jobs, args.in_flight, args.give_up_after))
+            reporters = (
+                ([job.token for job in jobs[:report_agents]], args.report_period)
+                if report_agents
+                else None
+            )
+            outcomes, wall, load = asyncio.run(
+                run_storm(ca, jobs, args.in_flight, args.give_up_after, reporters)
+            )
             url = f"{ca.monitoring_url}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 metrics = response.read().decode()
@@ -537,6 +668,7 @@ def main() -> None:
             f"included: {dict(sorted(calls.items()))}); offline validation's figure: "
             "bench/kube_api_calls.py"
         )
+    return StormResult(outcomes, wall, load)
 
 
 if __name__ == "__main__":
