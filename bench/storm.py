@@ -201,6 +201,25 @@ async def open_channels(ca: CaProcess) -> list[grpc.aio.Channel]:
     return channels
 
 
+SHED = "shed"
+
+
+async def agent_report(stub: report_pb2_grpc.AgentReportServiceStub, index: int, token: str) -> str:
+    """One report of agent `index`: "OK", `SHED` (refused with a retry hint: the agent reports
+    again next period) or the gRPC status name."""
+    try:
+        await stub.Report(
+            report_pb2.AgentReportRequest(agent_id=f"agent-{index}"),
+            metadata=(("authorization", f"Bearer {token}"),),
+            timeout=ATTEMPT_TIMEOUT,
+        )
+    except grpc.aio.AioRpcError as error:
+        if "grpc-retry-pushback-ms" in dict(error.trailing_metadata() or ()):
+            return SHED
+        return error.code().name
+    return "OK"
+
+
 @dataclass
 class ReportLoad:
     """Agent reports sent while the certificate storm ran (`--report-agents`)."""
@@ -221,25 +240,19 @@ async def keep_reporting(
     rng = random.Random(11)
 
     async def agent(index: int) -> None:
-        request = report_pb2.AgentReportRequest(agent_id=f"agent-{index}")
-        headers = (("authorization", f"Bearer {tokens[index]}"),)
         pause = rng.uniform(0, period)
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), pause)
                 return
             load.sent += 1
-            try:
-                await stubs[index % CONNECTIONS].Report(
-                    request, metadata=headers, timeout=ATTEMPT_TIMEOUT
-                )
-            except grpc.aio.AioRpcError as error:
-                if "grpc-retry-pushback-ms" in dict(error.trailing_metadata() or ()):
-                    load.shed += 1
-                else:
-                    load.failures.append(error.code().name)
-            else:
+            outcome = await agent_report(stubs[index % CONNECTIONS], index, tokens[index])
+            if outcome == "OK":
                 load.answered += 1
+            elif outcome == SHED:
+                load.shed += 1
+            else:
+                load.failures.append(outcome)
             pause = period * rng.uniform(0.8, 1.2)
 
     await asyncio.gather(*(agent(index) for index in range(len(tokens))))
@@ -423,20 +436,13 @@ async def report_phases(
     slots = asyncio.Semaphore(in_flight)
 
     async def one(index: int, result: ReportRound) -> bool:
-        request = report_pb2.AgentReportRequest(agent_id=f"agent-{index}")
-        headers = (("authorization", f"Bearer {tokens[index]}"),)
         async with slots:
-            try:
-                await stubs[index % CONNECTIONS].Report(
-                    request, metadata=headers, timeout=ATTEMPT_TIMEOUT
-                )
-            except grpc.aio.AioRpcError as error:
-                if "grpc-retry-pushback-ms" in dict(error.trailing_metadata() or ()):
-                    result.shed += 1
-                else:
-                    result.failures.append(error.code().name)
-                return False
-        return True
+            outcome = await agent_report(stubs[index % CONNECTIONS], index, tokens[index])
+        if outcome == SHED:
+            result.shed += 1
+        elif outcome != "OK":
+            result.failures.append(outcome)
+        return outcome == "OK"
 
     async def round_of(agents: list[int]) -> tuple[ReportRound, list[int]]:
         """Every agent in `agents` reports once; the API server's counts are this round's."""
