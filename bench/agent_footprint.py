@@ -24,6 +24,9 @@ server on a Unix socket, a key and CSR, one TLS call to the CA; no messages, met
 and one importing the sidecar's modules (`import agent.main`), so the ratios show what the agent
 adds on top of Python and its two native libraries. A baseline's time is until its code has run;
 its memory is read from /proc while it waits, before it exits.
+`--agent-env NAME=VALUE` (repeatable) adds a sidecar started with that variable (an allocator or
+gRPC knob: `MALLOC_ARENA_MAX=1`, `GRPC_POLL_STRATEGY=poll`...) and prints its change against the
+plain sidecar of the same run.
 Last, where the RSS is (`bench.proc_memory`): anonymous and file-backed MiB per group of mappings
 (grpc, cryptography, libpython, OpenSSL, malloc's heap, Python's object arenas...) for the
 baselines and the sidecar, and the sidecar minus the minimal program: what the agent itself adds.
@@ -111,6 +114,7 @@ def run_agent(
     every: list[str],
     log: Path,
     entry: tuple[str, ...] = CLI,
+    env: dict[str, str] | None = None,
 ) -> Footprint:
     with log.open("wb") as out:
         started = time.monotonic()
@@ -118,7 +122,7 @@ def run_agent(
             [sys.executable, "-m", *entry, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env=child_env(env),
         )
         try:
             wait_for_secrets(socket, first, started + 60)
@@ -149,13 +153,28 @@ def common_args(ca: CaProcess, directory: Path, token: str) -> list[str]:
     ]  # fmt: skip
 
 
-def sidecar(ca: CaProcess, workdir: Path, name: str, entry: tuple[str, ...]) -> Footprint:
+def sidecar(
+    ca: CaProcess,
+    workdir: Path,
+    name: str,
+    entry: tuple[str, ...],
+    env: dict[str, str] | None = None,
+) -> Footprint:
     directory = workdir / name
     directory.mkdir()
     args = common_args(ca, directory, ca.mint_token("default", "bench"))
     args += ["--namespace", "default", "--service-account", "bench"]
     socket = directory / "sds.sock"
-    return run_agent(args, socket, ["default"], ["default"], directory / "agent.log", entry)
+    log = directory / "agent.log"
+    return run_agent(args, socket, ["default"], ["default"], log, entry, env)
+
+
+def environment_variant(text: str) -> tuple[str, str]:
+    """`--agent-env NAME=VALUE` as (NAME, VALUE)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def sidecars_together(ca: CaProcess, workdir: Path, run: int, count: int) -> list[Footprint]:
@@ -303,6 +322,15 @@ def main() -> int:
     parser.add_argument(
         "--together", type=int, default=4, help="sidecars started at once for PSS (0: none)"
     )
+    parser.add_argument(
+        "--agent-env",
+        type=environment_variant,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also run the sidecar (CLI) with this environment variable set, and compare it with "
+        "the plain sidecar of the same run (repeatable: one variant each; e.g. MALLOC_ARENA_MAX=1)",
+    )
     args = parser.parse_args()
     precompile()
     results: dict[str, list[Footprint]] = {}
@@ -330,6 +358,10 @@ def main() -> int:
                 results.setdefault("sidecar (-m agent.main)", []).append(
                     sidecar(ca, workdir, f"sidecar-module-{run}", AGENT_MODULE)
                 )
+                for index, (name, value) in enumerate(args.agent_env):
+                    results.setdefault(f"sidecar, {name}={value}", []).append(
+                        sidecar(ca, workdir, f"sidecar-env-{index}-{run}", CLI, {name: value})
+                    )
                 if args.together > 0:
                     results.setdefault(f"{args.together} sidecars at once", []).extend(
                         sidecars_together(ca, workdir, run, args.together)
@@ -366,8 +398,10 @@ def main() -> int:
     floor_ms = statistics.median(sample.ms for sample in baselines["python -c pass"])
     floor_mib = statistics.median(sample.rss_mib for sample in baselines["python -c pass"])
     header = ("", "start→first", "start→all", "RSS", "anon", "peak RSS", "PSS")
-    print("{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}".format(*header))
-    row = "{:<28} {:>9.0f} ms {:>10} {:>6.1f} MiB {:>6.1f} MiB {:>10} {:>10}"
+    width = max(28, *(len(name) for name in [*baselines, *results]))
+    names = "{:<" + str(width) + "}"  # the first column, as wide as the longest row name
+    print((names + " {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}").format(*header))
+    row = names + " {:>9.0f} ms {:>10} {:>6.1f} MiB {:>6.1f} MiB {:>10} {:>10}"
     for name, samples in baselines.items():
         ms = statistics.median(sample.ms for sample in samples)
         mib = statistics.median(sample.rss_mib for sample in samples)
@@ -377,7 +411,7 @@ def main() -> int:
         sample.rss_mib for sample in baselines["minimal gRPC+X.509 program"]
     )
     row = (
-        "{:<28} {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB"
+        names + " {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB"
         "   ÷ bare python: "
     )
     for name, runs in results.items():
@@ -399,6 +433,21 @@ def main() -> int:
             f"{name} targets: start→first secret {first:.0f} ms (≤ 300: "
             f"{'met' if first <= 300 else 'NOT met'}), RSS {rss:.1f} MiB (≤ 50: "
             f"{'met' if rss <= 50 else 'NOT met'}; the minimal program: {minimal_mib:.1f} MiB)"
+        )
+    plain = results["sidecar (meshca agent)"]
+    for name, value in args.agent_env:
+        variant = results[f"sidecar, {name}={value}"]
+        rss, anon, first = (
+            median_of(variant, field) - median_of(plain, field)
+            for field in (
+                lambda r: r.rss_mib,
+                lambda r: r.anon_mib,
+                lambda r: r.first_secret_ms,
+            )
+        )
+        print(
+            f"{name}={value} vs the plain sidecar of this run: RSS {rss:+.2f} MiB, "
+            f"anonymous {anon:+.2f} MiB, start→first secret {first:+.0f} ms"
         )
     print_breakdown(
         {
