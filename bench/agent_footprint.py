@@ -494,11 +494,15 @@ def print_breakdown(
     print("\nWhere the RSS is: anonymous / file-backed MiB per group of mappings (/proc/PID/smaps)")
     print(f"{'':<42}" + "".join(f"{column:>17}" for column in cells))
     print(f"{'':<42}" + f"{'anon /  file':>17}" * len(cells))
+
+    def tenths(mib: float) -> float:
+        return round(mib, 1) or 0.0  # a difference of -0.04 reads 0.0, not -0.0
+
     for group in (*GROUP_NAMES, "total"):
         print(
             f"{group:<42}"
             + "".join(
-                f"{cell[group].anon_mib:>9.1f} /{cell[group].file_mib:>6.1f}"
+                f"{tenths(cell[group].anon_mib):>9.1f} /{tenths(cell[group].file_mib):>6.1f}"
                 for cell in cells.values()
             )
         )
