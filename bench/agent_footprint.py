@@ -22,7 +22,14 @@ speaking gRPC and doing X.509 can go below (`import asyncio, grpc.aio, cryptogra
 minimal program doing the least a sidecar does with those libraries (`MINIMAL_PROGRAM`: a gRPC
 server on a Unix socket, a key and CSR, one TLS call to the CA; no messages, metrics or SDS),
 and one importing the sidecar's modules (`import agent.main`), so the ratios show what the agent
-adds on top of Python and its two native libraries.
+adds on top of Python and its two native libraries. A baseline's time is until its code has run;
+its memory is read from /proc while it waits, before it exits.
+`--agent-env NAME=VALUE` (repeatable) adds a sidecar started with that variable (an allocator or
+gRPC knob: `MALLOC_ARENA_MAX=1`, `GRPC_POLL_STRATEGY=poll`...) and prints its change against the
+plain sidecar of the same run.
+Last, where the RSS is (`bench.proc_memory`): anonymous and file-backed MiB per group of mappings
+(grpc, cryptography, libpython, OpenSSL, malloc's heap, Python's object arenas...) for the
+baselines and the sidecar, and the sidecar minus the minimal program: what the agent itself adds.
 The project is byte-compiled first (`compileall`, as a wheel install does).
 Node mode needs a CA in Kubernetes mode (its node authorizer): the fake API server holds a pod
 of every listed service account on the node, and the CA trusts the node agent's account.
@@ -44,6 +51,14 @@ import grpc
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
+from bench.proc_memory import (  # noqa: E402
+    GROUP_NAMES,
+    Resident,
+    memory_by_mapping,
+    pss_mib,
+    status_mib,
+    total,
+)
 from tests.support.ca_process import CaProcess  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
 from tests.support.processes import child_env, free_port, stop_child  # noqa: E402
@@ -61,27 +76,16 @@ class Footprint:
     anon_mib: float  # RssAnon: the process's own memory (the rest maps shared libraries)
     peak_rss_mib: float
     pss_mib: float  # proportional set size: shared pages count for their share
+    mappings: dict[str, Resident]  # where the RSS is (`bench.proc_memory.GROUP_NAMES`)
 
 
-def memory_mib(pid: int) -> tuple[float, float, float]:
-    """(VmRSS, RssAnon, VmHWM) of a live process, in MiB."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
+@dataclass(frozen=True)
+class Baseline:
+    """A fresh interpreter that ran some code: how long that took, and its memory then."""
 
-    def mib(key: str) -> float:
-        return int(fields[key].split()[0]) / 1024
-
-    return mib("VmRSS"), mib("RssAnon"), mib("VmHWM")
-
-
-def pss_mib(pid: int) -> float:
-    """Proportional set size of a live process, in MiB."""
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no Pss line in /proc/{pid}/smaps_rollup")
+    ms: float
+    rss_mib: float
+    mappings: dict[str, Resident]
 
 
 def wait_for_secrets(socket: Path, names: list[str], deadline: float) -> None:
@@ -110,6 +114,7 @@ def run_agent(
     every: list[str],
     log: Path,
     entry: tuple[str, ...] = CLI,
+    env: dict[str, str] | None = None,
 ) -> Footprint:
     with log.open("wb") as out:
         started = time.monotonic()
@@ -117,21 +122,22 @@ def run_agent(
             [sys.executable, "-m", *entry, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env=child_env(env),
         )
         try:
             wait_for_secrets(socket, first, started + 60)
             first_ms = (time.monotonic() - started) * 1000
             wait_for_secrets(socket, every, started + 300)
             all_ms = (time.monotonic() - started) * 1000
-            rss, anon, peak = memory_mib(proc.pid)
+            rss, anon, peak = status_mib(proc.pid)
             pss = pss_mib(proc.pid)
+            mappings = memory_by_mapping(proc.pid)
         except BaseException:
             print(log.read_text()[-3000:], file=sys.stderr)
             raise
         finally:
             stop_child(proc)
-    return Footprint(first_ms, all_ms, rss, anon, peak, pss)
+    return Footprint(first_ms, all_ms, rss, anon, peak, pss, mappings)
 
 
 def common_args(ca: CaProcess, directory: Path, token: str) -> list[str]:
@@ -147,13 +153,28 @@ def common_args(ca: CaProcess, directory: Path, token: str) -> list[str]:
     ]  # fmt: skip
 
 
-def sidecar(ca: CaProcess, workdir: Path, name: str, entry: tuple[str, ...]) -> Footprint:
+def sidecar(
+    ca: CaProcess,
+    workdir: Path,
+    name: str,
+    entry: tuple[str, ...],
+    env: dict[str, str] | None = None,
+) -> Footprint:
     directory = workdir / name
     directory.mkdir()
     args = common_args(ca, directory, ca.mint_token("default", "bench"))
     args += ["--namespace", "default", "--service-account", "bench"]
     socket = directory / "sds.sock"
-    return run_agent(args, socket, ["default"], ["default"], directory / "agent.log", entry)
+    log = directory / "agent.log"
+    return run_agent(args, socket, ["default"], ["default"], log, entry, env)
+
+
+def environment_variant(text: str) -> tuple[str, str]:
+    """`--agent-env NAME=VALUE` as (NAME, VALUE)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def sidecars_together(ca: CaProcess, workdir: Path, run: int, count: int) -> list[Footprint]:
@@ -184,8 +205,9 @@ def sidecars_together(ca: CaProcess, workdir: Path, run: int, count: int) -> lis
             first.append((time.monotonic() - started) * 1000)
         results = []
         for (proc, _), first_ms in zip(procs, first, strict=True):
-            rss, anon, peak = memory_mib(proc.pid)
-            results.append(Footprint(first_ms, first_ms, rss, anon, peak, pss_mib(proc.pid)))
+            rss, anon, peak = status_mib(proc.pid)
+            pss, mappings = pss_mib(proc.pid), memory_by_mapping(proc.pid)
+            results.append(Footprint(first_ms, first_ms, rss, anon, peak, pss, mappings))
         return results
     finally:
         for proc, _ in procs:
@@ -212,18 +234,34 @@ def node_agent(ca: CaProcess, token: str, listed: list[str], workdir: Path, run:
     return run_agent(args, socket, names[:1], names, directory / "agent.log")
 
 
-def interpreter_baseline(code: str) -> tuple[float, float]:
-    """(ms, MiB) of a fresh interpreter running `code`: wall time to exit, and its VmRSS after
-    `code` (read from /proc: `ru_maxrss` would report the forking parent's size)."""
-    probe = (
-        f"{code}\nimport os\n"
-        "print(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])"
-    )
+def interpreter_baseline(code: str) -> Baseline:
+    """A fresh interpreter running `code`: wall time until `code` has run, and its memory then,
+    read from /proc while it waits (so reading its smaps costs it nothing)."""
+    probe = f"{code}\nimport sys\nprint('ran', flush=True)\nsys.stdin.read()"
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=child_env(), capture_output=True, text=True, check=True
+    proc = subprocess.Popen(
+        [sys.executable, "-c", probe],
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    return (time.monotonic() - started) * 1000, int(result.stdout.split()[-1]) / 1024
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        ran = proc.stdout.readline()
+        ms = (time.monotonic() - started) * 1000
+        if ran != "ran\n":
+            proc.kill()
+            raise RuntimeError(f"baseline {code[:40]!r} failed:\n{proc.communicate()[1]}")
+        rss, _, _ = status_mib(proc.pid)
+        mappings = memory_by_mapping(proc.pid)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"baseline {code[:40]!r} exited with {proc.returncode}")
+    return Baseline(ms, rss, mappings)
 
 
 def median_of(runs: list[Footprint], field: Callable[[Footprint], float]) -> float:
@@ -284,10 +322,19 @@ def main() -> int:
     parser.add_argument(
         "--together", type=int, default=4, help="sidecars started at once for PSS (0: none)"
     )
+    parser.add_argument(
+        "--agent-env",
+        type=environment_variant,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also run the sidecar (CLI) with this environment variable set, and compare it with "
+        "the plain sidecar of the same run (repeatable: one variant each; e.g. MALLOC_ARENA_MAX=1)",
+    )
     args = parser.parse_args()
     precompile()
     results: dict[str, list[Footprint]] = {}
-    baselines: dict[str, list[tuple[float, float]]] = {
+    baselines: dict[str, list[Baseline]] = {
         "python -c pass": [],
         "grpc+cryptography floor": [],
         "minimal gRPC+X.509 program": [],
@@ -311,6 +358,10 @@ def main() -> int:
                 results.setdefault("sidecar (-m agent.main)", []).append(
                     sidecar(ca, workdir, f"sidecar-module-{run}", AGENT_MODULE)
                 )
+                for index, (name, value) in enumerate(args.agent_env):
+                    results.setdefault(f"sidecar, {name}={value}", []).append(
+                        sidecar(ca, workdir, f"sidecar-env-{index}-{run}", CLI, {name: value})
+                    )
                 if args.together > 0:
                     results.setdefault(f"{args.together} sidecars at once", []).extend(
                         sidecars_together(ca, workdir, run, args.together)
@@ -344,18 +395,23 @@ def main() -> int:
                 finally:
                     kube_ca.stop()
 
-    floor_ms = statistics.median(ms for ms, _ in baselines["python -c pass"])
-    floor_mib = statistics.median(mib for _, mib in baselines["python -c pass"])
+    floor_ms = statistics.median(sample.ms for sample in baselines["python -c pass"])
+    floor_mib = statistics.median(sample.rss_mib for sample in baselines["python -c pass"])
     header = ("", "start→first", "start→all", "RSS", "anon", "peak RSS", "PSS")
-    print("{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}".format(*header))
-    row = "{:<28} {:>9.0f} ms {:>10} {:>6.1f} MiB {:>10} {:>10} {:>10}"
+    width = max(28, *(len(name) for name in [*baselines, *results]))
+    names = "{:<" + str(width) + "}"  # the first column, as wide as the longest row name
+    print((names + " {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}").format(*header))
+    row = names + " {:>9.0f} ms {:>10} {:>6.1f} MiB {:>6.1f} MiB {:>10} {:>10}"
     for name, samples in baselines.items():
-        ms = statistics.median(ms for ms, _ in samples)
-        mib = statistics.median(mib for _, mib in samples)
-        print(row.format(name, ms, "", mib, "", "", ""))
-    minimal_mib = statistics.median(mib for _, mib in baselines["minimal gRPC+X.509 program"])
+        ms = statistics.median(sample.ms for sample in samples)
+        mib = statistics.median(sample.rss_mib for sample in samples)
+        anon = statistics.median(total(sample.mappings).anon_mib for sample in samples)
+        print(row.format(name, ms, "", mib, anon, "", ""))
+    minimal_mib = statistics.median(
+        sample.rss_mib for sample in baselines["minimal gRPC+X.509 program"]
+    )
     row = (
-        "{:<28} {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB"
+        names + " {:>9.0f} ms {:>7.0f} ms {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB {:>6.1f} MiB"
         "   ÷ bare python: "
     )
     for name, runs in results.items():
@@ -378,7 +434,78 @@ def main() -> int:
             f"{'met' if first <= 300 else 'NOT met'}), RSS {rss:.1f} MiB (≤ 50: "
             f"{'met' if rss <= 50 else 'NOT met'}; the minimal program: {minimal_mib:.1f} MiB)"
         )
+    plain = results["sidecar (meshca agent)"]
+    for name, value in args.agent_env:
+        variant = results[f"sidecar, {name}={value}"]
+        rss, anon, first = (
+            median_of(variant, field) - median_of(plain, field)
+            for field in (
+                lambda r: r.rss_mib,
+                lambda r: r.anon_mib,
+                lambda r: r.first_secret_ms,
+            )
+        )
+        print(
+            f"{name}={value} vs the plain sidecar of this run: RSS {rss:+.2f} MiB, "
+            f"anonymous {anon:+.2f} MiB, start→first secret {first:+.0f} ms"
+        )
+    print_breakdown(
+        {
+            "bare python": [sample.mappings for sample in baselines["python -c pass"]],
+            "floor": [sample.mappings for sample in baselines["grpc+cryptography floor"]],
+            "minimal": [sample.mappings for sample in baselines["minimal gRPC+X.509 program"]],
+            "import agent": [sample.mappings for sample in baselines["import agent.main"]],
+            "sidecar": [run.mappings for run in results["sidecar (meshca agent)"]],
+        },
+        difference=("sidecar", "minimal"),
+    )
     return 0
+
+
+def print_breakdown(
+    columns: dict[str, list[dict[str, Resident]]], difference: tuple[str, str]
+) -> None:
+    """Where each process's RSS is, per group of mappings (`bench.proc_memory`), as
+    anonymous/file-backed MiB (medians over the runs), and the difference of two columns: what
+    can be cut is in the anonymous part; the file-backed part is library pages, shared between
+    processes and reclaimable."""
+
+    def median_resident(samples: list[Resident]) -> Resident:
+        return Resident(
+            statistics.median(each.anon_mib for each in samples),
+            statistics.median(each.file_mib for each in samples),
+        )
+
+    cells: dict[str, dict[str, Resident]] = {
+        column: {
+            **{group: median_resident([run[group] for run in runs]) for group in GROUP_NAMES},
+            "total": median_resident([total(run) for run in runs]),
+        }
+        for column, runs in columns.items()
+    }
+    minuend, subtrahend = difference
+    cells[f"{minuend}-{subtrahend}"] = {
+        group: Resident(
+            cells[minuend][group].anon_mib - cells[subtrahend][group].anon_mib,
+            cells[minuend][group].file_mib - cells[subtrahend][group].file_mib,
+        )
+        for group in (*GROUP_NAMES, "total")
+    }
+    print("\nWhere the RSS is: anonymous / file-backed MiB per group of mappings (/proc/PID/smaps)")
+    print(f"{'':<42}" + "".join(f"{column:>17}" for column in cells))
+    print(f"{'':<42}" + f"{'anon /  file':>17}" * len(cells))
+
+    def tenths(mib: float) -> float:
+        return round(mib, 1) or 0.0  # a difference of -0.04 reads 0.0, not -0.0
+
+    for group in (*GROUP_NAMES, "total"):
+        print(
+            f"{group:<42}"
+            + "".join(
+                f"{tenths(cell[group].anon_mib):>9.1f} /{tenths(cell[group].file_mib):>6.1f}"
+                for cell in cells.values()
+            )
+        )
 
 
 if __name__ == "__main__":
