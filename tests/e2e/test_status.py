@@ -33,7 +33,13 @@ from tests.support.agent_reports import report_headers, reporting_csr
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
-from tests.support.processes import child_env, free_port, stop_child, wait_for
+from tests.support.processes import (
+    child_env,
+    children_get_ctrl_c,
+    free_port,
+    stop_child,
+    wait_for,
+)
 from tests.support.status_cli import meshca_status, status_json
 
 AGENT_COLUMNS = [
@@ -181,10 +187,12 @@ class WatchedStatus:
         self.screen = ""
         self._master, slave = pty.openpty()
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "meshca", "status", "--watch", "--interval", "300ms", *args],
-                stdin=slave, stdout=slave, stderr=slave, env=child_env(), close_fds=True,
-            )  # fmt: skip
+            with children_get_ctrl_c():
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "meshca", "status", "--watch", "--interval", "300ms",
+                     *args],
+                    stdin=slave, stdout=slave, stderr=slave, env=child_env(), close_fds=True,
+                )  # fmt: skip
         except BaseException:
             os.close(self._master)
             raise
@@ -198,15 +206,25 @@ class WatchedStatus:
     def read_until(self, done: Callable[[], bool], what: str, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not done():
-            ready, _, _ = select.select([self._master], [], [], 0.5)
-            if ready:
-                self.screen += os.read(self._master, 65536).decode(errors="replace")
+            self._read(0.5)
         assert done(), f"{what}: not seen in\n{self.screen[-4000:]}"
 
-    def interrupt(self) -> int:
-        """Ctrl-C: the exit status."""
+    def _read(self, wait: float) -> None:
+        ready, _, _ = select.select([self._master], [], [], wait)
+        if ready:
+            try:
+                self.screen += os.read(self._master, 65536).decode(errors="replace")
+            except OSError:  # EIO: the process has exited and closed the terminal
+                time.sleep(wait)
+
+    def interrupt(self, timeout: float = 10) -> int:
+        """Ctrl-C: the exit status. The terminal keeps being read meanwhile, as a real one is:
+        a process blocked writing to a full terminal would otherwise never get to exit."""
         self._process.send_signal(signal.SIGINT)
-        return self._process.wait(10)
+        deadline = time.monotonic() + timeout
+        while self._process.poll() is None and time.monotonic() < deadline:
+            self._read(0.1)
+        return self._process.wait(0.1)
 
     def close(self) -> None:
         stop_child(self._process)

@@ -7,6 +7,7 @@ code under test whether or not the project is installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -16,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,26 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 # it, any client connection could take it ("Failed to bind" in CI).
 _PORT_RANGE = (20000, 32000)
 _handed_out: set[int] = set()
+
+
+@contextlib.contextmanager
+def children_get_ctrl_c() -> Iterator[None]:
+    """Children started inside stop on Ctrl-C (SIGINT) as a terminal's foreground job does.
+
+    A test run started in the background of a non-interactive shell (`make test &`, some CI
+    runners) has SIGINT *ignored*; an ignored signal stays ignored across exec, and Python then
+    never raises KeyboardInterrupt. Handled signals are reset to their default on exec, so while
+    children are started SIGINT is handled here (Python's own handler) instead of ignored. Not
+    a `preexec_fn`: code run between fork and exec in a process that uses gRPC breaks gRPC's
+    fork handlers in the child. Main thread only, as `signal.signal` requires."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def free_port() -> int:
