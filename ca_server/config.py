@@ -476,7 +476,7 @@ def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
         "--max-in-flight-renewals",
         type=_positive(int),
         default=None,
-        help="in-flight level above which renewals (x-meshca-renewal: 1) are refused "
+        help="in-flight level at which renewals (x-meshca-renewal: 1) are refused "
         "(default: half of --max-in-flight), so first certificates get through first",
     )
     capacity.add_argument(
