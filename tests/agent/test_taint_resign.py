@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import statistics
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -21,7 +23,7 @@ from agent.secrets import SecretCache
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
-from tests.agent.wiring import until
+from tests.agent.wiring import advance_settled, until
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -101,24 +103,35 @@ def test_tainted_leaves_are_resigned_spread_over_the_window_once() -> None:
             assert scheduler.authorities_tainted({old: 0.0}) == len(IDENTITIES)
             assert scheduler.authorities_tainted({old: 5.0}) == 0  # repeated: once only
             assert metrics.taint_resigns._value.get() == len(IDENTITIES)
-            due = sorted(
-                (s.due_at - START).total_seconds()
+            drawn = {
+                s.identity: (s.due_at - START).total_seconds()
                 for s in scheduler.states.values()
                 if s.due_at is not None
-            )
-            assert len(due) == len(IDENTITIES)
+            }
+            assert len(drawn) == len(IDENTITIES)
+            due = sorted(drawn.values())
             assert due[0] >= 0 and due[-1] <= WINDOW.total_seconds()
             assert due[-1] - due[0] > WINDOW.total_seconds() / 2  # spread, not one instant
 
+            # Fake time moves in 1 s steps, each one finished before the next (the signer sees
+            # the fake time it fell due, however slowly the key-generation thread runs).
             before = len(signer.calls)
-            for _ in range(int(WINDOW.total_seconds()) + 1):
-                clock.advance(1)
-                await asyncio.sleep(0)
-            await until(lambda: len(signer.calls) == before + len(IDENTITIES))
-            await until(lambda: scheduler.leaf_authorities() == {new})
-            at = [(when - START).total_seconds() for _id, when in signer.calls[before:]]
-            per_10s = [sum(1 for t in at if b * 10 <= t < (b + 1) * 10) for b in range(6)]
-            assert max(per_10s) <= len(IDENTITIES) / 2, per_10s  # never half of them at once
+            await advance_settled(clock, scheduler, WINDOW.total_seconds())
+            resigned = signer.calls[before:]
+            assert Counter(identity for identity, _when in resigned) == Counter(IDENTITIES)
+            at = {identity: (when - START).total_seconds() for identity, when in resigned}
+            # Each at its own drawn point: the first whole second of fake time at or after it.
+            assert at == {identity: math.ceil(d) for identity, d in drawn.items()}
+            assert scheduler.leaf_authorities() == {new}
+            # Ten-second buckets (a point at 10 s is signed at 10 s: the first bucket's).
+            per_10s = Counter(max(0, math.ceil(t / 10) - 1) for t in at.values())
+            counts = [per_10s[b] for b in range(int(WINDOW.total_seconds()) // 10)]
+            assert sum(counts) == len(IDENTITIES), counts  # all within the window
+            assert min(counts) > 0, counts  # over the whole window, not bunched in part of it
+            assert max(counts) <= len(IDENTITIES) / 2, counts  # never half of them at once
+            # Re-signed once: another window later, nobody has asked again.
+            await advance_settled(clock, scheduler, WINDOW.total_seconds())
+            assert len(signer.calls) == before + len(IDENTITIES)
             # The new leaves are not tainted: nothing more moves.
             assert scheduler.authorities_tainted({old: 70.0}) == 0
             assert all(

@@ -1,17 +1,20 @@
 """Reaching into a wired-up `Agent` from tests: its scheduler, and its one identity's state;
-waiting on the loop for a condition; the configuration of a node agent against a fake CA."""
+waiting on the loop for a condition; moving fake time in steps the scheduler keeps up with;
+the configuration of a node agent against a fake CA."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from agent.certificate_source import CaCertificateSource
 from agent.config import AgentConfig
 from agent.main import Agent
 from agent.scheduler import CertificateScheduler, IdentityState
+from meshca.clock import FakeClock
 
 
 def node_agent_config(
@@ -59,3 +62,25 @@ async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+def settled(scheduler: CertificateScheduler, now: datetime) -> bool:
+    """Nothing due by `now` is left to do: every identity waits on a timer set for later, so none
+    is past its deadline with its timer not yet run, queued, being signed or being installed."""
+    return all(s.due_at is not None and s.due_at > now for s in list(scheduler.states.values()))
+
+
+async def advance_settled(
+    clock: FakeClock, scheduler: CertificateScheduler, seconds: float, step: float = 1.0
+) -> None:
+    """Moves `clock` on by `seconds` in `step`s and, after each, lets the loop run until the
+    scheduler has `settled`: whatever fell due is signed and installed at the fake time it fell
+    due. Advancing without waiting races the fake clock against real work (key generation runs
+    in a thread): the clock runs ahead by as many steps as loop turns the thread takes, and
+    the signer sees the late fake time — more of them the busier the machine."""
+    moved = 0.0
+    while moved < seconds:
+        delta = min(step, seconds - moved)
+        clock.advance(delta)
+        moved += delta
+        await until(lambda: settled(scheduler, clock.now()))
