@@ -171,12 +171,21 @@ class Cfssl(Contender):
 
 
 class Meshca(Contender):
-    def __init__(self, workdir: Path, name: str, workers: int | None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        name: str,
+        workers: int | None,
+        command_prefix: tuple[str, ...] = (),
+    ) -> None:
+        """`command_prefix` runs the CA under another command (`chrt -b 0`, in
+        `bench/stack_ceiling.py`)."""
         self.name = name
         self.port = free_port()
         self.monitoring_port = free_port()
         data_dir = workdir / f"{name}-data"
         args = [
+            *command_prefix,
             sys.executable,
             "-m",
             "meshca",

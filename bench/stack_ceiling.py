@@ -1,0 +1,278 @@
+"""What stands between meshca and cfssl: the same stack doing less, measured in the same run.
+
+Run: `.venv/bin/python bench/stack_ceiling.py [--duration 5] [--concurrency 8 32]
+[--repetitions 3] [--sched-batch]`
+
+Issue 12 asks `meshca ca` ÷ cfssl ≥ 0.6 and default workers ≥ 1.8 times one worker. This bench
+measures the ceilings those two figures sit under on the machine it runs on, with
+`bench/vs_cfssl.py`'s load generator (h2load), root, CSR, token and server-side counting:
+
+- `cfssl`: `cfssl serve`, as in `bench/vs_cfssl.py`;
+- `noop-1`, `noop-N`: 1 and N processes of `bench/stack_floor_server.py --handler noop`, a
+  `grpc.aio` server on meshca's TLS answering a canned chain: what one RPC costs on this stack
+  with nothing done (past a few thousand RPCs/s the single-threaded h2load is the limit, so
+  read its CPU per RPC, not its N / 1);
+- `sign-1`, `sign-N`: the same with `--handler sign`: decode, parse and verify the CSR, build
+  and sign the leaf, PEM (meshca's `certs` calls) and nothing else: the fastest CA that could
+  be written on this stack;
+- `meshca-1`, `meshca-N`: `meshca ca --workers 1` and its default (N = the CPUs it may use);
+- `meshca-N-batch`, with `--sched-batch`: `meshca-N` under `chrt -b 0` (SCHED_BATCH).
+
+N is meshca's default worker count. Contenders alternate within each repetition; medians of
+the repetitions are printed: certs/s, p99, CPU per certificate (the server's processes), the
+load generator's own CPU, each ÷ cfssl, each N ÷ 1, and meshca ÷ sign (how much of the stack's
+ceiling meshca reaches). The last lines bound N ÷ 1 by the machine: the cores left once the
+load generator has its share, over the cores one process uses on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parents[1] / "proto"),
+]
+
+from bench.stack_floor_server import read_counters  # noqa: E402
+from bench.vs_cfssl import (  # noqa: E402
+    Cfssl,
+    Contender,
+    Meshca,
+    Run,
+    drive,
+    ensure_tools,
+    write_pki,
+)
+from ca_server.workers import default_worker_count  # noqa: E402
+from certs import (  # noqa: E402
+    build_serving_certificate,
+    cert_to_pem,
+    generate_private_key,
+    load_certs,
+    load_private_key,
+    private_key_to_pem,
+)
+from tests.support.processes import free_port, wait_for  # noqa: E402
+
+FLOOR_SERVER = Path(__file__).resolve().parent / "stack_floor_server.py"
+
+
+class FloorServers(Contender):
+    """N copies of `bench/stack_floor_server.py` on one port, children of one shell so the
+    bench reads their CPU as one tree (as it does for meshca's supervisor and workers)."""
+
+    def __init__(self, workdir: Path, handler: str, processes: int, token: str) -> None:
+        self.name = f"{handler}-{processes}"
+        self.port = free_port()
+        self._token = token
+        self._body = workdir / "meshca-1-body.grpc"
+        self._counters = workdir / f"{self.name}.counters"
+        self._counters.write_bytes(bytes(8 * processes))
+        ready = [workdir / f"{self.name}.ready{slot}" for slot in range(processes)]
+        command = " & ".join(
+            " ".join(
+                [
+                    sys.executable,
+                    str(FLOOR_SERVER),
+                    f"--port {self.port} --handler {handler}",
+                    f"--cert {workdir / 'serving.crt'} --key {workdir / 'serving.key'}",
+                    f"--root {workdir / 'ca.pem'} --root-key {workdir / 'ca-key.pem'}",
+                    f"--sample-csr {workdir / 'request.csr'}",
+                    f"--counters {self._counters} --slot {slot} --ready {ready[slot]}",
+                ]
+            )
+            for slot in range(processes)
+        )
+        self._log = open(workdir / f"{self.name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self._proc = subprocess.Popen(
+            ["sh", "-c", f"{command} & wait"],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            start_new_session=True,
+        )
+        self.pid = self._proc.pid
+        wait_for(lambda: self._started(ready), 60, f"{self.name} ready")
+
+    def _started(self, ready: list[Path]) -> bool:
+        if self._proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited; see its log")
+        return all(path.exists() for path in ready)
+
+    def h2load_args(self, concurrency: int) -> list[str]:
+        return [
+            "-d",
+            str(self._body),
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "-H",
+            f"authorization: Bearer {self._token}",
+            f"https://127.0.0.1:{self.port}/istio.v1.auth.IstioCertificateService/CreateCertificate",
+        ]
+
+    def successes(self) -> float:
+        return float(read_counters(self._counters))
+
+    def stop(self) -> None:
+        os.killpg(self._proc.pid, signal.SIGTERM)
+        self._proc.wait(15)
+        self._log.close()
+
+
+def write_serving_pki(workdir: Path) -> None:
+    """A serving certificate for the floor servers from the bench's root, as meshca issues
+    its own."""
+    root = load_certs((workdir / "ca.pem").read_bytes(), what="bench root")[0]
+    root_key = load_private_key((workdir / "ca-key.pem").read_bytes())
+    key = generate_private_key()
+    serving = build_serving_certificate(
+        key.public_key(),
+        root,
+        root_key,
+        hosts=["127.0.0.1"],
+        now=datetime.now(UTC),
+        lifetime=timedelta(days=1),
+    )
+    (workdir / "serving.crt").write_text(cert_to_pem(serving))
+    (workdir / "serving.key").write_bytes(private_key_to_pem(key))
+
+
+@dataclass
+class Measured:
+    run: Run
+    load_cores: float  # the load generator's CPU over the run
+
+
+def measure(contender: Contender, concurrency: int, duration: int, workdir: Path) -> Measured:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    run = drive(contender, concurrency, duration, workdir)
+    elapsed = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Measured(run, load / elapsed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=5, help="seconds per h2load run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--sched-batch", action="store_true", help="add meshca-N under `chrt -b 0`")
+    args = parser.parse_args()
+    ensure_tools()
+    if args.sched_batch and not shutil.which("chrt"):
+        raise SystemExit("--sched-batch needs chrt (util-linux)")
+    workers = default_worker_count()
+    with tempfile.TemporaryDirectory(prefix="meshca-ceiling-") as tmp:
+        workdir = Path(tmp)
+        write_pki(workdir)
+        write_serving_pki(workdir)
+        contenders: list[Contender] = [Cfssl(workdir), Meshca(workdir, "meshca-1", 1)]
+        try:
+            token = contenders[1]._token  # type: ignore[attr-defined]
+            contenders += [
+                Meshca(workdir, f"meshca-{workers}", workers),
+                FloorServers(workdir, "noop", 1, token),
+                FloorServers(workdir, "noop", workers, token),
+                FloorServers(workdir, "sign", 1, token),
+                FloorServers(workdir, "sign", workers, token),
+            ]
+            if args.sched_batch:
+                contenders.append(
+                    Meshca(workdir, f"meshca-{workers}-batch", workers, ("chrt", "-b", "0"))
+                )
+            results: dict[tuple[str, int], list[Measured]] = {}
+            for contender in contenders:  # warm up: connections, token cache, imports
+                drive(contender, 4, 1, workdir)
+            for repetition in range(args.repetitions):
+                for concurrency in args.concurrency:
+                    order = contenders if repetition % 2 == 0 else contenders[::-1]
+                    for contender in order:
+                        measured = measure(contender, concurrency, args.duration, workdir)
+                        results.setdefault((contender.name, concurrency), []).append(measured)
+        finally:
+            for contender in contenders:
+                contender.stop()
+    report(results, args.concurrency, [c.name for c in contenders], workers, args.repetitions)
+
+
+def report(
+    results: dict[tuple[str, int], list[Measured]],
+    levels: list[int],
+    names: list[str],
+    workers: int,
+    repetitions: int,
+) -> None:
+    def median(name: str, level: int, field: str) -> float:
+        if field == "load_cores":
+            return statistics.median(m.load_cores for m in results[(name, level)])
+        return statistics.median(getattr(m.run, field) for m in results[(name, level)])
+
+    def cores(name: str, level: int) -> float:
+        """CPUs' worth of time the server used (its certs/s times CPU per certificate)."""
+        return statistics.median(
+            m.run.certs_per_second * m.run.cpu_ms_per_cert / 1000 for m in results[(name, level)]
+        )
+
+    print(f"medians of {repetitions} repetitions; N = {workers} (meshca's default workers)")
+    print(
+        f"{'server':16} {'c':>3} {'certs/s':>9} {'÷ cfssl':>8} {'p99 ms':>8} "
+        f"{'CPU µs/cert':>12} {'server cores':>13} {'h2load cores':>13} {'failed':>7}"
+    )
+    for level in levels:
+        cfssl = median("cfssl", level, "certs_per_second")
+        for name in names:
+            rate = median(name, level, "certs_per_second")
+            print(
+                f"{name:16} {level:3d} {rate:9.0f} {rate / cfssl:8.2f} "
+                f"{median(name, level, 'p99_ms'):8.2f} "
+                f"{1000 * median(name, level, 'cpu_ms_per_cert'):12.0f} "
+                f"{cores(name, level):13.2f} {median(name, level, 'load_cores'):13.2f} "
+                f"{max(m.run.failed for m in results[(name, level)]):7d}"
+            )
+        print()
+    cpus = os.cpu_count() or 1
+    for level in levels:
+        rate = {name: median(name, level, "certs_per_second") for name in names}
+        print(f"c={level}:")
+        for kind in ("noop", "sign", "meshca"):
+            single, many = rate[f"{kind}-1"], rate[f"{kind}-{workers}"]
+            # Perfect scaling: N processes share what the load generator leaves of the
+            # machine, each as efficient as one process on its own.
+            load = median(f"{kind}-{workers}", level, "load_cores")
+            bound = min(workers, (cpus - load) / cores(f"{kind}-1", level))
+            print(
+                f"  {kind:6} {workers} ÷ 1 = {many / single:4.2f}   (machine bound "
+                f"{bound:4.2f}: {cpus} CPUs - h2load {load:.2f}, over one process's "
+                f"{cores(f'{kind}-1', level):.2f} cores)"
+            )
+        print(
+            f"  meshca ÷ sign floor: 1 process {rate['meshca-1'] / rate['sign-1']:4.2f}, "
+            f"{workers} {rate[f'meshca-{workers}'] / rate[f'sign-{workers}']:4.2f}; "
+            f"sign floor ÷ noop floor {rate[f'sign-{workers}'] / rate[f'noop-{workers}']:4.2f}"
+        )
+        print(
+            f"  ceiling ÷ cfssl on this stack (sign-{workers}): "
+            f"{rate[f'sign-{workers}'] / rate['cfssl']:4.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
