@@ -33,7 +33,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
-from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr, public_key_of
+from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr
 from meshca.clock import Clock
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
@@ -109,14 +109,14 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
                 raise InvalidRequestError(reason, request.problem)
             identity = await self._identity_for(caller, request.metadata)
             csr = load_csr(request.csr)
-            authorize_csr(csr, identity)
+            public_key = authorize_csr(csr, identity)
             validity = grant_validity(
                 request.validity_duration,
                 self._ttl_policy,
                 ca_not_after=self._signer.authority.not_after,
                 now=self._clock.now(),
             )
-            issued = self._signer.sign(public_key_of(csr), identity, validity)
+            issued = self._signer.sign(public_key, identity, validity)
         except CertsError as exc:
             await self._refuse(context, InvalidRequestError("csr-invalid", str(exc)), caller, peer)
             raise AssertionError("unreachable: context.abort raises") from exc
