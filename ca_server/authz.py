@@ -13,15 +13,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from ca_server.errors import InvalidRequestError, PermissionDeniedError, clip, clip_list
-from certs import SpiffeId, describe_csr, key_family
-from certs.csr import unexpected_extensions
+from certs import PublicKey, SpiffeId, describe_csr, key_family
 
 _MIN_RSA_BITS = 2048
 _ACCEPTED_CURVES = ("secp256r1", "secp384r1")
 
 
-def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> None:
-    """Raises unless the CSR asks for exactly `identity` as its one URI SAN, and nothing more."""
+def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> PublicKey:
+    """Raises unless the CSR asks for exactly `identity` as its one URI SAN, and nothing more.
+
+    Returns the CSR's public key, checked (ECDSA P-256/P-384 or RSA ≥ 2048): the key to
+    certify. Read once here so the signer does not parse it from the CSR again."""
     contents = describe_csr(csr)
     extras = [
         f"{len(values)} {kind} SAN(s) {clip_list(values)}"
@@ -44,13 +46,13 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> No
         raise InvalidRequestError(
             "csr-asks-ca", "CSR asks for CA:true; workloads cannot be issued CA certificates"
         )
-    if _asks_to_sign_certificates(csr):
+    if contents.asks_to_sign_certificates:  # the profile never grants these; refuse, like CA:true
         raise InvalidRequestError(
             "csr-asks-ca",
             "CSR asks for key usage keyCertSign or cRLSign; workload certificates cannot sign "
             "certificates: drop those usages",
         )
-    unexpected = unexpected_extensions(csr)
+    unexpected = contents.unexpected_extension_names
     if unexpected:
         raise InvalidRequestError(
             "csr-extensions",
@@ -73,20 +75,10 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> No
             f"CSR asks for {clip(contents.uri_sans[0])} but the caller is authenticated as "
             f"{identity.uri}; a workload can only request its own identity",
         )
-    _check_public_key(csr)
+    return _checked_public_key(csr)
 
 
-def _asks_to_sign_certificates(csr: x509.CertificateSigningRequest) -> bool:
-    """The issued profile never grants these, but a CSR asking for them is refused (like
-    CA:true) rather than silently answered with less than it asked for."""
-    try:
-        usage = csr.extensions.get_extension_for_class(x509.KeyUsage).value
-    except x509.ExtensionNotFound:
-        return False
-    return usage.key_cert_sign or usage.crl_sign
-
-
-def _check_public_key(csr: x509.CertificateSigningRequest) -> None:
+def _checked_public_key(csr: x509.CertificateSigningRequest) -> PublicKey:
     key = csr.public_key()
     family = key_family(key)  # not isinstance: ABC checks cost on every request
     if family == "rsa":
@@ -95,14 +87,14 @@ def _check_public_key(csr: x509.CertificateSigningRequest) -> None:
             raise InvalidRequestError(
                 "csr-weak-key", f"CSR key is RSA-{key_size}; use RSA-2048 or larger, or ECDSA"
             )
-        return
+        return cast(rsa.RSAPublicKey, key)
     if family == "ec":
         curve = cast(ec.EllipticCurvePublicKey, key).curve
         if curve.name not in _ACCEPTED_CURVES:
             raise InvalidRequestError(
                 "csr-key-type", f"CSR key uses curve {curve.name}; use P-256 or P-384"
             )
-        return
+        return cast(ec.EllipticCurvePublicKey, key)
     raise InvalidRequestError(
         "csr-key-type", f"CSR key type {type(key).__name__} is not supported; use ECDSA or RSA"
     )

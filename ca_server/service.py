@@ -33,7 +33,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
-from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr, public_key_of
+from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr
 from meshca.clock import Clock
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
@@ -41,6 +41,8 @@ from meshca_proto import ca_pb2, ca_pb2_grpc
 log = logging.getLogger(__name__)
 
 IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
+# The request's headers as gRPC hands them over: (key, value) pairs, binary values as bytes.
+Metadata = tuple[tuple[str, str | bytes], ...]
 CERT_SIGNER = "CertSigner"
 
 
@@ -77,7 +79,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> ca_pb2.IstioCertificateResponse:
         """Admission control, then the request itself (`_create_certificate`)."""
-        renewal = is_renewal(context.invocation_metadata() or ())
+        # Read once: each `invocation_metadata()` call converts gRPC's metadata anew.
+        metadata: Metadata = tuple(context.invocation_metadata() or ())
+        renewal = is_renewal(metadata)
         try:
             ticket = self._admission.admit(renewal=renewal)
         except OverloadedError as exc:
@@ -87,7 +91,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             raise AssertionError("unreachable: context.abort raises") from exc
         try:
             with self._metrics.in_flight.track_inprogress():
-                return await self._create_certificate(request, context)
+                return await self._create_certificate(request, context, metadata)
         finally:
             ticket.release()
 
@@ -95,6 +99,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self,
         request: ca_pb2.IstioCertificateRequest | UndecodableRequest,
         context: grpc.aio.ServicerContext,
+        metadata: Metadata,
     ) -> ca_pb2.IstioCertificateResponse:
         started = self._clock.monotonic()
         self._metrics.csr_requests.inc()
@@ -102,21 +107,21 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         peer = context.peer()
         reported: dict[str, str] | None = None
         try:
-            caller = await self._authenticators.authenticate(authn_request(context))
-            reported = self._record_report(context, caller)
+            caller = await self._authenticators.authenticate(authn_request(context, metadata))
+            reported = self._record_report(metadata, caller)
             if isinstance(request, UndecodableRequest):
                 reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
                 raise InvalidRequestError(reason, request.problem)
             identity = await self._identity_for(caller, request.metadata)
             csr = load_csr(request.csr)
-            authorize_csr(csr, identity)
+            public_key = authorize_csr(csr, identity)
             validity = grant_validity(
                 request.validity_duration,
                 self._ttl_policy,
                 ca_not_after=self._signer.authority.not_after,
                 now=self._clock.now(),
             )
-            issued = self._signer.sign(public_key_of(csr), identity, validity)
+            issued = self._signer.sign(public_key, identity, validity)
         except CertsError as exc:
             await self._refuse(context, InvalidRequestError("csr-invalid", str(exc)), caller, peer)
             raise AssertionError("unreachable: context.abort raises") from exc
@@ -134,37 +139,30 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         # Only for callers that sent report headers (meshca agents): nothing extra per request
         # for Istio's agents.
         issued_by = issuer_key_id(issued.leaf) if reported else None
+        serial = format(issued.leaf.serial_number, "x")
+        not_after = issued.leaf.not_valid_after_utc
         if reported and issued_by is not None and self._agent_reports is not None:
             sole_leaf = identity == caller.identity  # not a node agent impersonating a pod
             self._agent_reports.record_issued(reported, issued_by, sole_leaf=sole_leaf)
-        self._metrics.leaves.record(
-            IssuedLeaf(
-                identity.uri,
-                format(issued.leaf.serial_number, "x"),
-                self._clock.now(),
-                issued.leaf.not_valid_after_utc,
-            )
-        )
+        self._metrics.leaves.record(IssuedLeaf(identity.uri, serial, self._clock.now(), not_after))
         audit(
             "issued",
             outcome="issued",
             identity=identity.uri,
             caller=caller.subject,
             authenticator=caller.authenticator,
-            serial=format(issued.leaf.serial_number, "x"),
+            serial=serial,
             requested_ttl_seconds=validity.requested.total_seconds()
             if validity.requested
             else None,
             granted_ttl_seconds=int(validity.granted.total_seconds()),
-            not_after=issued.leaf.not_valid_after_utc.isoformat(),
+            not_after=not_after.isoformat(),
             clamped_by=validity.clamped_by,
             peer=peer,
         )
         return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
 
-    def _record_report(
-        self, context: grpc.aio.ServicerContext, caller: Caller
-    ) -> dict[str, str] | None:
+    def _record_report(self, metadata: Metadata, caller: Caller) -> dict[str, str] | None:
         """Notes what an authenticated agent says it trusts (`ca_server.agent_reports`): only
         after authentication, so an anonymous client cannot fill the table; never refuses.
         Returns the report headers it read (None when reports are not kept)."""
@@ -172,7 +170,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             return None
         headers = {
             key.lower(): value
-            for key, value in context.invocation_metadata() or ()
+            for key, value in metadata
             if isinstance(value, str) and key.lower() in REPORT_HEADERS
         }
         self._agent_reports.record(headers, caller.identity.uri, self._clock.now())
@@ -224,12 +222,17 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
 _SINGLE_VALUED_HEADERS = ("authorization", "clusterid")
 
 
-def authn_request(context: grpc.aio.ServicerContext) -> AuthnRequest:
-    """The headers authenticators look at. Two `authorization` (or `clusterid`) headers are
-    refused: which one a proxy or library honours differs (Istio takes the first bearer token,
-    a dict the last), so a forged token placed beside a valid one must not be read either way."""
+def authn_request(
+    context: grpc.aio.ServicerContext, metadata: Metadata | None = None
+) -> AuthnRequest:
+    """The headers authenticators look at (from `metadata` when the caller has already read the
+    context's). Two `authorization` (or `clusterid`) headers are refused: which one a proxy or
+    library honours differs (Istio takes the first bearer token, a dict the last), so a forged
+    token placed beside a valid one must not be read either way."""
+    if metadata is None:
+        metadata = tuple(context.invocation_metadata() or ())
     headers: dict[str, str] = {}
-    for key, value in context.invocation_metadata() or ():
+    for key, value in metadata:
         if not isinstance(value, str):
             continue
         name = key.lower()

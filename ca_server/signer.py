@@ -14,7 +14,7 @@ from typing import Protocol
 from cryptography import x509
 
 from ca_server.ttl import Validity
-from certs import PublicKey, SigningAuthority, SpiffeId, build_workload_certificate
+from certs import PublicKey, SigningAuthority, SpiffeId
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,7 @@ class LocalSigner:
         self, public_key: PublicKey, identity: SpiffeId, validity: Validity
     ) -> IssuedCertificate:
         authority = self._authority
-        leaf = build_workload_certificate(
-            public_key,
-            identity,
-            authority.cert,
-            authority.key,
-            not_before=validity.not_before,
-            not_after=validity.not_after,
+        leaf = authority.leaf_profile.build(
+            public_key, identity, not_before=validity.not_before, not_after=validity.not_after
         )
         return IssuedCertificate(leaf=leaf, cert_chain=authority.response_chain(leaf))

@@ -18,7 +18,7 @@ from certs.chain import is_ca, issued_by, verify_chain
 from certs.errors import ChainError, KeyMaterialError
 from certs.keys import KeySpec, PrivateKey, generate_private_key, key_matches_certificate
 from certs.pem import cert_to_pem, certs_to_pem
-from certs.profile import build_root_certificate
+from certs.profile import WorkloadLeafProfile, build_root_certificate
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,11 @@ class SigningAuthority:
             raise ChainError(
                 f"the CA certificate does not chain to the root bundle: {exc}"
             ) from exc
+
+    @cached_property
+    def leaf_profile(self) -> WorkloadLeafProfile:
+        """The workload leaf profile of this issuer, derived once per authority."""
+        return WorkloadLeafProfile.for_issuer(self.cert, self.key)
 
     def response_chain(self, leaf: x509.Certificate) -> list[str]:
         """Istio's `cert_chain` layout: leaf, each CA cert up to the root, then the root bundle.

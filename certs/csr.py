@@ -7,6 +7,7 @@ checked here before anything looks at the requested names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -100,6 +101,10 @@ class CsrContents:
     asks_for_ca: bool
     extension_names: tuple[str, ...]
     subject: str
+    # keyCertSign or cRLSign in a requested keyUsage: asking to sign certificates or CRLs.
+    asks_to_sign_certificates: bool = False
+    # Requested extensions other than subjectAltName, keyUsage and extendedKeyUsage.
+    unexpected_extension_names: tuple[str, ...] = ()
 
 
 _ALLOWED_EXTENSIONS = {
@@ -108,49 +113,81 @@ _ALLOWED_EXTENSIONS = {
     ExtensionOID.EXTENDED_KEY_USAGE,
 }
 
+SanKind = Literal["uri", "dns", "ip", "email", "other"]
+_SAN_KINDS: tuple[tuple[type[x509.GeneralName], SanKind], ...] = (
+    (x509.UniformResourceIdentifier, "uri"),
+    (x509.DNSName, "dns"),
+    (x509.IPAddress, "ip"),
+    (x509.RFC822Name, "email"),
+)
+_SAN_KIND_BY_TYPE: dict[type, SanKind] = {}
+# The general names whose `.value` the lists hold.
+_ValuedName = x509.UniformResourceIdentifier | x509.DNSName | x509.IPAddress | x509.RFC822Name
+
+
+def _san_kind(general_name: x509.GeneralName) -> SanKind:
+    """Which list a SAN entry goes to. Why not `isinstance` per entry: the general-name classes
+    are ABCs, whose `__instancecheck__` runs in Python on the CA's per-request path; the answer
+    depends only on the concrete type, so it is memoised per type (pure, holds no request
+    state)."""
+    kind_of = type(general_name)
+    try:
+        return _SAN_KIND_BY_TYPE[kind_of]
+    except KeyError:
+        kind: SanKind = "other"
+        for cls, listed in _SAN_KINDS:
+            if issubclass(kind_of, cls):
+                kind = listed
+                break
+        _SAN_KIND_BY_TYPE[kind_of] = kind
+        return kind
+
 
 def describe_csr(csr: x509.CertificateSigningRequest) -> CsrContents:
-    """Splits a CSR's requested names and extensions by kind."""
-    uris: list[str] = []
-    dns: list[str] = []
-    ips: list[str] = []
-    emails: list[str] = []
+    """Splits a CSR's requested names and extensions by kind, in one pass over the extensions
+    (the CA calls this for every request). Extensions are told apart by OID: cryptography
+    parses each known OID to exactly one class, so the OID says what `ext.value` is."""
+    sans: dict[SanKind, list[str]] = {"uri": [], "dns": [], "ip": [], "email": []}
     others = 0
     asks_for_ca = False
+    asks_to_sign = False
     names: list[str] = []
+    unexpected: list[str] = []
     for ext in csr.extensions:
-        names.append(_extension_name(ext.oid))
-        if isinstance(ext.value, x509.SubjectAlternativeName):
-            for general_name in ext.value:
-                if isinstance(general_name, x509.UniformResourceIdentifier):
-                    uris.append(general_name.value)
-                elif isinstance(general_name, x509.DNSName):
-                    dns.append(general_name.value)
-                elif isinstance(general_name, x509.IPAddress):
-                    ips.append(str(general_name.value))
-                elif isinstance(general_name, x509.RFC822Name):
-                    emails.append(general_name.value)
-                else:
+        oid = ext.oid
+        name = _extension_name(oid)
+        names.append(name)
+        if oid not in _ALLOWED_EXTENSIONS:
+            unexpected.append(name)
+        if oid == ExtensionOID.SUBJECT_ALTERNATIVE_NAME:
+            for general_name in cast(x509.SubjectAlternativeName, ext.value):
+                kind = _san_kind(general_name)
+                if kind == "other":
                     others += 1
-        elif isinstance(ext.value, x509.BasicConstraints):
-            asks_for_ca = asks_for_ca or ext.value.ca
+                else:
+                    sans[kind].append(str(cast(_ValuedName, general_name).value))
+        elif oid == ExtensionOID.BASIC_CONSTRAINTS:
+            asks_for_ca = asks_for_ca or cast(x509.BasicConstraints, ext.value).ca
+        elif oid == ExtensionOID.KEY_USAGE:
+            usage = cast(x509.KeyUsage, ext.value)
+            asks_to_sign = usage.key_cert_sign or usage.crl_sign
     return CsrContents(
-        uri_sans=tuple(uris),
-        dns_sans=tuple(dns),
-        ip_sans=tuple(ips),
-        email_sans=tuple(emails),
+        uri_sans=tuple(sans["uri"]),
+        dns_sans=tuple(sans["dns"]),
+        ip_sans=tuple(sans["ip"]),
+        email_sans=tuple(sans["email"]),
         other_san_count=others,
         asks_for_ca=asks_for_ca,
         extension_names=tuple(names),
         subject=csr.subject.rfc4514_string(),
+        asks_to_sign_certificates=asks_to_sign,
+        unexpected_extension_names=tuple(unexpected),
     )
 
 
 def unexpected_extensions(csr: x509.CertificateSigningRequest) -> list[str]:
     """Names of requested extensions other than SAN, KeyUsage and ExtendedKeyUsage."""
-    return [
-        _extension_name(ext.oid) for ext in csr.extensions if ext.oid not in _ALLOWED_EXTENSIONS
-    ]
+    return list(describe_csr(csr).unexpected_extension_names)
 
 
 def _extension_name(oid: x509.ObjectIdentifier) -> str:

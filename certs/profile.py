@@ -9,9 +9,11 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certs.keys import PrivateKey, PublicKey, signature_hash_for
@@ -41,6 +43,76 @@ def _key_usage(
     )
 
 
+# What every workload leaf carries besides its key, identity, serial and validity (immutable
+# values, shared by every leaf).
+_EMPTY_SUBJECT = x509.Name([])
+_LEAF_KEY_USAGE = _key_usage(digital_signature=True, key_encipherment=True)
+_LEAF_EXTENDED_KEY_USAGE = x509.ExtendedKeyUsage(
+    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+)
+_NOT_A_CA = x509.BasicConstraints(ca=False, path_length=None)
+
+
+@dataclass(frozen=True)
+class WorkloadLeafProfile:
+    """The workload leaf profile bound to one issuer (docs/reference.md#workload-certificate).
+
+    Why a value rather than a function of the issuer: the CA signs every workload leaf with
+    the same issuer until its authority changes, and what depends only on the issuer (its
+    name, the Authority Key Identifier, the signature hash) costs a few microseconds to derive
+    per leaf. `SigningAuthority.leaf_profile` builds it once per authority.
+    """
+
+    issuer_name: x509.Name
+    issuer_key: PrivateKey = field(repr=False)
+    authority_key_id: x509.AuthorityKeyIdentifier
+    signature_hash: hashes.SHA256 | hashes.SHA384
+
+    @classmethod
+    def for_issuer(
+        cls, issuer_cert: x509.Certificate, issuer_key: PrivateKey
+    ) -> WorkloadLeafProfile:
+        return cls(
+            issuer_name=issuer_cert.subject,
+            issuer_key=issuer_key,
+            authority_key_id=_authority_key_id(issuer_cert),
+            signature_hash=signature_hash_for(issuer_key),
+        )
+
+    def build(
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        *,
+        not_before: datetime,
+        not_after: datetime,
+        serial: int | None = None,
+    ) -> x509.Certificate:
+        """Empty subject, critical SPIFFE URI SAN, CA:false, signed by the issuer.
+
+        `not_before`/`not_after` are taken as given; the caller (the CA's TTL policy) applies
+        the backdate and the clamp to the issuer's expiry.
+        """
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_EMPTY_SUBJECT)
+            .issuer_name(self.issuer_name)
+            .public_key(public_key)
+            .serial_number(serial or random_serial())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]),
+                critical=True,
+            )
+            .add_extension(_LEAF_KEY_USAGE, critical=True)
+            .add_extension(_LEAF_EXTENDED_KEY_USAGE, critical=False)
+            .add_extension(_NOT_A_CA, critical=True)
+            .add_extension(self.authority_key_id, critical=False)
+        )
+        return builder.sign(self.issuer_key, self.signature_hash)
+
+
 def build_workload_certificate(
     public_key: PublicKey,
     identity: SpiffeId,
@@ -51,35 +123,10 @@ def build_workload_certificate(
     not_after: datetime,
     serial: int | None = None,
 ) -> x509.Certificate:
-    """The workload leaf (docs/reference.md#workload-certificate): empty subject, critical SPIFFE
-    URI SAN, CA:false.
-
-    `not_before`/`not_after` are taken as given; the caller (the CA's TTL policy) applies the
-    backdate and the clamp to the issuer's expiry.
-    """
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([]))
-        .issuer_name(issuer_cert.subject)
-        .public_key(public_key)
-        .serial_number(serial or random_serial())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]),
-            critical=True,
-        )
-        .add_extension(_key_usage(digital_signature=True, key_encipherment=True), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_authority_key_id(issuer_cert), critical=False)
+    """The workload leaf signed by `issuer_cert`/`issuer_key` (see `WorkloadLeafProfile`)."""
+    return WorkloadLeafProfile.for_issuer(issuer_cert, issuer_key).build(
+        public_key, identity, not_before=not_before, not_after=not_after, serial=serial
     )
-    return builder.sign(issuer_key, signature_hash_for(issuer_key))
 
 
 def build_root_certificate(

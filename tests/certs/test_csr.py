@@ -260,3 +260,61 @@ def test_unexpected_extensions_names_the_others(key: PrivateKey) -> None:
     ]
     assert describe_csr(csr).extension_names[-1] == "1.3.6.1.4.1.99999.1"
     assert ExtensionOID.BASIC_CONSTRAINTS in {e.oid for e in csr.extensions}
+
+
+def _usage(*, cert_sign: bool, crl_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=crl_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cert_sign", "crl_sign", "expected"),
+    [(False, False, False), (True, False, True), (False, True, True), (True, True, True)],
+)
+def test_describe_detects_a_request_to_sign_certificates(
+    key: PrivateKey, cert_sign: bool, crl_sign: bool, expected: bool
+) -> None:
+    csr = load_csr(
+        _custom_csr(
+            key,
+            [
+                (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
+                (_usage(cert_sign=cert_sign, crl_sign=crl_sign), True),
+            ],
+        )
+    )
+    contents = describe_csr(csr)
+    assert contents.asks_to_sign_certificates is expected
+    assert contents.asks_for_ca is False
+    assert contents.unexpected_extension_names == ()
+
+
+def test_describe_lists_unexpected_extensions_in_the_same_pass(key: PrivateKey) -> None:
+    csr = load_csr(
+        _custom_csr(
+            key,
+            [
+                (x509.BasicConstraints(ca=False, path_length=None), True),
+                (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
+                (x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False),
+            ],
+        )
+    )
+    contents = describe_csr(csr)
+    assert contents.unexpected_extension_names == ("basicConstraints", "subjectKeyIdentifier")
+    assert contents.extension_names == (
+        "basicConstraints",
+        "subjectAltName",
+        "subjectKeyIdentifier",
+    )
+    assert contents.uri_sans == (IDENTITY.uri,)
+    assert contents.asks_to_sign_certificates is False

@@ -17,6 +17,7 @@ from certs import (
     build_workload_certificate,
     generate_private_key,
     is_ca,
+    make_authority,
     random_serial,
 )
 from certs.keys import public_key_bytes
@@ -274,3 +275,38 @@ class TestServing:
             lifetime=timedelta(days=5000),
         )
         assert cert.not_valid_after_utc == pki.intermediate.not_valid_after_utc
+
+
+def test_authority_leaf_profile_is_derived_once_and_builds_the_same_leaf(pki: Pki) -> None:
+    """The CA signs with `SigningAuthority.leaf_profile` (issuer name, AKI and hash derived once
+    per authority); its leaves must be byte for byte what `build_workload_certificate` builds
+    from the issuer each time (same serial and validity give the same TBSCertificate)."""
+    authority = make_authority(pki.intermediate, pki.intermediate_key, [], [pki.root])
+    assert authority.leaf_profile is authority.leaf_profile
+    serial = random_serial()
+    not_before, not_after = NOW - timedelta(minutes=2), NOW + timedelta(hours=1)
+    public_key = pki.leaf_key.public_key()
+    from_profile = authority.leaf_profile.build(
+        public_key, IDENTITY, not_before=not_before, not_after=not_after, serial=serial
+    )
+    from_issuer = build_workload_certificate(
+        public_key,
+        IDENTITY,
+        pki.intermediate,
+        pki.intermediate_key,
+        not_before=not_before,
+        not_after=not_after,
+        serial=serial,
+    )
+    assert from_profile.tbs_certificate_bytes == from_issuer.tbs_certificate_bytes
+    assert _ext(from_profile, x509.AuthorityKeyIdentifier).value.key_identifier == _ski(
+        pki.intermediate
+    )
+    # A different authority gets its own profile: the root as issuer.
+    root_authority = make_authority(pki.root, pki.root_key, [], [pki.root])
+    from_root = root_authority.leaf_profile.build(
+        public_key, IDENTITY, not_before=not_before, not_after=not_after
+    )
+    assert from_root.issuer == pki.root.subject
+    assert _ext(from_root, x509.AuthorityKeyIdentifier).value.key_identifier == _ski(pki.root)
+    from_root.verify_directly_issued_by(pki.root)

@@ -18,3 +18,41 @@ def test_audit_lines_are_single_json_objects_with_an_iso_utc_timestamp():
     assert [line["msg"] for line in lines] == ["issued", "denied"]
     assert lines[0]["granted_ttl_seconds"] == 600
     assert datetime.fromisoformat(lines[0]["ts"]).utcoffset() == timedelta(0)
+
+
+def test_audit_timestamps_are_what_datetime_writes_for_the_same_instant():
+    """`_utc_iso` formats each second once and adds the milliseconds; the text must be exactly
+    `datetime.isoformat(timespec="milliseconds")`'s, at the edges of a millisecond and a second
+    too (where rounding to microseconds carries)."""
+    from datetime import UTC
+
+    from meshca.logs import _utc_iso
+
+    instants = [
+        0.0,
+        1_764_576_000.0,
+        1_764_576_000.0005,
+        1_764_576_000.9995,
+        1_764_576_000.9999995,
+        1_764_576_001.0000004,
+        2_094_116_819.6229994,
+        3_550_325_182.9159994,
+    ]
+    instants += [1_764_576_000 + n / 997 for n in range(2_000)]
+    for instant in instants:
+        expected = datetime.fromtimestamp(instant, UTC).isoformat(timespec="milliseconds")
+        assert _utc_iso(instant) == expected, instant
+
+
+def test_audit_line_keys_are_sorted_and_odd_values_written_as_text():
+    stream = io.StringIO()
+    configure_logging(audit_stream=stream)
+    try:
+        audit("issued", zeta=1, alpha=None, when=timedelta(seconds=5))
+    finally:
+        logging.getLogger("meshca.audit").handlers.clear()
+    line = stream.getvalue()
+    assert line.endswith("}\n") and line.count("\n") == 1
+    keys = list(json.loads(line))
+    assert keys == sorted(keys) == ["alpha", "msg", "pid", "ts", "when", "zeta"]
+    assert json.loads(line)["when"] == "0:00:05"

@@ -1,0 +1,181 @@
+"""What meshca's own code costs per certificate, without gRPC: the CA's handler in-process.
+
+Run: `.venv/bin/python bench/handler_cost.py [--requests 3000] [--repetitions 5]`
+
+`bench/vs_cfssl.py` and `bench/profile_ca.py` measure the whole server, where about half the CPU
+is gRPC's and asyncio's machinery and a run-to-run spread of ±3 % hides a cut of a few
+microseconds. This bench isolates the part meshca owns: the `CertificateService` the CA builds
+(same `meshca ca` flags as `bench/vs_cfssl.py`: a plugged-in P-256 root and the development
+token issuer; its real authenticators, CSR checks, TTL policy, signer, leaf ledger, metrics and
+audit line, written to /dev/null) answering `CreateCertificate` one request after another on
+an event loop. The context is a small stand-in for `grpc.aio.ServicerContext` giving the
+request headers (a cached bearer token, as in the h2load benches) and the peer, as the TLS port
+gives them without a client certificate.
+
+Baseline, measured in the same run: the cryptography any CA pays for one certificate with the
+`certs` library alone (parse and verify the CSR's signature, build and sign the leaf, PEM).
+Printed: CPU µs per request for both (process time, median of the repetitions), the handler's
+overhead above the floor and the ratio, so runs compare across code changes on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parents[1] / "proto"),
+]
+
+from bench.vs_cfssl import IDENTITY, write_pki  # noqa: E402
+from ca_server.admission import Admission  # noqa: E402
+from ca_server.authority_setup import set_up_authority  # noqa: E402
+from ca_server.config import CaConfig, add_ca_arguments  # noqa: E402
+from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
+from ca_server.metrics import CaMetrics  # noqa: E402
+from ca_server.server import (  # noqa: E402
+    authority_source_for,
+    build_authenticators,
+    impersonation_policy_for,
+)
+from ca_server.service import CertificateService  # noqa: E402
+from certs import build_workload_certificate, cert_to_pem, load_cert, load_csr  # noqa: E402
+from certs.keys import load_private_key  # noqa: E402
+from meshca.clock import SystemClock  # noqa: E402
+from meshca.logs import configure_logging  # noqa: E402
+from meshca_proto import ca_pb2  # noqa: E402
+
+
+class BenchContext:
+    """What the handler reads from `grpc.aio.ServicerContext` on a successful request."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:40000"
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    async def abort(self, code: Any, details: str) -> None:
+        raise RuntimeError(f"the bench request was refused: {code}: {details}")
+
+
+async def build_service(workdir: Path) -> tuple[CertificateService, str]:
+    """The service exactly as `meshca ca --cacerts-dir ... --dev-issuer` builds it."""
+    parser = argparse.ArgumentParser()
+    add_ca_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--data-dir",
+            str(workdir / "data"),
+            "--cacerts-dir",
+            str(workdir / "cacerts"),
+            "--dev-issuer",
+        ]
+    )
+    config = CaConfig.from_args(args, {})
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    clock = SystemClock()
+    metrics = CaMetrics()
+    setup = await set_up_authority(config, authority_source_for(config), metrics, clock, None)
+    service = CertificateService(
+        authenticators=build_authenticators(config, setup.signer, clock),
+        impersonation=impersonation_policy_for(None),
+        signer=setup.signer,
+        ttl_policy=setup.ttl_policy,
+        metrics=metrics,
+        clock=clock,
+        admission=Admission(config.admission, clock.monotonic),
+        agent_reports=setup.agent_reports,
+    )
+    token = load_dev_issuer(config.data_dir).mint(
+        IDENTITY.namespace, IDENTITY.service_account, ttl=timedelta(hours=24)
+    )
+    return service, token
+
+
+def cpu_us_per_call(call: Callable[[], object], count: int) -> float:
+    started = time.process_time()
+    for _ in range(count):
+        call()
+    return (time.process_time() - started) / count * 1e6
+
+
+async def handler_us(service: CertificateService, context: BenchContext, csr: str, n: int) -> float:
+    request = ca_pb2.IstioCertificateRequest(csr=csr)
+    started = time.process_time()
+    for _ in range(n):
+        await service.CreateCertificate(request, context)  # type: ignore[arg-type]
+    return (time.process_time() - started) / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=3000, help="requests per repetition")
+    parser.add_argument("--repetitions", type=int, default=5)
+    args = parser.parse_args()
+    configure_logging("WARNING", open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
+    logging.getLogger().setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="meshca-handler-") as tmp:
+        workdir = Path(tmp)
+        write_pki(workdir)
+        csr = (workdir / "request.csr").read_text()
+        root = load_cert((workdir / "ca.pem").read_bytes())
+        root_key = load_private_key((workdir / "ca-key.pem").read_bytes())
+
+        def floor() -> str:
+            request = load_csr(csr)
+            now = datetime.now(UTC)
+            leaf = build_workload_certificate(
+                request.public_key(),  # type: ignore[arg-type]
+                IDENTITY,
+                root,
+                root_key,
+                not_before=now,
+                not_after=now + timedelta(hours=24),
+            )
+            return cert_to_pem(leaf)
+
+        async def run() -> tuple[list[float], list[float]]:
+            service, token = await build_service(workdir)
+            context = BenchContext(token)
+            await handler_us(service, context, csr, 50)  # warm: the token is verified once
+            floors, handlers = [], []
+            for _ in range(args.repetitions):  # alternate, so load changes hit both alike
+                floors.append(cpu_us_per_call(floor, args.requests))
+                handlers.append(await handler_us(service, context, csr, args.requests))
+            return floors, handlers
+
+        floors, handlers = asyncio.run(run())
+    floor_us, handler_cpu_us = statistics.median(floors), statistics.median(handlers)
+    print(f"{args.requests} requests x {args.repetitions}, CPU µs per certificate (median):")
+    print(f"  floor: certs library (CSR parse + verify, leaf build + sign, PEM)  {floor_us:6.1f}")
+    print(f"  CertificateService.CreateCertificate, in-process            {handler_cpu_us:6.1f}")
+    print(
+        f"  handler overhead above the floor  {handler_cpu_us - floor_us:6.1f} µs; "
+        f"handler ÷ floor {handler_cpu_us / floor_us:.2f}"
+    )
+    print(f"  all repetitions: floor {[round(f) for f in floors]}")
+    print(f"                   handler {[round(h) for h in handlers]}")
+
+
+if __name__ == "__main__":
+    main()
