@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
+from ca_server.cpu_scheduling import CPU_SCHEDULING_CHOICES
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, format_duration
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
@@ -168,6 +169,7 @@ class CaConfig:
     shutdown_grace: timedelta = timedelta(seconds=2)
     kube: KubeConfig | None = None
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    cpu_scheduling: str = "batch"  # `ca_server.cpu_scheduling`
     worker: WorkerRole | None = None
 
     @classmethod
@@ -215,6 +217,7 @@ class CaConfig:
             plugged_ca_poll_interval=args.ca_reload_interval,
             kube=kube,
             admission=_admission(args),
+            cpu_scheduling=args.cpu_scheduling,
             worker=worker,
         )
         if args.serving_host:
@@ -486,6 +489,14 @@ def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
         help="in-flight level at which agent reports (meshca.v1.AgentReportService) are "
         "refused (default: a quarter of --max-in-flight, at most the renewals' level); "
         "reports never take a certificate request's slot",
+    )
+    capacity.add_argument(
+        "--cpu-scheduling",
+        choices=CPU_SCHEDULING_CHOICES,
+        default="batch",
+        help="Linux scheduling policy of the CA's threads: batch (SCHED_BATCH: a woken gRPC "
+        "thread does not preempt the one signing; same CPU share) or normal "
+        "(default %(default)s; docs/performance.md)",
     )
     # Set by the supervisor for its workers only.
     capacity.add_argument("--worker-slot", type=int, default=None, help=argparse.SUPPRESS)

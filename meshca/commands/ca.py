@@ -16,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ca_server.cpu_scheduling import apply_cpu_scheduling
     from ca_server.root_store import CaSetupError
     from ca_server.server import run_ca
     from ca_server.workers import WorkerSupervisor, default_worker_count, worker_argv
@@ -26,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"meshca ca: {exc}", file=sys.stderr)
         return 2
+    # Before any thread or worker exists: they inherit it (`ca_server.cpu_scheduling`).
+    apply_cpu_scheduling(config.cpu_scheduling)
     workers = args.workers or default_worker_count()
     if workers > 1 and config.worker is None:
         # Workers run `meshca` with this process's own arguments (`meshca.cli.main` keeps them).

@@ -139,6 +139,37 @@ def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path):
     wait_for(lambda: not any(_alive(pid) for pid in workers), 10, "orphaned workers to exit")
 
 
+def _policies(pid: int) -> set[int]:
+    """The scheduling policy of every thread of `pid`."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_every_thread_of_the_supervisor_and_its_workers_runs_under_sched_batch(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--workers", "2")
+    ca.start()
+    try:
+        assert ca.proc is not None
+        _issue_on_new_connections(ca, 4)  # gRPC's threads exist once requests were served
+        workers = _children(ca.proc.pid)
+        assert len(workers) == 2
+        for pid in (ca.proc.pid, *workers):
+            assert len(os.listdir(f"/proc/{pid}/task")) > 1
+            assert _policies(pid) == {os.SCHED_BATCH}, pid
+    finally:
+        ca.stop()
+
+
+def test_cpu_scheduling_normal_leaves_the_default_policy(tmp_path: Path):
+    ca = CaProcess(tmp_path / "data", "--cpu-scheduling", "normal")
+    ca.start()
+    try:
+        assert ca.proc is not None
+        _issue_on_new_connections(ca, 2)
+        assert _policies(ca.proc.pid) == {os.SCHED_OTHER}
+    finally:
+        ca.stop()
+
+
 def test_the_default_worker_count_respects_a_container_cpu_limit(tmp_path: Path):
     affinity = len(os.sched_getaffinity(0))
     (tmp_path / "v2").mkdir()
