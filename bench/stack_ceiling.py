@@ -1,7 +1,7 @@
 """What stands between meshca and cfssl: the same stack doing less, measured in the same run.
 
 Run: `.venv/bin/python bench/stack_ceiling.py [--duration 5] [--concurrency 8 32]
-[--repetitions 3] [--sched-batch]`
+[--repetitions 3] [--compare-normal]`
 
 Issue 12 asks `meshca ca` ÷ cfssl ≥ 0.6 and default workers ≥ 1.8 times one worker. This bench
 measures the ceilings those two figures sit under on the machine it runs on, with
@@ -16,7 +16,8 @@ measures the ceilings those two figures sit under on the machine it runs on, wit
   and sign the leaf, PEM (meshca's `certs` calls) and nothing else: the fastest CA that could
   be written on this stack;
 - `meshca-1`, `meshca-N`: `meshca ca --workers 1` and its default (N = the CPUs it may use);
-- `meshca-N-batch`, with `--sched-batch`: `meshca-N` under `chrt -b 0` (SCHED_BATCH).
+- `meshca-N-normal`, with `--compare-normal`: `meshca-N` with `--cpu-scheduling normal`
+  (the default policy instead of SCHED_BATCH, `ca_server/cpu_scheduling.py`).
 
 N is meshca's default worker count. Contenders alternate within each repetition; medians of
 the repetitions are printed: certs/s, p99, CPU per certificate (the server's processes), the
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
 import signal
 import statistics
 import subprocess
@@ -174,19 +174,20 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=5, help="seconds per h2load run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--sched-batch", action="store_true", help="add meshca-N under `chrt -b 0`")
+    parser.add_argument(
+        "--compare-normal", action="store_true", help="add meshca-N with --cpu-scheduling normal"
+    )
     args = parser.parse_args()
     ensure_tools()
-    if args.sched_batch and not shutil.which("chrt"):
-        raise SystemExit("--sched-batch needs chrt (util-linux)")
     workers = default_worker_count()
     with tempfile.TemporaryDirectory(prefix="meshca-ceiling-") as tmp:
         workdir = Path(tmp)
         write_pki(workdir)
         write_serving_pki(workdir)
-        contenders: list[Contender] = [Cfssl(workdir), Meshca(workdir, "meshca-1", 1)]
+        single = Meshca(workdir, "meshca-1", 1)
+        contenders: list[Contender] = [Cfssl(workdir), single]
         try:
-            token = contenders[1]._token  # type: ignore[attr-defined]
+            token = single.token
             contenders += [
                 Meshca(workdir, f"meshca-{workers}", workers),
                 FloorServers(workdir, "noop", 1, token),
@@ -194,9 +195,14 @@ def main() -> None:
                 FloorServers(workdir, "sign", 1, token),
                 FloorServers(workdir, "sign", workers, token),
             ]
-            if args.sched_batch:
+            if args.compare_normal:
                 contenders.append(
-                    Meshca(workdir, f"meshca-{workers}-batch", workers, ("chrt", "-b", "0"))
+                    Meshca(
+                        workdir,
+                        f"meshca-{workers}-normal",
+                        workers,
+                        ("--cpu-scheduling", "normal"),
+                    )
                 )
             results: dict[tuple[str, int], list[Measured]] = {}
             for contender in contenders:  # warm up: connections, token cache, imports

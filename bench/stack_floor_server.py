@@ -6,7 +6,7 @@ Run by the bench, not by hand:
 
 It serves `istio.v1.auth.IstioCertificateService/CreateCertificate` with what meshca uses
 (`grpc.aio`, the same TLS, `SO_REUSEPORT` so several copies share one port as meshca's workers
-do) and one of two handlers:
+do, meshca's default `--cpu-scheduling batch`) and one of two handlers:
 - `noop`: answers a response of a real certificate chain's size, built once. What one RPC
   costs on this stack with nothing done: the ceiling for any handler.
 - `sign`: decodes the request, parses and verifies the CSR, builds and signs the leaf, encodes
@@ -37,6 +37,7 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
+from ca_server.cpu_scheduling import apply_cpu_scheduling  # noqa: E402
 from certs import (  # noqa: E402
     SpiffeId,
     build_workload_certificate,
@@ -137,6 +138,7 @@ def main() -> None:
     parser.add_argument("--counters", type=Path, required=True)
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--ready", type=Path, required=True, help="written once serving")
+    apply_cpu_scheduling("batch")  # as `meshca ca` does, before gRPC starts its threads
     asyncio.run(serve(parser.parse_args()))
 
 

@@ -176,16 +176,15 @@ class Meshca(Contender):
         workdir: Path,
         name: str,
         workers: int | None,
-        command_prefix: tuple[str, ...] = (),
+        extra_args: tuple[str, ...] = (),
     ) -> None:
-        """`command_prefix` runs the CA under another command (`chrt -b 0`, in
-        `bench/stack_ceiling.py`)."""
+        """`extra_args` are added to `meshca ca`'s (`bench/stack_ceiling.py` compares
+        `--cpu-scheduling normal`)."""
         self.name = name
         self.port = free_port()
         self.monitoring_port = free_port()
         data_dir = workdir / f"{name}-data"
         args = [
-            *command_prefix,
             sys.executable,
             "-m",
             "meshca",
@@ -204,6 +203,7 @@ class Meshca(Contender):
         ]
         if workers is not None:
             args += ["--workers", str(workers)]
+        args += extra_args
         self._log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         # Audit lines are part of the cost of an issuance: written, but not kept.
         self._proc = subprocess.Popen(
@@ -212,7 +212,7 @@ class Meshca(Contender):
         self.pid = self._proc.pid
         wait_for(self._ready, 60, f"{name} /ready")
         token = mint_token(data_dir, IDENTITY.namespace, IDENTITY.service_account, ttl="24h")
-        self._token = token
+        self.token = token
         request = ca_pb2.IstioCertificateRequest(csr=(workdir / "request.csr").read_text())
         payload = request.SerializeToString()
         self._body = workdir / f"{name}-body.grpc"
@@ -237,7 +237,7 @@ class Meshca(Contender):
             "-H",
             "te: trailers",
             "-H",
-            f"authorization: Bearer {self._token}",
+            f"authorization: Bearer {self.token}",
             f"https://127.0.0.1:{self.port}{GRPC_PATH}",
         ]
 
