@@ -8,8 +8,9 @@ check and leaf signature cost twice as much inside the server as in a loop. SCHE
 the kernel these threads are CPU-bound: a woken thread waits until the running one blocks or
 its time slice ends, instead of preempting it. The CPU share is unchanged (same nice level),
 no privilege is needed, and other processes on the node are preempted less, not more.
-Measured with `bench/stack_ceiling.py --sched-batch` (docs/performance.md): about 10 % more
-certificates per second with 2 workers, and a lower p99.
+Measured with `bench/stack_ceiling.py --compare-normal` (docs/performance.md): 5 % more
+certificates per second with 2 workers (7-11 % in `bench/vs_cfssl.py` A/B runs), and a lower
+p99.
 
 Set once, first thing in `meshca ca`, before gRPC starts a thread: threads inherit their
 creator's policy, and worker processes inherit the supervisor's. Where the call is missing
