@@ -51,6 +51,8 @@ class Caller:
     subject: str
     pod_name: str | None = None
     pod_uid: str | None = None
+    # The ServiceAccount object's uid, from a projected token's `kubernetes.io` claim.
+    service_account_uid: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 

@@ -242,10 +242,12 @@ class JwtAuthenticator:
             )
         namespace, service_account = account
         k8s = claims.get("kubernetes.io")
-        pod_name = pod_uid = None
+        pod_name = pod_uid = account_uid = None
         if k8s is not None:
             claimed_ns = _field(k8s, "namespace")
-            claimed_sa = _field(_field(k8s, "serviceaccount"), "name")
+            claimed_account = _field(k8s, "serviceaccount")
+            claimed_sa = _field(claimed_account, "name")
+            account_uid = _field(claimed_account, "uid")
             if (claimed_ns, claimed_sa) != (namespace, service_account):
                 raise AuthenticationError(
                     "jwt-subject", "token's kubernetes.io claim disagrees with its subject"
@@ -256,7 +258,14 @@ class JwtAuthenticator:
             identity = SpiffeId(self._trust_domain, namespace, service_account)
         except CertsError as exc:
             raise AuthenticationError("jwt-subject", f"token subject: {exc}") from exc
-        return Caller(identity, self.name, subject=subject, pod_name=pod_name, pod_uid=pod_uid)
+        return Caller(
+            identity,
+            self.name,
+            subject=subject,
+            pod_name=pod_name,
+            pod_uid=pod_uid,
+            service_account_uid=account_uid if isinstance(account_uid, str) else None,
+        )
 
 
 def _expiry(exp: float) -> datetime | None:

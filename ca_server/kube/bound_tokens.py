@@ -9,18 +9,21 @@ TokenReview asks the API server, for every new token, what this module works out
    request, cache hit or not — exists with the token's pod uid (not a deleted pod's namesake),
    runs as the token's service account and has not finished (`meshca.pods`: phase Succeeded
    or Failed). Deleting a pod therefore revokes its tokens as soon as the watch delivers the
-   deletion, as TokenReview's bound-object check does.
+   deletion, as TokenReview's bound-object check does;
+3. the token's ServiceAccount — from the CA's ServiceAccount informer, also on every request —
+   exists with the uid the token names, so deleting an account (or deleting and re-creating it
+   under the same name) revokes its tokens as TokenReview's service-account check does, even
+   while the pods that ran as it keep running.
 
-What TokenReview checks and this does not: that the ServiceAccount object still exists with the
-token's uid (deleting a ServiceAccount while its pods keep running does not revoke their tokens
-here), tokens bound to a Secret or Node rather than a pod, and legacy Secret-based tokens (both
-refused here). `docs/kubernetes.md` weighs this against TokenReview's API cost.
+What TokenReview accepts and this refuses: tokens bound to a Secret or Node rather than a pod,
+and legacy Secret-based tokens. `docs/kubernetes.md` weighs this against TokenReview's API
+cost.
 
 Only tokens of the local cluster are validated here: the pod informer knows only its pods. A
 request naming a remote cluster (`clusterid`) is left to TokenReview (`RemoteClustersOnly`).
 
-Concurrency: runs on the event loop; reads the pod cache (a dictionary lookup under a lock held
-for no I/O) and awaits the key source, which fetches in a worker thread.
+Concurrency: runs on the event loop; reads the pod and ServiceAccount caches (dictionary lookups
+under locks held for no I/O) and awaits the key source, which fetches in a worker thread.
 """
 
 from __future__ import annotations
@@ -31,16 +34,25 @@ from ca_server.authn import Authenticator, AuthnRequest, Caller
 from ca_server.errors import AuthenticationError, DependencyUnavailableError
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.pod_cache import PodCache
+from ca_server.kube.service_account_cache import ServiceAccountCache
 
 
 class BoundTokenAuthenticator:
-    """Local-cluster bearer tokens, verified against the issuer's keys and the pod informer."""
+    """Local-cluster bearer tokens, verified against the issuer's keys and the pod and
+    ServiceAccount informers."""
 
     name = "kubernetes-offline"
 
-    def __init__(self, verifier: JwtAuthenticator, pods: PodCache, cluster_id: str) -> None:
+    def __init__(
+        self,
+        verifier: JwtAuthenticator,
+        pods: PodCache,
+        accounts: ServiceAccountCache,
+        cluster_id: str,
+    ) -> None:
         self._verifier = verifier
         self._pods = pods
+        self._accounts = accounts
         self._cluster_id = cluster_id
 
     async def authenticate(self, request: AuthnRequest) -> Caller | None:
@@ -52,6 +64,7 @@ class BoundTokenAuthenticator:
         if caller is None:
             return None
         self._check_bound_pod(caller)
+        self._check_account(caller)
         return replace(caller, authenticator=self.name, extra={"cluster_id": self._cluster_id})
 
     def _check_bound_pod(self, caller: Caller) -> None:
@@ -91,6 +104,29 @@ class BoundTokenAuthenticator:
             raise AuthenticationError(
                 "token-pod-finished",
                 f"token is bound to {where}, which has finished (phase {pod.phase})",
+            )
+
+    def _check_account(self, caller: Caller) -> None:
+        namespace, account = caller.identity.namespace, caller.identity.service_account
+        if not self._accounts.synced:
+            raise DependencyUnavailableError(
+                "service-account-cache-not-synced",
+                "the CA has not finished listing service accounts yet; retry shortly",
+            )
+        where = f"service account {namespace}/{account}"
+        uid = self._accounts.uid(namespace, account)
+        if uid is None:
+            raise AuthenticationError(
+                "token-service-account-not-found",
+                f"token is for {where}, which does not exist (deleted?): its tokens are "
+                "revoked; send the token of an existing service account",
+            )
+        if not caller.service_account_uid or caller.service_account_uid != uid:
+            raise AuthenticationError(
+                "token-service-account-uid-mismatch",
+                f"token is for {where} with uid {caller.service_account_uid or '(none)'}, but "
+                f"that service account now has uid {uid} (the token belongs to a deleted "
+                "account of the same name)",
             )
 
 

@@ -3,8 +3,9 @@
 `KubernetesMode` builds the API clients once and hands out the cluster-backed implementations
 of the CA's seams — an `AuthorityStateStore` (the authority slots in Secret
 `istio-ca-secret`), the token `Authenticator`s (TokenReview, or offline validation against the
-issuer keys and the pod informer) and an `ImpersonationPolicy` (node authorizer) — and runs the
-background parts (watches, Lease election, ConfigMap publication) between `start` and `stop`.
+issuer keys and the pod and ServiceAccount informers) and an `ImpersonationPolicy` (node
+authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication)
+between `start` and `stop`.
 
 Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (waiting for
 the first pod list, releasing the Lease) is pushed to a worker thread. The background parts run
@@ -31,6 +32,7 @@ from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.replica_reports import ConfigMapLedgerSink
 from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
+from ca_server.kube.service_account_cache import ServiceAccountCache
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.metrics import CaMetrics
 from ca_server.root_store import CaSetupError
@@ -39,7 +41,7 @@ from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
 
-_POD_SYNC_TIMEOUT = 30.0
+_SYNC_TIMEOUT = 30.0
 
 
 class KubernetesMode:
@@ -60,6 +62,8 @@ class KubernetesMode:
         self._pods = (
             PodCache(self.clients.local, metrics) if kube.trusted_node_accounts or offline else None
         )
+        # Offline token validation also checks the token's ServiceAccount, as TokenReview does.
+        self._accounts = ServiceAccountCache(self.clients.local, metrics) if offline else None
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
         if kube.publish_root:
@@ -109,14 +113,16 @@ class KubernetesMode:
         if not self.kube.token_review:
             return []
         review = self.token_review_authenticator()
-        if self._issuer_keys is None or self._pods is None:
+        if self._issuer_keys is None or self._pods is None or self._accounts is None:
             return [review]
         verifier = JwtAuthenticator(
             [TrustedIssuer(self._issuer_keys.issuer, self._issuer_keys, self.kube.audiences)],
             self._config.trust_domain,
             self._clock,
         )
-        offline = BoundTokenAuthenticator(verifier, self._pods, self.kube.cluster_id)
+        offline = BoundTokenAuthenticator(
+            verifier, self._pods, self._accounts, self.kube.cluster_id
+        )
         if not self.clients.remote:
             return [offline]
         return [offline, RemoteClustersOnly(review, self.kube.cluster_id)]
@@ -144,14 +150,24 @@ class KubernetesMode:
             self._publisher.set_root(authority.root_bundle_pem)
             self._publisher.start()
             self._elector.start()
+        if self._accounts is not None:
+            self._accounts.start()
         if self._pods is not None:
             self._pods.start()
-            if not await asyncio.to_thread(self._pods.wait_synced, _POD_SYNC_TIMEOUT):
+            if not await asyncio.to_thread(self._pods.wait_synced, _SYNC_TIMEOUT):
                 raise CaSetupError(
-                    f"could not list pods within {_POD_SYNC_TIMEOUT:.0f}s; the node authorizer "
+                    f"could not list pods within {_SYNC_TIMEOUT:.0f}s; the node authorizer "
                     "and offline token validation need list/watch on pods (check the API server "
                     "and the CA's RBAC)"
                 )
+        if self._accounts is not None and not await asyncio.to_thread(
+            self._accounts.wait_synced, _SYNC_TIMEOUT
+        ):
+            raise CaSetupError(
+                f"could not list service accounts within {_SYNC_TIMEOUT:.0f}s; offline token "
+                "validation needs list/watch on serviceaccounts (check the API server and the "
+                "CA's RBAC)"
+            )
 
     def authority_changed(self, authority: SigningAuthority) -> None:
         if self._publisher is not None:
@@ -162,6 +178,8 @@ class KubernetesMode:
             self._publisher.stop()
         if self._pods is not None:
             self._pods.stop()
+        if self._accounts is not None:
+            self._accounts.stop()
         if self._secret_store is not None:
             self._secret_store.stop_watch()
         if self._elector is not None:

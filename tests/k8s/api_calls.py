@@ -55,6 +55,8 @@ CA_RBAC: frozenset[Rule] = frozenset(
             for resource in ("namespaces", "pods")
             for verb in ("list", "watch")
         ),
+        # Offline token validation: the token's ServiceAccount (exists, with the token's uid).
+        *(Rule("", "serviceaccounts", verb, "cluster") for verb in ("list", "watch")),
         # Offline token validation: the service-account issuer and its keys (non-resource
         # URLs, as in the built-in ClusterRole system:service-account-issuer-discovery).
         *(

@@ -1,7 +1,7 @@
 """Offline token validation (`--token-validation offline`): the issuer's keys fetched once, the
-bound pod checked against the pod informer, and no API call per certificate (issue 12, Done
-means 3). Every token here is a real JWT signed by the fake API server's issuer key, exactly
-as kubelet would project it."""
+bound pod and the token's ServiceAccount checked against informers, and no API call per
+certificate (issue 12, Done means 3). Every token here is a real JWT signed by the fake API
+server's issuer key, exactly as kubelet would project it."""
 
 from __future__ import annotations
 
@@ -111,6 +111,52 @@ def test_bound_pod_is_checked_on_every_request(kube_api: KubeApiServer, kube_ca:
     assert kube_api.tokenreview_count == 0
 
 
+def test_a_deleted_service_account_revokes_its_tokens(kube_api: KubeApiServer, kube_ca: CaFactory):
+    """TokenReview refuses the token of a deleted ServiceAccount even while the pod that ran as
+    it keeps running; offline validation does the same from its ServiceAccount informer, and a
+    re-created account of the same name (a new uid) does not revive the old tokens."""
+    kube_api.create_namespace("shop")
+    kube_api.create_pod("shop", "cart-1", service_account="cart", node_name="node-a")
+    kube_api.create_pod("shop", "orders-1", service_account="orders", node_name="node-a")
+    ca = kube_ca("ca-0", *OFFLINE)
+    cart, orders = spiffe("shop", "cart"), spiffe("shop", "orders")
+
+    def token(account: str, pod: str) -> str:
+        return kube_api.issue_service_account_token(
+            "shop", account, audiences=AUDIENCE, pod_name=pod
+        )
+
+    old_cart, orders_token = token("cart", "cart-1"), token("orders", "orders-1")
+    assert len(issue(ca, old_cart, cart)) == 2  # verified, and now in the verified-token cache
+    assert len(issue(ca, orders_token, orders)) == 2
+    kube_api.reset_counts()
+
+    kube_api.delete("serviceaccounts", "cart", namespace="shop")
+    wait_for(lambda: _refused(ca, old_cart, cart), timeout=10, what="deleted account refused")
+    code, details = _refusal(ca, old_cart, cart)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "service account shop/cart, which does not exist" in details
+    assert kube_api.get("pods", "cart-1", namespace="shop") is not None  # the pod still runs
+    assert len(issue(ca, orders_token, orders)) == 2  # other accounts are untouched
+
+    # Re-created under the same name: a new object with a new uid. The old token stays
+    # refused; a token kubelet projects for the new account works.
+    kube_api.create_service_account("shop", "cart")
+    wait_for(
+        lambda: "now has uid" in _refusal(ca, old_cart, cart)[1],
+        timeout=10,
+        what="the old token refused for its account's uid",
+    )
+    assert len(issue(ca, token("cart", "cart-1"), cart)) == 2
+
+    denied = [line["reason"] for line in audit_lines(ca) if line["outcome"] == "denied"]
+    assert "token-service-account-not-found" in denied
+    assert denied[-1] == "token-service-account-uid-mismatch"
+    # All of it decided from the informers: no TokenReview, no other call but watches.
+    assert kube_api.tokenreview_count == 0
+    assert {key: n for key, n in kube_api.request_counts().items() if key[0] != "watch"} == {}
+
+
 def _refused(ca: CaProcess, token: str, identity: str) -> bool:
     try:
         issue(ca, token, identity)
@@ -126,9 +172,16 @@ def test_token_claims_and_signing_keys(kube_api: KubeApiServer, kube_ca: CaFacto
     identity = spiffe("shop", "cart")
     issuer = kube_api.issuer
     pod_uid = kube_api.get("pods", "cart-1", namespace="shop")["metadata"]["uid"]
+    account_uid = kube_api.get("serviceaccounts", "cart", namespace="shop")["metadata"]["uid"]
 
     def signed(**kwargs: Any) -> str:
-        claims = {"audiences": AUDIENCE, "pod_name": "cart-1", "pod_uid": pod_uid, **kwargs}
+        claims = {
+            "audiences": AUDIENCE,
+            "pod_name": "cart-1",
+            "pod_uid": pod_uid,
+            "service_account_uid": account_uid,
+            **kwargs,
+        }
         return issuer.sign("shop", "cart", **claims)
 
     assert len(issue(ca, signed(), identity)) == 2

@@ -12,7 +12,15 @@ or out of process: ``python -m tests.support.kube_api --port 0 --port-file PATH`
 from .errors import ApiError
 from .faults import Fault, FaultPlan
 from .recorder import RequestRecord
-from .resources import CONFIGMAPS, LEASES, NAMESPACES, PODS, SECRETS, ResourceType
+from .resources import (
+    CONFIGMAPS,
+    LEASES,
+    NAMESPACES,
+    PODS,
+    SECRETS,
+    SERVICEACCOUNTS,
+    ResourceType,
+)
 from .server import KubeApiServer
 from .tokens import POD_NAME_KEY, POD_UID_KEY, TokenInfo
 
@@ -24,6 +32,7 @@ __all__ = [
     "POD_NAME_KEY",
     "POD_UID_KEY",
     "SECRETS",
+    "SERVICEACCOUNTS",
     "ApiError",
     "Fault",
     "FaultPlan",

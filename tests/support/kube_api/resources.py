@@ -57,8 +57,16 @@ PODS = ResourceType(
     ),
 )
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True)
+SERVICEACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True)
 
-RESOURCE_TYPES: tuple[ResourceType, ...] = (NAMESPACES, SECRETS, CONFIGMAPS, PODS, LEASES)
+RESOURCE_TYPES: tuple[ResourceType, ...] = (
+    NAMESPACES,
+    SECRETS,
+    CONFIGMAPS,
+    PODS,
+    LEASES,
+    SERVICEACCOUNTS,
+)
 _BY_PATH: dict[tuple[str, str, str], ResourceType] = {
     (rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES
 }

@@ -23,7 +23,15 @@ from .faults import FaultPlan
 from .handler import KubeApiHTTPServer
 from .issuer import ServiceAccountIssuer
 from .recorder import RequestRecord, RequestRecorder
-from .resources import CONFIGMAPS, NAMESPACES, PODS, SECRETS, ResourceType, by_name
+from .resources import (
+    CONFIGMAPS,
+    NAMESPACES,
+    PODS,
+    SECRETS,
+    SERVICEACCOUNTS,
+    ResourceType,
+    by_name,
+)
 from .store import DEFAULT_NAMESPACES, Store
 from .tokens import DEFAULT_API_AUDIENCES, TokenAuthority, TokenInfo
 
@@ -217,12 +225,15 @@ class KubeApiServer:
     ) -> TokenInfo:
         """Register a service-account token; bind it to a pod with ``pod_name``/``pod_uid``.
 
-        If the pod exists in the store and ``pod_uid`` is omitted, its real uid is used.
+        If the pod exists in the store and ``pod_uid`` is omitted, its real uid is used; the
+        user's uid is the stored ServiceAccount's, as the API server answers.
         """
         if pod_name is not None and pod_uid is None:
             pod = self.get("pods", pod_name, namespace=namespace, missing_ok=True)
             if pod is not None:
                 pod_uid = pod["metadata"]["uid"]
+        account = self.get(SERVICEACCOUNTS, service_account, namespace=namespace, missing_ok=True)
+        account_uid = account["metadata"]["uid"] if account is not None else None
         return self.tokens.add_service_account(
             token,
             namespace,
@@ -230,6 +241,7 @@ class KubeApiServer:
             audiences=audiences,
             pod_name=pod_name,
             pod_uid=pod_uid,
+            sa_uid=account_uid,
             expires_at=expires_at,
         )
 
@@ -245,13 +257,16 @@ class KubeApiServer:
     ) -> str:
         """A signed projected token (a JWT from `issuer`), also known to TokenReview.
 
-        As kubelet would: bound to ``pod_name`` (its stored uid unless ``pod_uid`` is given).
+        As kubelet would: bound to ``pod_name`` (its stored uid unless ``pod_uid`` is given)
+        and carrying the stored ServiceAccount's uid (empty when there is none).
         ``audiences=None`` means the API server audiences.
         """
         if pod_name is not None and pod_uid is None:
             pod = self.get("pods", pod_name, namespace=namespace, missing_ok=True)
             if pod is not None:
                 pod_uid = pod["metadata"]["uid"]
+        account = self.get(SERVICEACCOUNTS, service_account, namespace=namespace, missing_ok=True)
+        account_uid = account["metadata"]["uid"] if account is not None else None
         audience_list = list(audiences) if audiences is not None else self.tokens.api_audiences
         issued_at = time.time()
         token = self.issuer.sign(
@@ -260,6 +275,7 @@ class KubeApiServer:
             audiences=audience_list,
             pod_name=pod_name,
             pod_uid=pod_uid,
+            service_account_uid=account_uid or "",
             lifetime=lifetime,
             issued_at=issued_at,
         )
@@ -270,6 +286,7 @@ class KubeApiServer:
             audiences=audience_list,
             pod_name=pod_name,
             pod_uid=pod_uid,
+            sa_uid=account_uid,
             expires_at=issued_at + lifetime,
         )
         return token
@@ -383,7 +400,10 @@ class KubeApiServer:
         phase: str = "Running",
         pod_ip: str | None = None,
     ) -> dict[str, Any]:
-        """Seed a minimal but valid-looking Pod (one container)."""
+        """Seed a minimal but valid-looking Pod (one container), and its ServiceAccount if the
+        namespace has none of that name yet (a real API server refuses a pod whose account
+        does not exist, so a seeded pod's account exists too)."""
+        self.ensure_service_account(namespace, service_account)
         metadata: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             metadata["uid"] = uid
@@ -402,6 +422,22 @@ class KubeApiServer:
             status["podIP"] = pod_ip
             status["podIPs"] = [{"ip": pod_ip}]
         return self.create(PODS, {"metadata": metadata, "spec": spec, "status": status})
+
+    def create_service_account(
+        self, namespace: str, name: str, *, uid: str | None = None
+    ) -> dict[str, Any]:
+        """Seed a ServiceAccount (a fresh uid unless `uid` is given)."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        return self.create(SERVICEACCOUNTS, {"metadata": metadata})
+
+    def ensure_service_account(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ServiceAccount `namespace/name`, seeded first if it does not exist."""
+        existing = self.get(SERVICEACCOUNTS, name, namespace=namespace, missing_ok=True)
+        if existing is not None:
+            return dict(existing)
+        return self.create_service_account(namespace, name)
 
     def create_secret(
         self,
