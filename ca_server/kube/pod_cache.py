@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import kubernetes.client
 
+from ca_server.kube.watched_cache import WatchedCache
 from ca_server.metrics import CaMetrics
-from meshca.informer import Informer
 from meshca.pods import PodInfo, pod_info
 
 _LIVE_BY_NODE_ACCOUNT = "node-account"
@@ -33,29 +33,16 @@ def _live_node_account(pod: PodInfo) -> str | None:
     return _node_account_key(pod.node_name, pod.namespace, pod.service_account)
 
 
-class PodCache:
+class PodCache(WatchedCache[PodInfo]):
     def __init__(self, api: kubernetes.client.ApiClient, metrics: CaMetrics) -> None:
         core = kubernetes.client.CoreV1Api(api)
-        self._informer: Informer[PodInfo] = Informer(
+        super().__init__(
             "pods",
             core.list_pod_for_all_namespaces,
             pod_info,
+            metrics,
             indexers={_LIVE_BY_NODE_ACCOUNT: _live_node_account},
-            on_restart=lambda cause: metrics.kube_watch_restarts.labels("pods", cause).inc(),
         )
-
-    @property
-    def synced(self) -> bool:
-        return self._informer.synced
-
-    def wait_synced(self, timeout: float) -> bool:
-        return self._informer.wait_synced(timeout)
-
-    def start(self) -> None:
-        self._informer.start()
-
-    def stop(self) -> None:
-        self._informer.stop()
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return self._informer.get((namespace, name))

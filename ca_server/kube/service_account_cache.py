@@ -16,38 +16,20 @@ from typing import Any
 
 import kubernetes.client
 
+from ca_server.kube.watched_cache import WatchedCache
 from ca_server.metrics import CaMetrics
-from meshca.informer import Informer
 
 
 def _account_uid(account: Any) -> str:
     return str(account.metadata.uid or "")
 
 
-class ServiceAccountCache:
+class ServiceAccountCache(WatchedCache[str]):
     def __init__(self, api: kubernetes.client.ApiClient, metrics: CaMetrics) -> None:
         core = kubernetes.client.CoreV1Api(api)
-        self._informer: Informer[str] = Informer(
-            "serviceaccounts",
-            core.list_service_account_for_all_namespaces,
-            _account_uid,
-            on_restart=lambda cause: metrics.kube_watch_restarts.labels(
-                "serviceaccounts", cause
-            ).inc(),
+        super().__init__(
+            "serviceaccounts", core.list_service_account_for_all_namespaces, _account_uid, metrics
         )
-
-    @property
-    def synced(self) -> bool:
-        return self._informer.synced
-
-    def wait_synced(self, timeout: float) -> bool:
-        return self._informer.wait_synced(timeout)
-
-    def start(self) -> None:
-        self._informer.start()
-
-    def stop(self) -> None:
-        self._informer.stop()
 
     def uid(self, namespace: str, name: str) -> str | None:
         """The uid of ServiceAccount `namespace/name`; None when it does not exist."""
