@@ -11,11 +11,17 @@ counts kept; each gauge says how to combine (`multiprocess_mode`), which a singl
 
 from __future__ import annotations
 
+import math
+import os
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from ca_server.issued_leaves import IssuedLeaves
 from certs import SigningAuthority
@@ -33,14 +39,50 @@ ISTIO_COUNTER_ALIASES = {
 def aggregated_registry(multiprocess_dir: Path) -> CollectorRegistry:
     """The supervisor's registry: every worker's metrics summed, plus Istio's aliases."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(multiprocess_dir))
     workers = MultiProcessCollector(None, path=str(multiprocess_dir))
+    registry.register(WithoutRetiredSeries(workers))
     registry.register(
         IstioCounterAliases(
             {alias: FamilyOf(workers, name) for alias, name in ISTIO_COUNTER_ALIASES.items()}
         )
     )
     return registry
+
+
+def retire_series(gauge: Gauge, *labels: str) -> None:
+    """Removes the series `gauge{labels}` (an authority that is gone).
+
+    In multiprocess mode (`meshca ca --workers N`) prometheus-client cannot remove a series: it
+    warns, and the worker's file keeps the last value, so the supervisor would go on serving a
+    dropped authority's phase or a revoked one's taint. There the series is first set to NaN,
+    a value no meshca gauge otherwise takes, which `WithoutRetiredSeries` leaves out.
+    """
+    if _multiprocess():
+        gauge.labels(*labels).set(math.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the multiprocess warning, handled above
+        gauge.remove(*labels)
+
+
+def _multiprocess() -> bool:
+    # What the supervisor sets for its workers (`ca_server.workers`), and what prometheus-client
+    # reads to choose its multiprocess values.
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class WithoutRetiredSeries(Collector):
+    """The workers' metrics without the gauge series `retire_series` marked as gone. A gauge
+    combined across workers is NaN as soon as one live worker has retired it (a sum, or the
+    most recent value), so a gone authority leaves the view within one worker's poll."""
+
+    def __init__(self, workers: Collector) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._workers.collect():
+            if family.type == "gauge":
+                family.samples = [s for s in family.samples if not math.isnan(s.value)]
+            yield family
 
 
 class CaMetrics:

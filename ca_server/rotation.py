@@ -25,7 +25,6 @@ current authority once per request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -53,7 +52,7 @@ from ca_server.authority_slots import (
 from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_state, state_digest
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.leaf_ledger import LeafLedger, LedgerSink
-from ca_server.metrics import CaMetrics
+from ca_server.metrics import CaMetrics, retire_series
 from ca_server.root_store import publish_root_bundle
 from ca_server.signer import IssuedCertificate, LocalSigner
 from ca_server.ttl import Validity
@@ -178,10 +177,10 @@ class AuthorityGauges:
         present = {slot.id for slot in state.slots}
         for gone in self._known - present:
             for phase in Phase:
-                _remove(self.phase, gone, phase.value)
+                retire_series(self.phase, gone, phase.value)
             gauges = (self.tainted, self.not_after, self.live_leaves, self.trusting, self.serving)
             for gauge in gauges:
-                _remove(gauge, gone)
+                retire_series(gauge, gone)
         for slot in state.slots:
             for phase in Phase:
                 self.phase.labels(slot.id, phase.value).set(1 if slot.phase is phase else 0)
@@ -201,11 +200,6 @@ class AuthorityGauges:
                 self.trusting.labels(slot.id).set(counted.trusting.get(slot.id, 0))
                 self.serving.labels(slot.id).set(counted.serving.get(slot.id, 0))
         self.reporting.set(counted.reporting)
-
-
-def _remove(gauge: Gauge, *labels: str) -> None:
-    with contextlib.suppress(KeyError):
-        gauge.remove(*labels)
 
 
 def audit_events(events: tuple[HistoryEvent, ...], source: str) -> None:

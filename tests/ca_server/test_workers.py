@@ -19,6 +19,7 @@ from typing import Any
 
 from ca_server.workers import default_worker_count
 from certs import SpiffeId, build_csr, generate_private_key, load_cert, private_key_to_pem
+from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
@@ -298,5 +299,51 @@ def test_debug_ca_and_meshca_status_cover_every_worker(tmp_path: Path):
         document = _debug_ca(ca)
         assert document["workers_reporting"] == 2
         assert document["certificates"][0]["serial"] == f"{root.serial_number:x}"
+    finally:
+        ca.stop()
+
+
+def _series_of(exposition: str, authority: str) -> list[str]:
+    """The sample lines of `/metrics` labelled with `authority`."""
+    return [line for line in exposition.splitlines() if f'authority="{authority}"' in line]
+
+
+def test_a_revoked_authority_leaves_the_supervisors_metrics(tmp_path: Path):
+    """prometheus-client cannot remove a labelled series in multiprocess mode: a worker's file
+    keeps its last value. A revoked (or dropped) authority's gauges must still disappear from
+    the one `/metrics` view, or `MeshcaCaTaintedAuthorityTrusted` fires forever after the
+    revoke its runbook asks for."""
+    ca = CaProcess(tmp_path / "data", "--workers", "2", "--ca-reload-interval", "200ms")
+    ca.start()
+    try:
+        target = data_dir_target(ca.data_dir)
+        old = authority_rows(target)[0]["id"]
+        assert meshca_authority(target, "prepare").returncode == 0
+        new = next(row["id"] for row in authority_rows(target) if row["state"] == "prepared")
+        assert meshca_authority(target, "activate", new).returncode == 0
+        assert meshca_authority(target, "taint", old).returncode == 0
+        wait_for(
+            lambda: (
+                sample_value(ca.metrics(), "meshca_ca_authority_tainted", {"authority": old}) == 1
+            ),
+            10,
+            "the taint in the supervisor's /metrics",
+        )
+        assert meshca_authority(target, "revoke", old).returncode == 0
+        wait_for(
+            lambda: not _series_of(ca.metrics(), old),
+            10,
+            "no series of the revoked authority",
+        )
+        text = ca.metrics()
+        assert (
+            sample_value(text, "meshca_ca_authority_phase", {"authority": new, "phase": "active"})
+            == 1
+        )
+        # The live authority's series stay, zeros included.
+        assert any(
+            line.startswith("meshca_ca_authority_tainted{") and line.endswith(" 0.0")
+            for line in _series_of(text, new)
+        ), _series_of(text, new)
     finally:
         ca.stop()
