@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -76,10 +77,14 @@ class Mesh:
     client: PodAgent
     server: PodAgent
     envoys: EnvoyPair
+    sds_api_type: str
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[Mesh]:
+# Envoy's two SDS protocols: state of the world (`StreamSecrets`, Istio's bootstrap) and
+# incremental (`DeltaSecrets`), each driven by the real Envoy through every test here.
+@pytest.fixture(scope="module", params=["GRPC", "DELTA_GRPC"])
+def mesh(request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    sds_api_type = str(request.param)
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="e2e-"))
     ca = TestCa()
     agents: list[PodAgent] = []
@@ -95,9 +100,10 @@ def mesh() -> Iterator[Mesh]:
                 server_sds_socket=server.socket,
                 client_identity=client.identity,
                 server_identity=server.identity,
+                sds_api_type=sds_api_type,
             )
             with envoys:
-                mesh = Mesh(workdir, client, server, envoys)
+                mesh = Mesh(workdir, client, server, envoys, sds_api_type)
                 wait_for(lambda: http_get(envoys.url).ok, 10, "a first request through mTLS")
                 yield mesh
         finally:
@@ -118,7 +124,10 @@ def test_requests_pass_with_the_pinned_identities(mesh: Mesh) -> None:
     assert mesh.server.issued.serial in mesh.envoys.server.cert_serials()
 
 
-def test_rotation_under_continuous_traffic_fails_no_request(mesh: Mesh) -> None:
+def test_rotation_under_continuous_traffic_fails_no_request(
+    mesh: Mesh, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="agent.sds")
     pair = mesh.envoys
     with Traffic(pair.url) as traffic:
         time.sleep(0.3)
@@ -148,6 +157,11 @@ def test_rotation_under_continuous_traffic_fails_no_request(mesh: Mesh) -> None:
     assert pair.client.stat("sds.default.update_success") == old_client + 1
     assert pair.client.stat("sds.default.update_rejected") == 0
     assert new_client_cert.serial in pair.client.cert_serials()
+    # The rotation went out, and was acknowledged, on the protocol this Envoy was given.
+    kind = "delta stream" if mesh.sds_api_type == "DELTA_GRPC" else "stream"
+    acks = [r.getMessage() for r in caplog.records if "ACK for default" in r.getMessage()]
+    assert acks, "no ACK of the rotated certificate was logged"
+    assert all(ack.startswith(f"SDS {kind} ") for ack in acks), acks
 
 
 def test_an_identity_the_server_does_not_accept_is_refused(mesh: Mesh) -> None:
@@ -164,6 +178,7 @@ def test_an_identity_the_server_does_not_accept_is_refused(mesh: Mesh) -> None:
             sds_socket=intruder.socket,
             peer_identity=mesh.server.identity,
             upstream_port=server_envoy.listen_port,
+            sds_api_type=mesh.sds_api_type,
         ) as envoy:
             result = http_get(f"http://127.0.0.1:{envoy.listen_port}/")
             assert not result.ok, result

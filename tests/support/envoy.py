@@ -58,12 +58,14 @@ def _json(value: object) -> str:
     return json.dumps(value)
 
 
-def sds_config(sds_cluster: str = "sds-grpc") -> dict[str, object]:
+def sds_config(sds_cluster: str = "sds-grpc", api_type: str = "GRPC") -> dict[str, object]:
+    """An SDS source: `api_type` "GRPC" (state of the world, `StreamSecrets`, what Istio's
+    bootstrap uses) or "DELTA_GRPC" (incremental, `DeltaSecrets`)."""
     return {
         "resource_api_version": "V3",
         "initial_fetch_timeout": "10s",
         "api_config_source": {
-            "api_type": "GRPC",
+            "api_type": api_type,
             "transport_api_version": "V3",
             "grpc_services": [
                 {
@@ -80,10 +82,13 @@ def sds_config(sds_cluster: str = "sds-grpc") -> dict[str, object]:
     }
 
 
-def common_tls_context(peer_identity: str, *, client_side: bool = False) -> dict[str, object]:
+def common_tls_context(
+    peer_identity: str, *, client_side: bool = False, sds_api_type: str = "GRPC"
+) -> dict[str, object]:
     """Certificate `default` and root `ROOTCA` over SDS, the peer's URI SAN pinned."""
+    sds = sds_config(api_type=sds_api_type)
     context: dict[str, object] = {
-        "tls_certificate_sds_secret_configs": [{"name": "default", "sds_config": sds_config()}],
+        "tls_certificate_sds_secret_configs": [{"name": "default", "sds_config": sds}],
         "combined_validation_context": {
             "default_validation_context": {
                 "match_typed_subject_alt_names": [
@@ -92,7 +97,7 @@ def common_tls_context(peer_identity: str, *, client_side: bool = False) -> dict
             },
             "validation_context_sds_secret_config": {
                 "name": "ROOTCA",
-                "sds_config": sds_config(),
+                "sds_config": sds,
             },
         },
     }
@@ -206,7 +211,13 @@ _CLIENT = Template(
 
 
 def server_bootstrap(
-    *, node_id: str, sds_socket: Path, admin_port: int, listen_port: int, peer_identity: str
+    *,
+    node_id: str,
+    sds_socket: Path,
+    admin_port: int,
+    listen_port: int,
+    peer_identity: str,
+    sds_api_type: str = "GRPC",
 ) -> str:
     """A server-side Envoy: mTLS listener on `listen_port` accepting only `peer_identity`."""
     common = _COMMON.substitute(
@@ -216,7 +227,7 @@ def server_bootstrap(
         _TYPES,
         node_id=node_id,
         listen_port=listen_port,
-        tls_context=_json(common_tls_context(peer_identity)),
+        tls_context=_json(common_tls_context(peer_identity, sds_api_type=sds_api_type)),
     )
 
 
@@ -228,6 +239,7 @@ def client_bootstrap(
     listen_port: int,
     upstream_port: int,
     peer_identity: str,
+    sds_api_type: str = "GRPC",
 ) -> str:
     """A client-side Envoy: plain HTTP on `listen_port`, mTLS to `upstream_port` (pinned)."""
     common = _COMMON.substitute(
@@ -237,7 +249,9 @@ def client_bootstrap(
         _TYPES,
         listen_port=listen_port,
         upstream_port=upstream_port,
-        tls_context=_json(common_tls_context(peer_identity, client_side=True)),
+        tls_context=_json(
+            common_tls_context(peer_identity, client_side=True, sds_api_type=sds_api_type)
+        ),
     )
 
 
@@ -400,6 +414,7 @@ def start_server_envoy(
     name: str = "server",
     listen_port: int | None = None,
     timeout: float = 20,
+    sds_api_type: str = "GRPC",
 ) -> EnvoyProcess:
     def render(admin_port: int, port: int) -> str:
         return server_bootstrap(
@@ -408,6 +423,7 @@ def start_server_envoy(
             admin_port=admin_port,
             listen_port=port,
             peer_identity=peer_identity,
+            sds_api_type=sds_api_type,
         )
 
     return _launch(name, workdir, render, listen_port, timeout)
@@ -422,6 +438,7 @@ def start_client_envoy(
     name: str = "client",
     listen_port: int | None = None,
     timeout: float = 20,
+    sds_api_type: str = "GRPC",
 ) -> EnvoyProcess:
     def render(admin_port: int, port: int) -> str:
         return client_bootstrap(
@@ -431,6 +448,7 @@ def start_client_envoy(
             listen_port=port,
             upstream_port=upstream_port,
             peer_identity=peer_identity,
+            sds_api_type=sds_api_type,
         )
 
     return _launch(name, workdir, render, listen_port, timeout)
@@ -471,11 +489,16 @@ def start_envoy_pair(
     client_identity: str,
     server_identity: str,
     timeout: float = 20,
+    sds_api_type: str = "GRPC",
 ) -> EnvoyPair:
     """Starts the server Envoy (accepting `client_identity`) and a client Envoy (expecting
     `server_identity`) and waits until both hold their SDS secrets."""
     server = start_server_envoy(
-        workdir, sds_socket=server_sds_socket, peer_identity=client_identity, timeout=timeout
+        workdir,
+        sds_socket=server_sds_socket,
+        peer_identity=client_identity,
+        timeout=timeout,
+        sds_api_type=sds_api_type,
     )
     try:
         client = start_client_envoy(
@@ -484,6 +507,7 @@ def start_envoy_pair(
             peer_identity=server_identity,
             upstream_port=server.listen_port,
             timeout=timeout,
+            sds_api_type=sds_api_type,
         )
     except BaseException:
         server.stop()
