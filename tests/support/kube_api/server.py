@@ -232,8 +232,7 @@ class KubeApiServer:
             pod = self.get("pods", pod_name, namespace=namespace, missing_ok=True)
             if pod is not None:
                 pod_uid = pod["metadata"]["uid"]
-        account = self.get(SERVICEACCOUNTS, service_account, namespace=namespace, missing_ok=True)
-        account_uid = account["metadata"]["uid"] if account is not None else None
+        account_uid = self._account_uid(namespace, service_account)
         return self.tokens.add_service_account(
             token,
             namespace,
@@ -265,8 +264,7 @@ class KubeApiServer:
             pod = self.get("pods", pod_name, namespace=namespace, missing_ok=True)
             if pod is not None:
                 pod_uid = pod["metadata"]["uid"]
-        account = self.get(SERVICEACCOUNTS, service_account, namespace=namespace, missing_ok=True)
-        account_uid = account["metadata"]["uid"] if account is not None else None
+        account_uid = self._account_uid(namespace, service_account)
         audience_list = list(audiences) if audiences is not None else self.tokens.api_audiences
         issued_at = time.time()
         token = self.issuer.sign(
@@ -431,6 +429,10 @@ class KubeApiServer:
         if uid:
             metadata["uid"] = uid
         return self.create(SERVICEACCOUNTS, {"metadata": metadata})
+
+    def _account_uid(self, namespace: str, name: str) -> str | None:
+        account = self.get(SERVICEACCOUNTS, name, namespace=namespace, missing_ok=True)
+        return str(account["metadata"]["uid"]) if account is not None else None
 
     def ensure_service_account(self, namespace: str, name: str) -> dict[str, Any]:
         """The ServiceAccount `namespace/name`, seeded first if it does not exist."""
