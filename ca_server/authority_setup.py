@@ -104,7 +104,9 @@ async def set_up_authority(
     log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
     record_expiry(metrics, authority)
     ledger = LeafLedger()
-    guard = PluggedChangeGuard(ledger, ledger_sink_for(config, kube))
+    guard = PluggedChangeGuard(
+        ledger, ledger_sink_for(config, kube), switch_at_coverage=config.activate_at_coverage
+    )
     ledger.agents.expire_after = 2 * config.ttl.maximum
     return AuthoritySetup(
         RecordingSigner(authority, ledger, clock),

@@ -427,7 +427,9 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
         default=None,
         metavar="F",
         help="self-signed rotation: at the 5/6 point, activate the prepared authority only once "
-        "this fraction of the reporting agents trust it (e.g. 0.95); default: by the clock",
+        "this fraction of the reporting agents trust it (e.g. 0.95); default: by the clock. "
+        "Plugged-in CA: take a change that moves signing to another root only once this "
+        "fraction of the reporting agents trust that root",
     )
     ca.add_argument(
         "--activate-deadline",

@@ -9,7 +9,13 @@ CA uses it:
 - the new signing certificate must chain to a root *already* distributed (else workloads would
   receive leaves they cannot verify yet: publish the new root first);
 - a root may leave the bundle only once no unexpired leaf this CA signed chains to it (else
-  those workloads' peers would reject them: wait until they expire).
+  those workloads' peers would reject them: wait until they expire);
+- with `--activate-at-coverage F`, signing may move to another root only once that fraction
+  of the reporting agents (`ca_server.agent_reports`, the same figure the self-signed gate
+  reads) serve a bundle holding it: "published" is not "received", and a leaf under a root
+  its peers do not hold yet fails their handshakes. An intermediate swap under the same root
+  is not gated. There is no deadline here: the operator made the change and can take it
+  back, or restart the CA to take it as it is.
 
 A refused change is logged (once) with what to do, the current authority kept, and the change
 checked again at every poll, so it is taken as soon as it becomes safe. A restart accepts
@@ -26,7 +32,8 @@ from datetime import datetime
 
 from cryptography import x509
 
-from ca_server.authority_slots import authority_id
+from ca_server.agent_reports import coverage
+from ca_server.authority_slots import AgentCoverage, authority_id
 from ca_server.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.root_store import CaSetupError
 from ca_server.signer import IssuedCertificate, LocalSigner
@@ -44,7 +51,8 @@ class StrandingChangeError(CaSetupError):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.reason = reason  # "signer-not-distributed" | "root-still-in-use"
+        # "signer-not-distributed" | "signer-not-trusted-yet" | "root-still-in-use"
+        self.reason = reason
 
 
 def anchor_of(authority: SigningAuthority) -> x509.Certificate | None:
@@ -86,9 +94,12 @@ def _anchor_id(authority: SigningAuthority) -> str | None:
 
 
 class PluggedChangeGuard:
-    def __init__(self, ledger: LeafLedger, sink: LedgerSink) -> None:
+    def __init__(
+        self, ledger: LeafLedger, sink: LedgerSink, switch_at_coverage: float | None = None
+    ) -> None:
         self._ledger = ledger
         self._sink = sink
+        self._switch_at_coverage = switch_at_coverage
         self._last_refusal: tuple[str, str] | None = None
 
     def first_refusal(self, fingerprint: str, reason: str) -> bool:
@@ -116,6 +127,7 @@ class PluggedChangeGuard:
                 "the current ca-cert.pem/ca-key.pem, wait until workloads have the new bundle, "
                 "then switch the signing material",
             ) from exc
+        self._check_new_root_trusted(current, new, now)
         dropped = [root for root in current.roots if root not in new.roots]
         if not dropped:
             return
@@ -132,6 +144,29 @@ class PluggedChangeGuard:
                     "until they have expired (at most the maximum workload TTL after the "
                     "signing material moved to the new root), then remove it",
                 )
+
+    def _check_new_root_trusted(
+        self, current: SigningAuthority, new: SigningAuthority, now: datetime
+    ) -> None:
+        """Under `--activate-at-coverage`: refuses moving the signer to a root that too few
+        reporting agents trust yet (see the module docstring)."""
+        fraction = self._switch_at_coverage
+        anchor = anchor_of(new)
+        if fraction is None or anchor is None or anchor == anchor_of(current):
+            return
+        self.save(now)  # this process's own reports count too
+        bundle = [(authority_id(root), root) for root in current.roots]
+        counted = coverage(bundle, self._sink.agents(now))
+        root_id = authority_id(anchor)
+        covered = AgentCoverage(counted.trusting.get(root_id, 0), counted.reporting)
+        if not covered.reaches(fraction):
+            raise StrandingChangeError(
+                "signer-not-trusted-yet",
+                f"signing would move to root {root_id}, but only {covered} (--activate-at-"
+                f"coverage wants {fraction:.0%}); keep root-cert.pem holding both roots and "
+                "wait until the agents have the new bundle (the change is taken as soon as they "
+                "do), or restart the CA to take it now",
+            )
 
 
 def audit_reload(authority: SigningAuthority) -> None:

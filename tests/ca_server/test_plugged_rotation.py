@@ -18,6 +18,8 @@ from certs import (
     load_certs,
     verify_chain,
 )
+from certs.bundle import bundle_digest
+from meshca.report_headers import AGENT_ID_HEADER, TRUST_BUNDLE_HEADER
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.pki import TestCa
@@ -118,6 +120,67 @@ def test_root_change_in_steps_refuses_what_would_strand_workloads(tmp_path: Path
             ("authority-reloaded", b_id),  # signing under B
             ("authority-change-refused", "root-still-in-use"),
             ("authority-reloaded", b_id),  # B alone
+        ]
+    finally:
+        ca.stop()
+
+
+def _report_by_csr(ca: CaProcess, agent_id: str, bundle: list[TestCa]) -> None:
+    """A CSR carrying the headers a meshca agent sends: its id and the bundle it serves."""
+    token = ca.mint_token("default", "sleep")
+    headers = [
+        (AGENT_ID_HEADER, agent_id),
+        (TRUST_BUNDLE_HEADER, bundle_digest(root.cert for root in bundle)),
+    ]
+    with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+        create_certificate(
+            stub, build_csr(generate_private_key(), SLEEP), token=token, headers=headers
+        )
+
+
+def test_with_a_coverage_gate_signing_moves_to_a_new_root_once_the_agents_trust_it(
+    tmp_path: Path,
+):
+    """`--activate-at-coverage` on a plugged-in CA: "published" is not "received". Moving the
+    signer from A to B waits until that share of the reporting agents serve a bundle holding B;
+    the CA keeps signing under A meanwhile, and takes the change by itself once they do."""
+    a, b = root(), root()
+    ia, ib = intermediate(a), intermediate(b)
+    cacerts = tmp_path / "cacerts"
+    ia.write_cacerts(cacerts, [a])
+    ca = CaProcess(
+        tmp_path / "data",
+        "--cacerts-dir",
+        str(cacerts),
+        "--ca-reload-interval",
+        "200ms",
+        "--activate-at-coverage",
+        "1.0",
+    )
+    ca.start()
+    try:
+        ia.write_cacerts(cacerts, [a, b])  # step 1 is not gated: the signer stays under A
+        wait_for(lambda: published(ca) == {authority_id(a.cert), authority_id(b.cert)}, 10, "A+B")
+        _report_by_csr(ca, "agent-1", [a, b])
+        _report_by_csr(ca, "agent-2", [a])  # has not received the new bundle yet
+
+        ib.write_cacerts(cacerts, [a, b])
+        wait_for(lambda: "only 1/2 reporting agents trust it" in ca.log(), 10, "the gate")
+        assert signed_by(ca, ia), "the CA keeps signing under A while the gate holds"
+        assert "or restart the CA to take it now" in ca.log()
+
+        _report_by_csr(ca, "agent-2", [a, b])
+        wait_for(lambda: signed_by(ca, ib), 10, "signing under B once both agents trust it")
+        audit = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
+        changes = [
+            (a["msg"], a.get("reason") or a.get("root"))
+            for a in audit
+            if a["msg"].startswith("authority-")
+        ]
+        assert changes == [
+            ("authority-reloaded", authority_id(a.cert)),  # bundle A+B
+            ("authority-change-refused", "signer-not-trusted-yet"),
+            ("authority-reloaded", authority_id(b.cert)),  # signing under B
         ]
     finally:
         ca.stop()
