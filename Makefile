@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# Test processes run side by side (pytest-xdist), one file per worker so a module's fixtures
+# start once; 0 runs the suite in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: up test lint proto prometheus-tools fuzz
 
@@ -12,7 +15,7 @@ test: $(VENV)/.installed-test prometheus-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
