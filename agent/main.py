@@ -8,6 +8,8 @@
                                  v
         FileOutput (OUTPUT_CERTS) <- listener -- SecretCache --> SdsServer (Unix socket) -> Envoy
         AgentMetrics (expiry)     <- listener --'        file-cert:/file-root: names -'
+        WorkloadApiServer (--workload-api-socket) <- SecretCache: the same default/ROOTCA
+                         (node mode: each caller's SPIFFE ID, via PeerRelay + NodeAttestor)
         StatusServer (/healthz/ready, /metrics) reads the source's readiness + AgentMetrics
 
 With OUTPUT_CERTS, the FileOutput (pod layout `OUTPUT/`, node layout `OUTPUT/<ns>/<sa>/`) is
@@ -45,6 +47,7 @@ from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache
 from agent.status import build_status_server
+from agent.workload_api import WorkloadApiServer
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.logs import configure_logging
@@ -90,6 +93,7 @@ class Agent:
         self.certificates: CertificateSource = certificate_source_for(
             config, self.cache, clock, self.metrics, self.file_output
         )
+        self.workload_api = _workload_api_for(config, self.cache, self.certificates, self.metrics)
         # Readiness also says whether the loop is turning (a blocked loop serves nothing).
         self.heartbeat = LoopHeartbeat()
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -100,6 +104,7 @@ class Agent:
             self.metrics,
             clock,
             self.heartbeat,
+            workload_api=self.workload_api.summary if self.workload_api is not None else None,
         )
         self._worker: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
@@ -113,6 +118,8 @@ class Agent:
         self.status.start()
         log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
         await self.sds.start()
+        if self.workload_api is not None:
+            await self.workload_api.start()
         self._worker = asyncio.create_task(self.certificates.run(), name=CERTIFICATE_WORKER)
         self._worker.add_done_callback(self._on_worker_done)
         await self.certificates.start()
@@ -143,6 +150,7 @@ class Agent:
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("certificate worker", self._stop_worker),
             ("SDS server", lambda: self.sds.stop(time_left() / 2)),
+            ("Workload API server", self._stop_workload_api(time_left)),
             ("file watchers", self.files.stop),
             ("certificate source", self.certificates.close),
         ]
@@ -156,6 +164,13 @@ class Agent:
             self._heartbeat_task.cancel()
         with contextlib.suppress(FileNotFoundError):
             self.config.sds_socket.unlink()
+
+    def _stop_workload_api(self, time_left: Callable[[], float]) -> Callable[[], Awaitable[None]]:
+        async def stop() -> None:
+            if self.workload_api is not None:
+                await self.workload_api.stop(time_left() / 2)
+
+        return stop
 
     async def _stop_worker(self) -> None:
         worker, self._worker = self._worker, None
@@ -180,6 +195,45 @@ class Agent:
             await self.stop()
         if self.failure is not None:
             raise AgentFailed(f"a background worker died: {self.failure!r}") from self.failure
+
+
+def _workload_api_for(
+    config: AgentConfig,
+    cache: SecretCache,
+    certificates: CertificateSource,
+    metrics: AgentMetrics,
+) -> WorkloadApiServer | None:
+    """The Workload API server `config` asks for, if any: a pod agent serves its one identity on
+    the socket itself; a node agent puts `agent.peer_relay` on the socket to attest callers."""
+    if config.workload_api_socket is None:
+        return None
+    if not config.node_mode:
+        return WorkloadApiServer(
+            cache,
+            config.workload_api_socket,
+            trust_domain=config.trust_domain,
+            metrics=metrics,
+            socket_mode=config.workload_api_socket_mode,
+        )
+    from agent.peer_relay import PeerRelay
+    from agent.workload_attestor import NodeAttestor, NodeCaller
+
+    pods = certificates.pods
+    if pods is None:  # config refuses this combination; kept as a clear failure
+        raise ConfigError("--workload-api-socket in node mode needs the pod watch")
+    attestor = NodeAttestor(pods, config.trust_domain)
+    relay = PeerRelay(
+        config.workload_api_socket, attestor.pod_uid_of, socket_mode=config.workload_api_socket_mode
+    )
+    return WorkloadApiServer(
+        cache,
+        config.workload_api_socket,
+        trust_domain=config.trust_domain,
+        callers=NodeCaller(relay, attestor),
+        metrics=metrics,
+        socket_mode=config.workload_api_socket_mode,
+        relay=relay,
+    )
 
 
 def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
