@@ -1,0 +1,157 @@
+"""Node mode of the Workload API: callers attested by their peer credentials.
+
+The real relay, attestor and server on a real socket; the callers are real processes running
+the real py-spiffe client (`tests.support.spiffe_workload`), so `SO_PEERCRED` reports their
+own pids. The two lookups the attestor makes are injected: `/proc` is a directory this test
+writes (`<pid>/cgroup`, in the kubelet's systemd format) and the pods are a dict by UID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from agent.workload_api import REFUSED_NOT_ATTESTED
+from certs import load_private_key
+from tests.support.pki import Issued, TestCa
+from tests.support.processes import child_env
+from tests.support.workload_api_server import Hosted, PodsByUid, node_server, pod_cgroup
+
+ORDERS = "spiffe://cluster.local/ns/shop/sa/orders"
+PAYMENTS = "spiffe://cluster.local/ns/shop/sa/payments"
+ORDERS_POD = "5f0c8e3e-1d2b-4c6a-9e7f-0a1b2c3d4e5f"
+PAYMENTS_POD = "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d"
+REFUSALS = "meshca_agent_workload_api_refusals_total"
+
+
+@pytest.fixture(scope="module")
+def ca() -> TestCa:
+    return TestCa()
+
+
+@pytest.fixture(scope="module")
+def issued(ca: TestCa) -> dict[str, Issued]:
+    return {
+        ORDERS: ca.issue(ca.identity("orders", "shop")),
+        PAYMENTS: ca.issue(ca.identity("payments", "shop")),
+    }
+
+
+def key_digest(issued: Issued) -> str:
+    der = load_private_key(issued.key_pem).private_bytes(
+        serialization.Encoding.DER,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+@pytest.fixture
+def node(ca: TestCa, issued: dict[str, Issued]) -> Iterator[tuple[Hosted, PodsByUid, Path]]:
+    with tempfile.TemporaryDirectory(prefix="wapin", dir="/tmp") as directory:
+        root = Path(directory)
+        proc = root / "proc"
+        proc.mkdir()
+        pods = PodsByUid()
+        pods.add(ORDERS_POD, "shop", "orders")
+        pods.add(PAYMENTS_POD, "shop", "payments")
+        with node_server(root / "api.sock", ca, issued, pods, proc) as hosted:
+            yield hosted, pods, proc
+
+
+def run_workload(
+    hosted: Hosted, proc: Path, pod_uid: str | None, *extra: str
+) -> list[dict[str, Any]]:
+    """Starts a workload process, files its cgroup (in `pod_uid`'s pod, or in none), lets it
+    call, and returns its report lines."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.spiffe_workload", str(hosted.socket), *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        word, pid = child.stdout.readline().split()
+        assert word == "ready"
+        if pod_uid is not None:
+            (proc / pid).mkdir()
+            (proc / pid / "cgroup").write_text(pod_cgroup(pod_uid))
+        else:  # a host process: systemd's user slice, no pod
+            (proc / pid).mkdir()
+            (proc / pid / "cgroup").write_text("0::/user.slice/user-0.slice/session-1.scope\n")
+        out, err = child.communicate("go\n", timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    assert child.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_two_workloads_on_one_node_socket_each_get_their_own_svid(
+    node: tuple[Hosted, PodsByUid, Path], issued: dict[str, Issued]
+) -> None:
+    hosted, _, proc = node
+    (orders,) = run_workload(hosted, proc, ORDERS_POD)
+    (payments,) = run_workload(hosted, proc, PAYMENTS_POD)
+    assert orders["spiffe_id"] == ORDERS
+    assert orders["serial"] == issued[ORDERS].serial
+    assert orders["key_sha256"] == key_digest(issued[ORDERS])
+    assert payments["spiffe_id"] == PAYMENTS
+    assert payments["serial"] == issued[PAYMENTS].serial
+    assert payments["key_sha256"] == key_digest(issued[PAYMENTS])
+
+
+def test_a_caller_in_no_known_pod_is_permission_denied(
+    node: tuple[Hosted, PodsByUid, Path],
+) -> None:
+    hosted, pods, proc = node
+    (host_process,) = run_workload(hosted, proc, None)
+    assert "PERMISSION_DENIED" in host_process["details"]
+    assert "runs in no Kubernetes pod" in host_process["details"]
+    (stranger,) = run_workload(hosted, proc, "11111111-2222-4333-8444-555555555555")
+    assert "PERMISSION_DENIED" in stranger["details"]
+    assert "is not among the pods this node agent watches" in stranger["details"]
+    pods.add(ORDERS_POD, "shop", "orders", phase="Succeeded")
+    (ended,) = run_workload(hosted, proc, ORDERS_POD)
+    assert "has ended (Succeeded)" in ended["details"]
+    assert hosted.metric(REFUSALS, reason=REFUSED_NOT_ATTESTED) == 3
+
+
+def test_a_workload_that_tries_never_receives_another_workloads_key(
+    node: tuple[Hosted, PodsByUid, Path], issued: dict[str, Issued]
+) -> None:
+    """The orders workload asks for payments' SVID every way the API leaves open: metadata
+    naming it, a request field carrying it, the JWT call naming it, and a connection straight
+    to the gRPC server's private socket (bypassing the relay that takes peer credentials)."""
+    hosted, _, proc = node
+    assert hosted.server.relay is not None
+    private = hosted.server.relay.private_path  # type: ignore[attr-defined]
+    results = run_workload(
+        hosted, proc, ORDERS_POD, "--try-as", PAYMENTS, "--private", str(private)
+    )
+    by_how = {result["how"]: result for result in results}
+    assert len(by_how) == 8, by_how
+    payments_key = key_digest(issued[PAYMENTS])
+    for result in results:
+        assert result.get("key_sha256") != payments_key, result
+        assert result.get("spiffe_id") in (None, ORDERS), result
+    served = [r for r in results if "spiffe_id" in r]
+    assert len(served) == 6  # py-spiffe, four forged headers, the forged field: all orders'
+    assert all(r["key_sha256"] == key_digest(issued[ORDERS]) for r in served)
+    assert by_how["jwt"]["error"] == "UNIMPLEMENTED"
+    direct = by_how["private socket"]
+    assert direct["error"] == "PERMISSION_DENIED"
+    assert "did not come through the node agent's Workload API socket" in direct["details"]
