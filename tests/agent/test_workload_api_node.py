@@ -8,20 +8,30 @@ writes (`<pid>/cgroup`, in the kubelet's systemd format) and the pods are a dict
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from agent.config import AgentConfig
+from agent.main import Agent
+from agent.secrets import TlsSecret
 from agent.workload_api import REFUSED_NOT_ATTESTED
-from certs import load_private_key
+from agent.workload_attestor import NodeCaller, ProcessCgroups
+from certs import load_cert, load_private_key
+from meshca.clock import SystemClock
+from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
+from tests.agent.test_agent_inprocess import until
+from tests.support.kube_api import KubeApiServer
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env
 from tests.support.workload_api_server import Hosted, PodsByUid, node_server, pod_cgroup
@@ -69,12 +79,14 @@ def node(ca: TestCa, issued: dict[str, Issued]) -> Iterator[tuple[Hosted, PodsBy
 
 
 def run_workload(
-    hosted: Hosted, proc: Path, pod_uid: str | None, *extra: str
+    hosted: Hosted | Path, proc: Path | None, pod_uid: str | None, *extra: str
 ) -> list[dict[str, Any]]:
-    """Starts a workload process, files its cgroup (in `pod_uid`'s pod, or in none), lets it
-    call, and returns its report lines."""
+    """Starts a workload process, files its cgroup under `proc` (in `pod_uid`'s pod, or in
+    none; with no `proc` its real cgroup is what the agent reads), lets it call, and returns
+    its report lines."""
+    socket = hosted if isinstance(hosted, Path) else hosted.socket
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.spiffe_workload", str(hosted.socket), *extra],
+        [sys.executable, "-m", "tests.support.spiffe_workload", str(socket), *extra],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -85,7 +97,9 @@ def run_workload(
         assert child.stdout is not None and child.stdin is not None
         word, pid = child.stdout.readline().split()
         assert word == "ready"
-        if pod_uid is not None:
+        if proc is None:
+            pass
+        elif pod_uid is not None:
             (proc / pid).mkdir()
             (proc / pid / "cgroup").write_text(pod_cgroup(pod_uid))
         else:  # a host process: systemd's user slice, no pod
@@ -155,3 +169,77 @@ def test_a_workload_that_tries_never_receives_another_workloads_key(
     direct = by_how["private socket"]
     assert direct["error"] == "PERMISSION_DENIED"
     assert "did not come through the node agent's Workload API socket" in direct["details"]
+
+
+NODE = "node-1"
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApiServer]:
+    server = KubeApiServer().start()
+    server.create_namespace("shop")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_node_agent_places_callers_with_its_own_pod_informer(kube: KubeApiServer) -> None:
+    """The wired-up node Agent (`--node-mode --workload-api-socket`, pods from the API server):
+    a caller whose cgroup names a pod on the node gets the scheduler's certificate for that
+    pod's identity, through the informer's UID index; a process of this test host, read from
+    the real /proc, is in no pod and is refused."""
+
+    async def main(tmp: Path) -> None:
+        clock = SystemClock()
+        ca = node_ca(TestCa(datetime.now(UTC)), clock, delay=0)
+        server, addr = await start_fake_ca(ca, tmp, clock.now())
+        (tmp / "token").write_text(NODE_TOKEN)
+        orders = kube.create_pod("shop", "orders-1", service_account="orders", node_name=NODE)
+        config = AgentConfig(
+            ca_addr=addr,
+            ca_root_ca=tmp / "root-cert.pem",
+            token_path=tmp / "token",
+            sds_socket=tmp / "sds" / "socket",
+            status_port=0,
+            node_mode=True,
+            node_name=NODE,
+            kubeconfig=kube.write_kubeconfig(tmp / "kubeconfig"),
+            workload_api_socket=tmp / "spiffe" / "socket",
+            workload_api_socket_mode=0o666,
+        )
+        agent = Agent(config, clock=SystemClock())
+        await agent.start()
+        try:
+            await until(lambda: agent.cache.get(ORDERS) is not None)
+            socket = config.workload_api_socket
+            assert socket is not None and oct(socket.stat().st_mode & 0o777) == "0o666"
+            (host,) = await asyncio.to_thread(run_workload, socket, None, None)
+            assert "runs in no Kubernetes pod" in host["details"], host
+            # The attestor's /proc, injected: this child's cgroup names the orders pod.
+            proc = tmp / "proc"
+            proc.mkdir()
+            caller = agent.workload_api.callers if agent.workload_api else None
+            assert isinstance(caller, NodeCaller)
+            caller.attestor.cgroups = ProcessCgroups(proc)
+            (placed,) = await asyncio.to_thread(
+                run_workload, socket, proc, orders["metadata"]["uid"]
+            )
+            served = agent.cache.get(ORDERS)
+            assert isinstance(served, TlsSecret)
+            assert placed["spiffe_id"] == ORDERS
+            assert placed["serial"] == load_cert(served.cert_chain_pem).serial_number
+            summary = status_summary(agent)
+            assert summary["refusals"] == {REFUSED_NOT_ATTESTED: 1}
+        finally:
+            await agent.stop()
+            await server.stop(None)
+        assert not socket.exists()
+
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="wapik") as tmp:
+        asyncio.run(main(Path(tmp)))
+
+
+def status_summary(agent: Agent) -> dict[str, Any]:
+    assert agent.workload_api is not None
+    return agent.workload_api.summary()
