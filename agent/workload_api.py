@@ -55,7 +55,7 @@ from google.protobuf.message import DecodeError
 from agent.errors import CallerNotAttested
 from agent.metrics import CounterChild, LabeledCounter
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
-from certs import describe_certificate, load_certs, load_private_key
+from certs import certs_to_der, describe_certificate, load_certs, load_private_key
 from meshca_proto import workload_pb2
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class _Encodings:
         key = load_private_key(secret.private_key_pem)
         encoded = _Svid(
             spiffe_id,
-            b"".join(cert.public_bytes(serialization.Encoding.DER) for cert in chain),
+            certs_to_der(chain),
             key.private_bytes(
                 serialization.Encoding.DER,
                 serialization.PrivateFormat.PKCS8,
@@ -182,10 +182,7 @@ class _Encodings:
         found = self._get(secret)
         if isinstance(found, bytes):
             return found
-        encoded = b"".join(
-            cert.public_bytes(serialization.Encoding.DER)
-            for cert in load_certs(secret.trusted_ca_pem)
-        )
+        encoded = certs_to_der(load_certs(secret.trusted_ca_pem))
         self._put(secret, encoded)
         return encoded
 

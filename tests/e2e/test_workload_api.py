@@ -12,6 +12,7 @@ driven by the real PyPI `spiffe` client (py-spiffe's `WorkloadApiClient`).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 from tests.support.sds_client import fetch_secrets, leaf_serial
+from tests.support.status_cli import meshca_status, status_json
 from tests.support.workload_api import SvidWatch, bundle_serials, client_for
 
 SECRET_TTL = "8s"  # the agent renews every ~4 s
@@ -181,3 +183,45 @@ def test_sds_files_and_workload_api_serve_the_same_leaf_after_a_rotation(
             raise AssertionError("could not read the three outputs between two rotations")
     assert before != first
     assert sds == before and files == before, {"workload_api": before, "sds": sds, "files": files}
+
+
+def test_meshca_status_shows_what_the_workload_api_serves(
+    workdir: Path, request: pytest.FixtureRequest
+) -> None:
+    """`meshca status unix:<workload API socket>` asks as an application would and prints the
+    SVID and bundle rows (no key); the agent's status address shows the Workload API's streams,
+    responses and refusals."""
+    ca = CaProcess(workdir / "ca")
+    request.addfinalizer(ca.stop)
+    ca.start()
+    agent = start_agent(workdir, ca, request)
+    socket: Path = agent.workload_api_socket  # type: ignore[attr-defined]
+    for _ in range(20):
+        with client_for(socket) as client:
+            before = int(client.fetch_x509_svid().leaf.serial_number)
+            document = status_json(f"unix:{socket}")
+            after = int(client.fetch_x509_svid().leaf.serial_number)
+        if before == after:
+            break
+    assert document["source"] == "workload-api"
+    rows = {entry["resource_name"]: entry for entry in document["secrets"]}
+    assert set(rows) == {agent.identity, "spiffe://cluster.local bundle"}
+    assert rows[agent.identity]["type"] == "cert_chain"
+    assert int(rows[agent.identity]["serial"], 16) == before
+    assert rows["spiffe://cluster.local bundle"]["type"] == "ca"
+    table = meshca_status(f"unix:{socket}")
+    assert table.returncode == 0 and agent.identity in table.stdout
+    assert "PRIVATE KEY" not in table.stdout + json.dumps(document)
+
+    # A call without the security header, refused and counted, shows in the agent's status.
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        stream = channel.unary_stream("/SpiffeWorkloadAPI/FetchX509Bundles")
+        with pytest.raises(grpc.RpcError):
+            next(iter(stream(b"", timeout=5)))
+    shown = status_json(f"127.0.0.1:{agent.status_port}")["workload_api"]
+    assert shown["socket"] == str(socket)
+    assert shown["refusals"] == {"missing_security_header": 1}
+    assert shown["responses"]["FetchX509SVID"] >= 2
+    text = meshca_status(f"127.0.0.1:{agent.status_port}").stdout
+    assert f"SPIFFE Workload API on unix:{socket}" in text
+    assert "refused: missing_security_header 1" in text
