@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 4.0
 CERTIFICATE_WORKER = "certificates"
+# A node agent's Workload API: what one identity's pods may hold of the node's 1024 streams
+# and 4096 relayed connections, so no pod can starve the others.
+MAX_WORKLOAD_API_STREAMS_PER_CALLER = 64
+MAX_WORKLOAD_API_CONNECTIONS_PER_CALLER = 256
 
 
 class Agent:
@@ -223,7 +227,10 @@ def _workload_api_for(
         raise ConfigError("--workload-api-socket in node mode needs the pod watch")
     attestor = NodeAttestor(pods, config.trust_domain)
     relay = PeerRelay(
-        config.workload_api_socket, attestor.pod_uid_of, socket_mode=config.workload_api_socket_mode
+        config.workload_api_socket,
+        attestor.pod_uid_of,
+        socket_mode=config.workload_api_socket_mode,
+        max_connections_per_caller=MAX_WORKLOAD_API_CONNECTIONS_PER_CALLER,
     )
     return WorkloadApiServer(
         cache,
@@ -232,6 +239,7 @@ def _workload_api_for(
         callers=NodeCaller(relay, attestor),
         metrics=metrics,
         socket_mode=config.workload_api_socket_mode,
+        max_streams_per_caller=MAX_WORKLOAD_API_STREAMS_PER_CALLER,
         relay=relay,
     )
 

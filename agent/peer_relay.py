@@ -14,7 +14,8 @@ refused by `agent.workload_attestor.NodeCaller`.
 
 Concurrency: all on the agent's event loop (asyncio streams), two copy tasks per connection;
 the record of a connection lives exactly as long as the connection. At most `max_connections`
-at once: a connection past that is closed at once (and logged), the others keep working.
+at once, and `max_connections_per_caller` for one placed caller: a connection past either is
+closed at once (and logged), the others keep working.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ class PeerRelay:
         *,
         socket_mode: int = 0o600,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_caller: int | None = None,
     ) -> None:
         self.public_path = public_path
         self._inspect = inspect
         self.socket_mode = socket_mode
         self.max_connections = max_connections
+        # Keyed by what `inspect` placed the caller as (unplaced callers share one key), so
+        # one pod, or a flood of callers in no pod, cannot take every connection slot.
+        self.max_connections_per_caller = max_connections_per_caller
+        self._connections_of: dict[str | None, int] = {}
         self._private_dir = Path(tempfile.mkdtemp(prefix="meshca-wapi-"))
         self.private_path = self._private_dir / "grpc.sock"
         self._token = secrets.token_hex(16)
@@ -147,7 +153,21 @@ class PeerRelay:
                     self.max_connections,
                 )
                 return
-            self._accepted[name] = self._learn(writer.get_extra_info("socket"))
+            record = self._learn(writer.get_extra_info("socket"))
+            held = self._connections_of.get(record.placed, 0)
+            if (
+                self.max_connections_per_caller is not None
+                and held >= self.max_connections_per_caller
+            ):
+                log.warning(
+                    "Workload API: caller %s already holds %d connections, the most one caller "
+                    "may; closing a new one",
+                    record.placed or "(not placed)",
+                    held,
+                )
+                return
+            self._connections_of[record.placed] = held + 1
+            self._accepted[name] = record
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 upstream.bind("\0" + name)
@@ -164,7 +184,13 @@ class PeerRelay:
         except (OSError, asyncio.IncompleteReadError) as exc:
             log.debug("Workload API relay connection %s ended: %s", name, exc)
         finally:
-            self._accepted.pop(name, None)
+            ended = self._accepted.pop(name, None)
+            if ended is not None:
+                remaining = self._connections_of[ended.placed] - 1
+                if remaining:
+                    self._connections_of[ended.placed] = remaining
+                else:
+                    del self._connections_of[ended.placed]
             writer.close()
             if task is not None:
                 self._tasks.discard(task)

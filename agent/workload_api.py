@@ -296,7 +296,7 @@ class _Servicer:
         try:
             self._check(request, context)
             name = self._resource(context)
-            with self._server.stream(FETCH_X509_SVID):
+            with self._server.stream(FETCH_X509_SVID, name):
                 await self._stream_svids(name, context)
         except _Refused as refusal:
             await self._refuse(context, refusal)
@@ -325,8 +325,9 @@ class _Servicer:
     async def FetchX509Bundles(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         try:
             self._check(request, context)
-            self._resource(context)  # the bundle is public, but only to callers we can place
-            with self._server.stream(FETCH_X509_BUNDLES):
+            # The bundle is public, but only to callers we can place (and it counts for them).
+            name = self._resource(context)
+            with self._server.stream(FETCH_X509_BUNDLES, name):
                 updates = self._server.cache.updates(ROOT_RESOURCE)
                 try:
                     async for bundle in updates:
@@ -422,6 +423,7 @@ class WorkloadApiServer:
         metrics: WorkloadApiMetrics | None = None,
         socket_mode: int = 0o600,
         max_streams: int = DEFAULT_MAX_STREAMS,
+        max_streams_per_caller: int | None = None,
         relay: Listener | None = None,
     ) -> None:
         self.cache = cache
@@ -436,6 +438,9 @@ class WorkloadApiServer:
         self.metrics = metrics
         self.socket_mode = socket_mode
         self.max_streams = max_streams
+        # Node mode: one pod cannot take every stream slot from the node's other pods.
+        self.max_streams_per_caller = max_streams_per_caller
+        self._streams_of: dict[str, int] = {}
         self.encodings = _Encodings()
         self.relay = relay
         self.open_streams = dict.fromkeys(STREAM_RPCS, 0)
@@ -458,8 +463,9 @@ class WorkloadApiServer:
         return sum(self.open_streams.values())
 
     @contextlib.contextmanager
-    def stream(self, rpc: str) -> Any:
-        """Counts one open stream of `rpc` while the block runs; refuses past `max_streams`."""
+    def stream(self, rpc: str, caller: str) -> Any:
+        """Counts one open stream of `rpc` for `caller` (its resource name) while the block
+        runs; refuses past `max_streams` in all, or past `max_streams_per_caller` for one."""
         if self.stream_count >= self.max_streams:
             raise _Refused(
                 REFUSED_TOO_MANY_STREAMS,
@@ -467,6 +473,15 @@ class WorkloadApiServer:
                 f"the agent already serves {self.max_streams} Workload API streams; close "
                 "unused clients (one X509Source per process is enough) and retry",
             )
+        held = self._streams_of.get(caller, 0)
+        if self.max_streams_per_caller is not None and held >= self.max_streams_per_caller:
+            raise _Refused(
+                REFUSED_TOO_MANY_STREAMS,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{caller} already holds {held} Workload API streams, the most one workload "
+                "may; close unused clients (one X509Source per process is enough) and retry",
+            )
+        self._streams_of[caller] = held + 1
         self.open_streams[rpc] += 1
         gauge = self.metrics.workload_api_streams.labels(rpc=rpc) if self.metrics else None
         if gauge is not None:
@@ -475,6 +490,11 @@ class WorkloadApiServer:
             yield
         finally:
             self.open_streams[rpc] -= 1
+            remaining = self._streams_of[caller] - 1
+            if remaining:
+                self._streams_of[caller] = remaining
+            else:
+                del self._streams_of[caller]
             if gauge is not None:
                 gauge.dec()
 

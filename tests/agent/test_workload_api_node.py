@@ -243,3 +243,56 @@ def test_the_node_agent_places_callers_with_its_own_pod_informer(kube: KubeApiSe
 def status_summary(agent: Agent) -> dict[str, Any]:
     assert agent.workload_api is not None
     return agent.workload_api.summary()
+
+
+def test_one_pod_cannot_take_the_stream_slots_of_the_others(
+    ca: TestCa, issued: dict[str, Issued]
+) -> None:
+    """Past its share of streams a workload is refused (RESOURCE_EXHAUSTED, counted); the
+    node's other pods are served while it holds them."""
+    with tempfile.TemporaryDirectory(prefix="wapis", dir="/tmp") as directory:
+        root = Path(directory)
+        proc = root / "proc"
+        proc.mkdir()
+        pods = PodsByUid()
+        pods.add(ORDERS_POD, "shop", "orders")
+        pods.add(PAYMENTS_POD, "shop", "payments")
+        with node_server(
+            root / "api.sock", ca, issued, pods, proc, max_streams_per_caller=3
+        ) as hosted:
+            greedy = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.support.spiffe_workload",
+                    str(hosted.socket),
+                    "--hold",
+                    "4",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=child_env(),
+                text=True,
+            )
+            try:
+                assert greedy.stdout is not None and greedy.stdin is not None
+                _, pid = greedy.stdout.readline().split()
+                (proc / pid).mkdir()
+                (proc / pid / "cgroup").write_text(pod_cgroup(ORDERS_POD))
+                greedy.stdin.write("go\n")
+                greedy.stdin.flush()
+                lines = []
+                while (line := greedy.stdout.readline().strip()) != "holding":
+                    assert line, "the greedy workload ended early"
+                    lines.append(json.loads(line))
+                holds = [entry for entry in lines if entry["how"] == "hold"]
+                assert [h["error"] for h in holds] == ["OK", "OK", "OK", "RESOURCE_EXHAUSTED"]
+                assert "already holds 3 Workload API streams" in holds[3]["details"]
+                assert hosted.stream_count() == 3
+                (payments,) = run_workload(hosted, proc, PAYMENTS_POD)
+                assert payments["spiffe_id"] == PAYMENTS
+            finally:
+                if greedy.poll() is None:
+                    greedy.kill()
+                greedy.wait(10)
+            assert hosted.metric(REFUSALS, reason="too_many_streams") == 1

@@ -2,13 +2,16 @@
 node agent sees it under its own pid (`SO_PEERCRED`).
 
     python -m tests.support.spiffe_workload SOCKET [--try-as SPIFFE_ID] [--private PATH]
+                                                   [--hold N]
 
 Prints `ready <pid>` and waits for a line on stdin (the test writes the process's cgroup file
 meanwhile), then prints one JSON line per attempt: `{"how": ..., "spiffe_id": ..., "serial":
 ..., "key_sha256": ...}` or `{"how": ..., "error": CODE, "details": ...}`. Keys are reported
 by digest only. `--try-as` adds the attempts a workload could make to get another identity's
 SVID: metadata naming it, a request carrying it in a field, the JWT call naming it;
-`--private` adds a connection straight to the gRPC server's private socket.
+`--private` adds a connection straight to the gRPC server's private socket. `--hold N` instead
+opens N `FetchX509SVID` streams, reports each (`{"how": "hold", ...}`), prints `holding` and
+keeps them open until stdin closes.
 """
 
 from __future__ import annotations
@@ -59,9 +62,13 @@ def main() -> int:
     parser.add_argument("socket")
     parser.add_argument("--try-as")
     parser.add_argument("--private")
+    parser.add_argument("--hold", type=int, default=0)
     args = parser.parse_args()
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()
+    if args.hold:  # nothing else first: every stream it held would count against it
+        hold(f"unix:{args.socket}", args.hold)
+        return 0
     results = []
     try:
         with WorkloadApiClient(f"unix:{args.socket}") as client:
@@ -103,6 +110,25 @@ def main() -> int:
     for result in results:
         print(json.dumps(result), flush=True)
     return 0
+
+
+def hold(target: str, count: int) -> None:
+    channel = grpc.insecure_channel(target)
+    stream = channel.unary_stream("/SpiffeWorkloadAPI/FetchX509SVID")
+    calls = []
+    for _ in range(count):
+        call = stream(b"", metadata=(HEADER,), timeout=120)
+        try:
+            next(iter(call))
+            calls.append(call)
+            print(json.dumps({"how": "hold", "error": "OK"}), flush=True)
+        except grpc.RpcError as exc:
+            print(json.dumps({"how": "hold", "error": exc.code().name, "details": exc.details()}))
+    print("holding", flush=True)
+    sys.stdin.read()
+    for call in calls:
+        call.cancel()
+    channel.close()
 
 
 if __name__ == "__main__":

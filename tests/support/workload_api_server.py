@@ -113,7 +113,13 @@ def pod_server(
 
 @contextmanager
 def node_server(
-    socket: Path, ca: TestCa, issued: dict[str, Issued], pods: PodsByUid, proc_root: Path
+    socket: Path,
+    ca: TestCa,
+    issued: dict[str, Issued],
+    pods: PodsByUid,
+    proc_root: Path,
+    *,
+    max_streams_per_caller: int | None = None,
 ) -> Iterator[Hosted]:
     """A node agent's Workload API: each of `issued` published under its SPIFFE ID, callers
     attested through the relay against `pods` and the cgroup files under `proc_root`."""
@@ -129,6 +135,7 @@ def node_server(
         callers=NodeCaller(relay, attestor),
         metrics=metrics,
         socket_mode=0o666,
+        max_streams_per_caller=max_streams_per_caller,
         relay=relay,
     )
     with _hosted(server, cache, metrics) as hosted:
