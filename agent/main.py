@@ -186,9 +186,10 @@ class Agent:
             await worker
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Runs until `stop` is set; raises `AgentFailed` (after stopping) if a worker died."""
-        await self.start()
+        """Runs until `stop` is set; raises `AgentFailed` (after stopping) if a worker died.
+        A start that fails half-way (a socket path taken) stops what it had started."""
         try:
+            await self.start()
             waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self._failed.wait())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -260,6 +261,9 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
         return 2
     except AgentFailed as exc:
         log.error("%s", exc)
+        return 1
+    except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload_api)
+        log.error("cannot start the agent: %s", exc)
         return 1
     return 0
 

@@ -112,14 +112,17 @@ class PeerRelay:
         os.chmod(self.public_path, self.socket_mode)
 
     async def stop(self) -> None:
+        """Ends every relayed connection; removes the public socket if this relay served on it
+        (one another process serves on is never removed) and the private directory."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.public_path.unlink()
+        if server is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.public_path.unlink()
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
     def _learn(self, client: socket.socket | None) -> Accepted:

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import stat
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -552,11 +553,14 @@ class WorkloadApiServer:
         )
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        """Ends the streams and removes the socket, if `start` got as far as serving on it (a
+        socket another process serves on is never removed)."""
         server, self._server = self._server, None
+        if server is None:
+            return
         if self.relay is not None:
             await self.relay.stop()
-        if server is not None:
-            await server.stop(grace)
+        await server.stop(grace)
         if self.relay is None:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
@@ -570,7 +574,9 @@ class _NoCounter:
 
 def prepare_socket_path(path: Path) -> None:
     """Like the SDS socket: create the parent 0700 if missing, replace a stale socket, never
-    replace anything else."""
+    replace anything else. A socket something still answers on is not stale: the variable the
+    agent reads (SPIFFE_ENDPOINT_SOCKET) may name a SPIRE agent's live socket, which must not
+    be taken over."""
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True)
     try:
@@ -579,5 +585,22 @@ def prepare_socket_path(path: Path) -> None:
         return
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+    if _answers(path):
+        raise FileExistsError(
+            f"{path} is a socket another process is serving on (a SPIRE agent, another meshca "
+            "agent?); refusing to take it over: give --workload-api-socket a path of its own"
+        )
     log.info("removing stale Workload API socket %s", path)
     os.unlink(path)
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(str(path))
+    except OSError:  # ECONNREFUSED: nobody listens (stale); anything else: not ours to judge
+        return False
+    finally:
+        probe.close()
+    return True

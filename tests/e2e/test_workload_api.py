@@ -48,7 +48,10 @@ def workdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def start_agent(workdir: Path, ca: CaProcess, request: pytest.FixtureRequest) -> AgentProcess:
+def start_agent(
+    workdir: Path, ca: CaProcess, request: pytest.FixtureRequest
+) -> tuple[AgentProcess, Path]:
+    """A sidecar-mode agent serving the Workload API; (the agent, its Workload API socket)."""
     socket = workdir / "spiffe" / "agent.sock"
     agent = AgentProcess(
         workdir,
@@ -57,10 +60,9 @@ def start_agent(workdir: Path, ca: CaProcess, request: pytest.FixtureRequest) ->
         secret_ttl=SECRET_TTL,
         extra_args=("--workload-api-socket", f"unix://{socket}"),
     )
-    agent.workload_api_socket = socket  # type: ignore[attr-defined]
     request.addfinalizer(agent.stop)
     agent.start()
-    return agent
+    return agent, socket
 
 
 class BundleStream:
@@ -99,8 +101,7 @@ def test_py_spiffe_client_sees_rotations_and_a_bundle_change_on_one_stream(
     ca = CaProcess(workdir / "ca", "--ca-reload-interval", "500ms")
     request.addfinalizer(ca.stop)
     ca.start()
-    agent = start_agent(workdir, ca, request)
-    socket: Path = agent.workload_api_socket  # type: ignore[attr-defined]
+    agent, socket = start_agent(workdir, ca, request)
     assert oct(socket.stat().st_mode & 0o777) == "0o600"
 
     # One fetch, as an application does at start-up.
@@ -162,8 +163,7 @@ def test_sds_files_and_workload_api_serve_the_same_leaf_after_a_rotation(
     ca = CaProcess(workdir / "ca")
     request.addfinalizer(ca.stop)
     ca.start()
-    agent = start_agent(workdir, ca, request)
-    socket: Path = agent.workload_api_socket  # type: ignore[attr-defined]
+    agent, socket = start_agent(workdir, ca, request)
     with client_for(socket) as client:
         first = int(client.fetch_x509_svid().leaf.serial_number)
 
@@ -194,8 +194,7 @@ def test_meshca_status_shows_what_the_workload_api_serves(
     ca = CaProcess(workdir / "ca")
     request.addfinalizer(ca.stop)
     ca.start()
-    agent = start_agent(workdir, ca, request)
-    socket: Path = agent.workload_api_socket  # type: ignore[attr-defined]
+    agent, socket = start_agent(workdir, ca, request)
     for _ in range(20):
         with client_for(socket) as client:
             before = int(client.fetch_x509_svid().leaf.serial_number)

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -74,12 +75,14 @@ def raw_call(
         return [first]
 
 
-def refused(hosted: Hosted, send: object, code: grpc.StatusCode, fragment: str, reason: str) -> str:
+def refused(
+    hosted: Hosted, send: Callable[[], object], code: grpc.StatusCode, fragment: str, reason: str
+) -> str:
     """`send()` fails with `code` and a message holding `fragment`; the refusal is counted
     under `reason`; the real py-spiffe client is served right after."""
     before = hosted.metric(REFUSALS, reason=reason)
     with pytest.raises(grpc.RpcError) as info:
-        send()  # type: ignore[operator]
+        send()
     error = info.value
     assert error.code() == code, f"{error.code()}: {error.details()}"
     details = error.details() or ""
@@ -103,9 +106,7 @@ def test_every_call_without_the_security_header_is_refused_as_the_spec_says(
         for metadata in ((), (("workload.spiffe.io", "false"),), (("workload-spiffe-io", "true"),)):
             details = refused(
                 hosted,
-                lambda method=method, metadata=metadata: raw_call(
-                    hosted.socket, method, b"", metadata
-                ),
+                partial(raw_call, hosted.socket, method, b"", metadata),
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "security header missing from request",
                 REFUSED_NO_HEADER,
@@ -118,7 +119,7 @@ def test_bytes_that_are_not_the_workload_api_are_invalid_argument(hosted: Hosted
     for method in (*STREAM_METHODS, *UNARY_METHODS):
         refused(
             hosted,
-            lambda method=method: raw_call(hosted.socket, method, b"\xff\xff\xff\xff\x0f"),
+            partial(raw_call, hosted.socket, method, b"\xff\xff\xff\xff\x0f"),
             grpc.StatusCode.INVALID_ARGUMENT,
             "does not decode",
             REFUSED_UNDECODABLE,
@@ -138,17 +139,17 @@ def test_fields_the_request_does_not_have_change_nothing(hosted: Hosted, issued:
 
 
 def test_jwt_calls_are_unimplemented_and_say_why(hosted: Hosted) -> None:
-    requests = {
-        "FetchJWTSVID": workload_pb2.JWTSVIDRequest(audience=["a"]),
-        "FetchJWTBundles": workload_pb2.JWTBundlesRequest(),
-        "ValidateJWTSVID": workload_pb2.ValidateJWTSVIDRequest(audience="a", svid="x.y.z"),
+    requests: dict[str, bytes] = {
+        "FetchJWTSVID": workload_pb2.JWTSVIDRequest(audience=["a"]).SerializeToString(),
+        "FetchJWTBundles": workload_pb2.JWTBundlesRequest().SerializeToString(),
+        "ValidateJWTSVID": workload_pb2.ValidateJWTSVIDRequest(
+            audience="a", svid="x.y.z"
+        ).SerializeToString(),
     }
     for method, request in requests.items():
         details = refused(
             hosted,
-            lambda method=method, request=request: raw_call(
-                hosted.socket, method, request.SerializeToString()
-            ),
+            partial(raw_call, hosted.socket, method, request),
             grpc.StatusCode.UNIMPLEMENTED,
             "JWT-SVIDs are not issued",
             REFUSED_JWT,
@@ -234,3 +235,41 @@ def test_a_refusal_never_carries_a_key(hosted: Hosted, issued: Issued) -> None:
             error = info.value
             carried = (error.details() or "").encode() + repr(error.trailing_metadata()).encode()
             assert b"PRIVATE KEY" not in carried and key_pem[40:80] not in carried
+
+
+def run_agent(sock_dir: Path, workload_api_socket: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshca", "agent",
+         "--ca-addr", "127.0.0.1:9", "--ca-root", str(sock_dir / "no-root.pem"),
+         "--token-file", str(sock_dir / "no-token"), "--namespace", "a", "--service-account", "b",
+         "--sds-socket", str(sock_dir / "sds.sock"), "--status-listen", "127.0.0.1:0",
+         "--workload-api-socket", str(workload_api_socket)],
+        env=child_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_socket_another_process_serves_on_is_never_taken_over(sock_dir: Path) -> None:
+    """SPIFFE_ENDPOINT_SOCKET may name a SPIRE agent's live socket: the agent refuses it in one
+    line (no traceback), leaves it serving, and cleans up what it had started."""
+    import socket
+
+    taken = sock_dir / "spire.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(taken))
+    other.listen(4)
+    try:
+        result = run_agent(sock_dir, taken)
+        assert result.returncode == 1
+        assert "another process is serving on" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(str(taken))  # still the other process's
+        probe.close()
+        assert not (sock_dir / "sds.sock").exists(), "the agent left its SDS socket behind"
+    finally:
+        other.close()
+    regular = sock_dir / "a-file"
+    regular.write_text("not a socket")
+    result = run_agent(sock_dir, regular)
+    assert result.returncode == 1 and "exists and is not a socket" in result.stderr
+    assert regular.read_text() == "not a socket"
