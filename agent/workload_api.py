@@ -53,6 +53,7 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 from google.protobuf.message import DecodeError
 
+from agent.config import MAX_UNIX_SOCKET_PATH
 from agent.errors import CallerNotAttested
 from agent.metrics import CounterChild, LabeledCounter
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
@@ -63,9 +64,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "SpiffeWorkloadAPI"  # the specification's, unpackaged: it is in the gRPC path
 SECURITY_HEADER = "workload.spiffe.io"
-MAX_UNIX_SOCKET_PATH = 107
 DEFAULT_MAX_STREAMS = 1024
-ENCODING_MEMO = 256
+ENCODING_MEMO = 4096  # names (identities + ROOTCA), beyond a large node's
 
 FETCH_X509_SVID = "FetchX509SVID"
 FETCH_X509_BUNDLES = "FetchX509Bundles"
@@ -154,11 +154,14 @@ class _Svid:
 
 
 class _Encodings:
-    """The Workload API's DER forms of cached secrets, computed once per version."""
+    """The Workload API's DER forms of cached secrets, computed once per version and shared
+    by every stream. Only the latest version of each name is kept (a rotated-out key is
+    dropped as soon as its successor is encoded), for at most `limit` names (least recently
+    used first out): a node agent's identities, not its history."""
 
     def __init__(self, limit: int = ENCODING_MEMO) -> None:
         self._limit = limit
-        self._memo: OrderedDict[tuple[str, str], _Svid | bytes] = OrderedDict()
+        self._memo: OrderedDict[str, tuple[str, _Svid | bytes]] = OrderedDict()
 
     def svid(self, secret: TlsSecret) -> _Svid:
         found = self._get(secret)
@@ -188,14 +191,15 @@ class _Encodings:
         return encoded
 
     def _get(self, secret: Secret) -> _Svid | bytes | None:
-        key = (secret.name, secret.version)
-        found = self._memo.get(key)
-        if found is not None:
-            self._memo.move_to_end(key)
-        return found
+        found = self._memo.get(secret.name)
+        if found is None or found[0] != secret.version:
+            return None
+        self._memo.move_to_end(secret.name)
+        return found[1]
 
     def _put(self, secret: Secret, encoded: _Svid | bytes) -> None:
-        self._memo[(secret.name, secret.version)] = encoded
+        self._memo[secret.name] = (secret.version, encoded)
+        self._memo.move_to_end(secret.name)
         while len(self._memo) > self._limit:
             self._memo.popitem(last=False)
 
