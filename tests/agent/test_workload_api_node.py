@@ -78,13 +78,11 @@ def node(ca: TestCa, issued: dict[str, Issued]) -> Iterator[tuple[Hosted, PodsBy
             yield hosted, pods, proc
 
 
-def run_workload(
-    hosted: Hosted | Path, proc: Path | None, pod_uid: str | None, *extra: str
-) -> list[dict[str, Any]]:
-    """Starts a workload process, files its cgroup under `proc` (in `pod_uid`'s pod, or in
-    none; with no `proc` its real cgroup is what the agent reads), lets it call, and returns
-    its report lines."""
-    socket = hosted if isinstance(hosted, Path) else hosted.socket
+HOST_CGROUP = "0::/user.slice/user-0.slice/session-1.scope\n"  # systemd's user slice, no pod
+
+
+def start_workload(socket: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """A workload process (`tests.support.spiffe_workload`) waiting for its go; (it, its pid)."""
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.support.spiffe_workload", str(socket), *extra],
         stdin=subprocess.PIPE,
@@ -93,23 +91,38 @@ def run_workload(
         env=child_env(),
         text=True,
     )
+    assert child.stdout is not None
+    word, pid = child.stdout.readline().split()
+    assert word == "ready"
+    return child, pid
+
+
+def file_cgroup(proc: Path, pid: str, pod_uid: str | None) -> None:
+    """What the injected /proc says of `pid`: in `pod_uid`'s pod, or (None) in no pod."""
+    (proc / pid).mkdir()
+    (proc / pid / "cgroup").write_text(pod_cgroup(pod_uid) if pod_uid else HOST_CGROUP)
+
+
+def stop_workload(child: subprocess.Popen[str]) -> None:
+    if child.poll() is None:
+        child.kill()
+    child.wait(10)
+
+
+def run_workload(
+    hosted: Hosted | Path, proc: Path | None, pod_uid: str | None, *extra: str
+) -> list[dict[str, Any]]:
+    """Starts a workload process, files its cgroup under `proc` (in `pod_uid`'s pod, or in
+    none; with no `proc` its real cgroup is what the agent reads), lets it call, and returns
+    its report lines."""
+    socket = hosted if isinstance(hosted, Path) else hosted.socket
+    child, pid = start_workload(socket, *extra)
     try:
-        assert child.stdout is not None and child.stdin is not None
-        word, pid = child.stdout.readline().split()
-        assert word == "ready"
-        if proc is None:
-            pass
-        elif pod_uid is not None:
-            (proc / pid).mkdir()
-            (proc / pid / "cgroup").write_text(pod_cgroup(pod_uid))
-        else:  # a host process: systemd's user slice, no pod
-            (proc / pid).mkdir()
-            (proc / pid / "cgroup").write_text("0::/user.slice/user-0.slice/session-1.scope\n")
+        if proc is not None:
+            file_cgroup(proc, pid, pod_uid)
         out, err = child.communicate("go\n", timeout=60)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
+        stop_workload(child)
     assert child.returncode == 0, err
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
@@ -260,25 +273,10 @@ def test_one_pod_cannot_take_the_stream_slots_of_the_others(
         with node_server(
             root / "api.sock", ca, issued, pods, proc, max_streams_per_caller=3
         ) as hosted:
-            greedy = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.support.spiffe_workload",
-                    str(hosted.socket),
-                    "--hold",
-                    "4",
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=child_env(),
-                text=True,
-            )
+            greedy, pid = start_workload(hosted.socket, "--hold", "4")
             try:
                 assert greedy.stdout is not None and greedy.stdin is not None
-                _, pid = greedy.stdout.readline().split()
-                (proc / pid).mkdir()
-                (proc / pid / "cgroup").write_text(pod_cgroup(ORDERS_POD))
+                file_cgroup(proc, pid, ORDERS_POD)
                 greedy.stdin.write("go\n")
                 greedy.stdin.flush()
                 lines = []
@@ -292,7 +290,5 @@ def test_one_pod_cannot_take_the_stream_slots_of_the_others(
                 (payments,) = run_workload(hosted, proc, PAYMENTS_POD)
                 assert payments["spiffe_id"] == PAYMENTS
             finally:
-                if greedy.poll() is None:
-                    greedy.kill()
-                greedy.wait(10)
+                stop_workload(greedy)
             assert hosted.metric(REFUSALS, reason="too_many_streams") == 1
