@@ -31,7 +31,7 @@ fuzz: $(VENV)/.installed-test
 			-artifact_prefix=fuzz-artifacts/ || exit 1; \
 	done
 
-# Regenerates proto/meshca_proto/*_pb2*.py from ca.proto (CI fails if they are stale).
+# Regenerates proto/meshca_proto/*_pb2*.py from the .proto files (CI fails if they are stale).
 proto: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python proto/generate.sh
 

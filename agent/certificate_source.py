@@ -1,6 +1,7 @@
 """Where the agent's certificates come from: one `CertificateSource`, chosen once from config.
 
     CertificateSource (protocol)           start · run · close · has_valid_certificate · last_error
+                                           · pods (node agent watching pods: its pods by UID)
     ├── CaCertificateSource                an identity source feeding `agent.scheduler`, CA-backed
     │     + `agent.trust_bundle`: the served ROOTCA from the watched root file and CA answers
     │     + `agent.reporter`: the periodic report to the CA; its answer's taints -> scheduler
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     # Node mode's identity sources: imported where node mode is chosen, so a pod agent never
     # loads them (nor, through them, the Kubernetes client).
     from agent.node_identities import IdentitySource
+    from agent.workload_attestor import PodDirectory
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,12 @@ class CertificateSource(Protocol):
     @property
     def last_error(self) -> str | None: ...
 
+    @property
+    def pods(self) -> PodDirectory | None:
+        """The node's pods by UID when the source watches them (the Workload API's attestor
+        places callers with it), else None."""
+        ...
+
 
 class CaCertificateSource:
     """Certificates from the CA: an identity source feeding the scheduler."""
@@ -84,6 +92,12 @@ class CaCertificateSource:
         self.trust_bundle = trust_bundle
         self.root_file = root_file
         self.reporter = reporter
+
+    @property
+    def pods(self) -> PodDirectory | None:
+        from agent.node_identities import PodIdentitySource
+
+        return self.identities if isinstance(self.identities, PodIdentitySource) else None
 
     async def start(self) -> None:
         log.info(

@@ -133,6 +133,25 @@ class AgentMetrics:
         self.sds_nacks = counter(
             "meshca_agent_sds_nacks", "SDS responses rejected (NACKed) by a client.", by_name
         )
+        # The SPIFFE Workload API (`agent.workload_api`); `rpc` is FetchX509SVID or
+        # FetchX509Bundles, `reason` a refusal's cause (`agent.workload_api.REFUSAL_REASONS`).
+        self.workload_api_streams = Gauge(
+            "meshca_agent_workload_api_streams",
+            "Workload API streams open right now.",
+            ["rpc"],
+            registry=reg,
+        )
+        self.workload_api_responses = counter(
+            "meshca_agent_workload_api_responses",
+            "Workload API responses sent (the first of a stream and every push after it).",
+            "rpc",
+        )
+        self.workload_api_refusals = counter(
+            "meshca_agent_workload_api_refusals",
+            "Workload API calls refused, by reason (missing security header, caller not "
+            "attested, undecodable request, too many streams, JWT not served).",
+            "reason",
+        )
         self.file_reload_failures = counter(
             "meshca_agent_file_reload_failures",
             "File-mounted certificates refused (unreadable, mismatched key, expired).",

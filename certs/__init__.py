@@ -32,7 +32,14 @@ from certs.keys import (
     private_key_to_pem,
     public_key_of,
 )
-from certs.pem import cert_to_pem, certs_to_pem, load_cert, load_certs
+from certs.pem import (
+    cert_to_pem,
+    certs_to_der,
+    certs_to_pem,
+    load_cert,
+    load_certs,
+    load_der_certs,
+)
 from certs.profile import (
     CLOCK_SKEW_BACKDATE,
     build_intermediate_certificate,
@@ -67,6 +74,7 @@ __all__ = [
     "build_serving_certificate",
     "build_workload_certificate",
     "cert_to_pem",
+    "certs_to_der",
     "certs_to_pem",
     "describe_certificate",
     "describe_csr",
@@ -79,6 +87,7 @@ __all__ = [
     "load_cert",
     "load_certs",
     "load_csr",
+    "load_der_certs",
     "load_private_key",
     "make_authority",
     "new_self_signed_authority",
