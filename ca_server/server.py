@@ -229,7 +229,7 @@ async def _serve(
     setup = await set_up_authority(config, source, metrics, clock, kube)
     signer, authority = setup.signer, setup.signer.authority
     if kube is not None:
-        await kube.start(authority)
+        await kube.start(authority, tainted_since_for(signer))
 
     started = clock.now()
     state = CaState()
