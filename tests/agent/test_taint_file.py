@@ -215,7 +215,9 @@ def test_a_malformed_or_oversized_notice_is_one_warning_and_untaints_nothing(
                 project(mount, content)
                 await until(lambda: refusals(r.metrics) == 1)
                 await asyncio.sleep(20 * POLL)  # polls of the same bad version say nothing
-            warnings = [rec.getMessage() for rec in caplog.records if rec.name == "agent.taint_file"]
+            warnings = [
+                rec.getMessage() for rec in caplog.records if rec.name == "agent.taint_file"
+            ]
             assert len(warnings) == 1, warnings
             assert said in warnings[0] and "taints already known stay" in warnings[0]
             assert refusals(r.metrics) == 1
