@@ -239,3 +239,8 @@ def test_a_taint_reaches_a_node_agent_through_the_root_configmap_mount(
         for v in kubelet.versions
     )
     assert kubelet.versions[-1][TAINT_NOTICE_NAME] == encode_taint_notice({old: tainted[1]})
+    # A namespace's copy edited to un-taint (or break) the notice is put back, as the bundle is.
+    edited = kube_api.get("configmaps", CONFIGMAP_NAME, namespace="shop")
+    edited["data"][TAINT_NOTICE_NAME] = encode_taint_notice({})
+    kube_api.update("configmaps", edited)
+    wait_for(lambda: notice_in("shop") == dict([tainted]), 5, "the edited notice restored")
