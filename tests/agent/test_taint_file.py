@@ -222,9 +222,11 @@ def test_a_malformed_or_oversized_notice_is_one_warning_and_untaints_nothing(
             assert said in warnings[0] and "taints already known stay" in warnings[0]
             assert refusals(r.metrics) == 1
             assert r.scheduler.taints.get(old) == old_at and r.due_offsets() == drawn
-            # A good notice after it is read again.
+            # A good notice after it is read again; an authority that signed none of the
+            # agent's leaves moves nothing.
             project(mount, encode_taint_notice({old: old_at, "cd" * 20: START}))
             await until(lambda: "cd" * 20 in r.scheduler.taints)
+            assert resigns(r.metrics) == len(IDENTITIES) and r.due_offsets() == drawn
 
     asyncio.run(main())
 

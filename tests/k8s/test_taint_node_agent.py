@@ -35,6 +35,24 @@ def _authority_of(path: Path) -> str | None:
         return None
 
 
+def _authority(target: tuple[str, ...], *args: str) -> None:
+    result = meshca_authority(target, *args)
+    assert result.returncode == 0, result.stderr
+
+
+def _activate_another(target: tuple[str, ...], leaves: dict[str, Path]) -> tuple[str, str]:
+    """Waits until every leaf is the first authority's, then `prepare` and `activate` a new
+    one; returns (old, new) IDs."""
+    (old_row,) = authority_rows(target, "show")
+    old = old_row["id"]
+    wait_for(lambda: all(_authority_of(p) == old for p in leaves.values()), 30, "every identity")
+    _authority(target, "prepare")
+    _authority(target, "activate")
+    new = next(r["id"] for r in authority_rows(target, "show") if r["state"] == "active")
+    assert new != old
+    return old, new
+
+
 def test_node_agent_resigns_every_tainted_identity_within_the_window(
     tmp_path: Path, kube_api: KubeApiServer, kube_ca: CaFactory
 ) -> None:
@@ -51,10 +69,6 @@ def test_node_agent_resigns_every_tainted_identity_within_the_window(
         "300ms",
     )
     target = cluster_target(kube_api.write_kubeconfig(tmp_path / "cli-kubeconfig"), CA_NAMESPACE)
-
-    def authority(*args: str) -> None:
-        result = meshca_authority(target, *args)
-        assert result.returncode == 0, result.stderr
 
     workdir = tmp_path / "node"
     workdir.mkdir()
@@ -81,21 +95,13 @@ def test_node_agent_resigns_every_tainted_identity_within_the_window(
     )
     agent.start()
     try:
-        (old_row,) = authority_rows(target, "show")
-        old = old_row["id"]
-        wait_for(
-            lambda: all(_authority_of(p) == old for p in leaves.values()), 30, "every identity"
-        )
-        authority("prepare")
-        authority("activate")
-        new = next(r["id"] for r in authority_rows(target, "show") if r["state"] == "active")
-        assert new != old
+        old, new = _activate_another(target, leaves)
         time.sleep(1.0)  # the CA follows within a poll; the agent re-signs nothing for it
         assert all(_authority_of(p) == old for p in leaves.values())
         before = sum(1 for line in audit_lines(ca) if line.get("outcome") == "issued")
         assert before == len(leaves)
 
-        authority("taint", old)
+        _authority(target, "taint", old)
         tainted_at = time.time()
         wait_for(
             lambda: all(_authority_of(p) == new for p in leaves.values()),
@@ -165,10 +171,6 @@ def test_a_taint_reaches_a_node_agent_through_the_root_configmap_mount(
     )  # fmt: skip
     target = cluster_target(kube_api.write_kubeconfig(tmp_path / "cli-kubeconfig"), CA_NAMESPACE)
 
-    def authority(*args: str) -> None:
-        result = meshca_authority(target, *args)
-        assert result.returncode == 0, result.stderr
-
     def notice_in(namespace: str) -> dict[str, datetime]:
         cm = kube_api.get("configmaps", CONFIGMAP_NAME, namespace=namespace)
         return decode_taint_notice(cm["data"][TAINT_NOTICE_NAME])
@@ -197,20 +199,13 @@ def test_a_taint_reaches_a_node_agent_through_the_root_configmap_mount(
         }
         agent.start()
         try:
-            (old_row,) = authority_rows(target, "show")
-            old = old_row["id"]
-            wait_for(
-                lambda: all(_authority_of(p) == old for p in leaves.values()), 30, "every identity"
-            )
-            authority("prepare")
-            authority("activate")
-            new = next(r["id"] for r in authority_rows(target, "show") if r["state"] == "active")
+            old, new = _activate_another(target, leaves)
             wait_for(lambda: len(kubelet.versions) >= 2, 10, "the new bundle projected")
             before = sum(1 for line in audit_lines(ca) if line.get("outcome") == "issued")
             assert before == len(leaves)
 
             tainted_at = time.time()  # before the command: its run time counts too
-            authority("taint", old)
+            _authority(target, "taint", old)
             wait_for(
                 lambda: all(_authority_of(p) == new for p in leaves.values()),
                 WINDOW + SLACK,
