@@ -39,6 +39,7 @@ import pytest
 from agent.propagation import leaf_authority as authority_of
 from ca_server.authority_slots import authority_id
 from certs import load_certs
+from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice
 from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
@@ -273,6 +274,8 @@ def test_plugged_in_root_change_under_traffic_with_no_failed_request(
     request.addfinalizer(ca.stop)
     ca.start()
     assert published(ca) == {a_id}
+    # Beside the bundle, the taint notice agents follow: a plugged-in CA has no taints.
+    assert decode_taint_notice((ca.data_dir / TAINT_NOTICE_NAME).read_bytes()) == {}
     mesh = start_mesh(workdir, ca, request.addfinalizer, secret_ttl=SECRET_TTL)
     pids = mesh.pids()
 
