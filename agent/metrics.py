@@ -121,6 +121,11 @@ class AgentMetrics:
             "meshca_agent_taint_resigns",
             "Certificates whose renewal was moved forward because the CA tainted their signer.",
         )
+        self.taint_notice_refused = counter(
+            "meshca_agent_taint_notice_refused",
+            "Versions of the taint notice beside the root file (meshca-taints.json) ignored as "
+            "malformed, oversized or unreadable (taints already known stay).",
+        )
         self.reports = counter(
             "meshca_agent_reports",
             "Periodic reports to the CA (agent.reporter), by outcome (OK or the gRPC status).",
