@@ -129,3 +129,8 @@ def compat_ca(
 def untrusted_issuer(tmp_path_factory: pytest.TempPathFactory) -> RsaIssuer:
     """Signs tokens shaped like the cluster's that no CA here trusts (a stale or foreign key)."""
     return make_rsa_issuer(Path(tmp_path_factory.mktemp("untrusted-issuer")))
+
+
+# Kubernetes mode (the fake API server and CA processes pointed at it), for what Istio's node
+# agents do: the fixtures of tests/k8s, shared as they are.
+from tests.k8s.conftest import kube_api, kube_ca  # noqa: E402, F401
