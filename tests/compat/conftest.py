@@ -69,16 +69,24 @@ def new_intermediate(parent: CaCert, name: str, now: datetime, *, below: int = 0
     return CaCert(cert, key)
 
 
-def plugged_authority(
+def write_cacerts(
     directory: Path, issuing: CaCert, chain: list[x509.Certificate], roots: list[x509.Certificate]
-) -> SigningAuthority:
-    """Writes Istio's `cacerts` layout to `directory` (`ca-cert.pem`, `ca-key.pem`,
-    `cert-chain.pem` up to the root, `root-cert.pem`) and loads it as `--cacerts-dir` does."""
+) -> Path:
+    """Writes Istio's `cacerts` layout to `directory`: `ca-cert.pem`, `ca-key.pem`,
+    `cert-chain.pem` (the issuing certificate up to the root), `root-cert.pem` (the bundle)."""
     directory.mkdir(parents=True)
     (directory / "ca-cert.pem").write_text(cert_to_pem(issuing.cert))
     (directory / "ca-key.pem").write_bytes(private_key_to_pem(issuing.key))
     (directory / "cert-chain.pem").write_text(certs_to_pem(chain))
     (directory / "root-cert.pem").write_text(certs_to_pem(roots))
+    return directory
+
+
+def plugged_authority(
+    directory: Path, issuing: CaCert, chain: list[x509.Certificate], roots: list[x509.Certificate]
+) -> SigningAuthority:
+    """`write_cacerts`, then loads the directory as `--cacerts-dir` does."""
+    write_cacerts(directory, issuing, chain, roots)
     plugged = detect_plugged_ca(directory)
     assert plugged is not None
     return plugged.load(datetime.now(UTC))
