@@ -174,7 +174,7 @@ def test_a_leaf_of_the_old_root_renews_during_the_overlap(
     key = istio_key("ec-p256")
     now = datetime.now(UTC)
     leaf = build_workload_certificate(
-        key.public_key(),  # type: ignore[arg-type]
+        key.public_key(),
         SLEEP,
         old.cert,
         old.key,
