@@ -72,6 +72,11 @@ def verify_chain(
     raise ChainError("the chain does not lead to any trusted root")
 
 
+# More than a leaf, a few intermediates and the roots of a rotation ever need: a longer list
+# is refused before any signature is checked.
+MAX_PRESENTED = 16
+
+
 def _self_issued(cert: x509.Certificate) -> bool:
     """A root: its own issuer (a self-signed certificate) rather than a link to one."""
     return cert.subject == cert.issuer and issued_by(cert, cert)
@@ -110,13 +115,21 @@ def build_path(
       in any order (`ChainOrderError`), and the leaf itself is no CA certificate;
     - an intermediate that is not on the path is foreign (`ForeignCertificateError`);
     - repeats of the leaf are ignored; roots the CA does not trust may ride along unused (a
-      bundle written before a root was dropped), but the path must end at a trusted one.
+      bundle written before a root was dropped), and so may a CA certificate holding the key
+      of one on the path (a cross-signed twin of a root), but the path must end at a trusted
+      root;
+    - at most `MAX_PRESENTED` certificates after the leaf.
 
     Certificates are numbered as in the file the peer sent: the leaf is #1. Returns the path,
     leaf first and the trusted root last; raises `ChainError` saying which link failed.
     """
     if not roots:
         raise ChainError("no trusted roots to verify against")
+    if len(presented) > MAX_PRESENTED:
+        raise ChainError(
+            f"{len(presented)} certificates follow the leaf, at most {MAX_PRESENTED} are "
+            "accepted: send the leaf, its intermediates and the roots only"
+        )
     if is_ca(leaf):
         raise ChainOrderError(
             f"certificate #1 ({_name(leaf)}) is a CA certificate, not a workload certificate: "
@@ -169,7 +182,7 @@ def build_path(
                 f"{label} is not a CA certificate: after the leaf come only its "
                 "intermediates and roots"
             )
-        if not _self_issued(cert):
+        if not _self_issued(cert) and not any(issued_by(link, cert) for link in path[:-1]):
             raise ForeignCertificateError(
                 f"{label} is an intermediate that does not lead the leaf to a root this CA "
                 "trusts (another CA's?): remove it from the chain"

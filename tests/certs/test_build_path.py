@@ -125,3 +125,23 @@ def test_no_roots(pki: Pki) -> None:
 def test_each_call_builds_its_own_pki() -> None:
     """The fixtures give distinct PKIs (the foreign cases depend on it)."""
     assert make_pki().root != make_pki().root
+
+
+def test_a_cross_signed_twin_of_the_root_may_ride_along(pki: Pki, other_pki: Pki) -> None:
+    """During a cross-signed root change the client may send the new root signed by the old
+    one; a CA already trusting the new root finds the path without it."""
+    twin = build_intermediate_certificate(
+        pki.root.public_key(), other_pki.root, other_pki.root_key, TRUST_DOMAIN, now=NOW,
+        lifetime=timedelta(days=30), common_name="meshca root", path_length=1,
+    )  # fmt: skip
+    leaf = make_leaf(pki)
+    assert build_path(leaf, [pki.intermediate, twin], [pki.root], now=NOW)[-1] == pki.root
+    # A CA trusting only the old root goes through the twin.
+    path = build_path(leaf, [pki.intermediate, twin], [other_pki.root], now=NOW)
+    assert path == (leaf, pki.intermediate, twin, other_pki.root)
+
+
+def test_a_long_list_is_refused_before_any_check(pki: Pki) -> None:
+    leaf = make_leaf(pki)
+    with pytest.raises(ChainError, match="17 certificates follow the leaf, at most 16"):
+        build_path(leaf, [pki.intermediate] * 17, [pki.root], now=NOW)
