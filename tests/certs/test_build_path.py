@@ -131,7 +131,7 @@ def test_a_cross_signed_twin_of_the_root_may_ride_along(pki: Pki, other_pki: Pki
     """During a cross-signed root change the client may send the new root signed by the old
     one; a CA already trusting the new root finds the path without it."""
     twin = build_intermediate_certificate(
-        pki.root.public_key(), other_pki.root, other_pki.root_key, TRUST_DOMAIN, now=NOW,
+        pki.root_key.public_key(), other_pki.root, other_pki.root_key, TRUST_DOMAIN, now=NOW,
         lifetime=timedelta(days=30), common_name="meshca root", path_length=1,
     )  # fmt: skip
     leaf = make_leaf(pki)
