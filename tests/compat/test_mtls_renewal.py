@@ -276,3 +276,17 @@ def test_the_leaf_alone_under_a_plugged_in_intermediate_fails_the_handshake(
         renew(compat_ca, client_key, LEAF_ONLY(chain))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert compat_ca.server.issued_count() == issued
+
+
+@pytest.mark.parametrize("compat_ca", ["self-signed"], indirect=True)
+def test_a_chain_longer_than_any_mesh_needs_is_refused(compat_ca: CompatCa):
+    """A client padding its chain (the handshake lets ~100 KiB through) costs the CA no
+    signature checks beyond the first few."""
+    client_key, chain = first_certificate(compat_ca)
+    refused(
+        compat_ca.server,
+        lambda: renew(compat_ca, client_key, _pem(chain[0], *[chain[-1]] * 17)),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "17 certificates follow the leaf, at most 16",
+        reason="client-cert-invalid",
+    )

@@ -10,35 +10,27 @@ leaf + the root.
 
 from __future__ import annotations
 
-import json
 import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 from certs import SpiffeId, describe_certificate, load_certs, verify_chain
 from tests.ca_server.conftest import make_rsa_issuer
 from tests.compat.conftest import new_intermediate, new_root, write_cacerts
 from tests.compat.istio_wire import istio_cert_chain_pem, istio_csr, istio_key, key_pem
+from tests.k8s.conftest import audit_lines
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.processes import free_port, wait_for
 
 
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """The agents' directories: their SDS socket paths must stay under 107 bytes."""
-    with tempfile.TemporaryDirectory(dir="/tmp", prefix="prov-") as path:
-        yield Path(path)
-
-
-def _issued_lines(ca: CaProcess, identity: str) -> list[dict[str, object]]:
-    lines = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
+def _issued_lines(ca: CaProcess, identity: str) -> list[dict[str, Any]]:
     return [
-        line for line in lines if line.get("outcome") == "issued" and line["identity"] == identity
+        line
+        for line in audit_lines(ca)
+        if line.get("outcome") == "issued" and line["identity"] == identity
     ]
 
 
@@ -88,7 +80,7 @@ def _renews_by_certificate(ca: CaProcess, agent: AgentProcess) -> None:
     verify_chain(chain, load_certs(ca.root_cert_path.read_bytes()), now=datetime.now(UTC))
 
 
-def test_agent_renews_over_mtls_under_a_plugged_in_intermediate(tmp_path: Path, short_dir: Path):
+def test_agent_renews_over_mtls_under_a_plugged_in_intermediate(tmp_path: Path):
     now = datetime.now(UTC)
     root = new_root(now)
     mesh = new_intermediate(root, "mesh intermediate", now)
@@ -97,13 +89,14 @@ def test_agent_renews_over_mtls_under_a_plugged_in_intermediate(tmp_path: Path, 
     ca = CaProcess(tmp_path / "data", "--cacerts-dir", str(cacerts), "--mtls-listen", mtls_addr)
     ca.start()
     agents: list[AgentProcess] = []
+    short = tempfile.TemporaryDirectory(dir="/tmp", prefix="prov-")  # SDS paths <= 107 bytes
     try:
         for service_account, istio in (("sleep", False), ("httpbin", True)):
             identity = SpiffeId("cluster.local", "default", service_account)
             prov = _provisioning_dir(
                 tmp_path / f"prov-{service_account}", ca, identity, istio=istio
             )
-            agents.append(_agent_over_mtls(short_dir, ca, mtls_addr, service_account, prov))
+            agents.append(_agent_over_mtls(Path(short.name), ca, mtls_addr, service_account, prov))
         for agent in agents:
             agent.launch()
         for agent in agents:
@@ -113,17 +106,19 @@ def test_agent_renews_over_mtls_under_a_plugged_in_intermediate(tmp_path: Path, 
         for agent in agents:
             agent.stop()
         ca.stop()
+        short.cleanup()
 
 
-def test_agent_renews_over_mtls_presenting_leaf_and_root(tmp_path: Path, short_dir: Path):
+def test_agent_renews_over_mtls_presenting_leaf_and_root(tmp_path: Path):
     mtls_addr = f"127.0.0.1:{free_port()}"
     ca = CaProcess(tmp_path / "data", "--mtls-listen", mtls_addr)
     ca.start()
+    short = tempfile.TemporaryDirectory(dir="/tmp", prefix="prov-")  # SDS paths <= 107 bytes
     try:
         identity = SpiffeId("cluster.local", "default", "sleep")
         prov = _provisioning_dir(tmp_path / "prov", ca, identity, istio=True)
         assert len(load_certs((prov / "cert-chain.pem").read_bytes())) == 2  # leaf + root
-        agent = _agent_over_mtls(short_dir, ca, mtls_addr, "sleep", prov)
+        agent = _agent_over_mtls(Path(short.name), ca, mtls_addr, "sleep", prov)
         agent.start()
         try:
             _renews_by_certificate(ca, agent)
@@ -131,3 +126,4 @@ def test_agent_renews_over_mtls_presenting_leaf_and_root(tmp_path: Path, short_d
             agent.stop()
     finally:
         ca.stop()
+        short.cleanup()
