@@ -127,3 +127,62 @@ def test_agent_renews_over_mtls_presenting_leaf_and_root(tmp_path: Path):
     finally:
         ca.stop()
         short.cleanup()
+
+
+def test_agent_renews_with_the_certificate_it_was_last_issued_when_prov_cert_is_its_output(
+    tmp_path: Path,
+):
+    """Istio's VM pattern: `PROV_CERT` is `OUTPUT_CERTS`, so each renewal over mTLS presents
+    the certificate of the renewal before it. The provisioning certificate lives 6 s; renewals
+    must go on, authenticated by the client certificate, well past its expiry — the agent
+    follows the files instead of presenting the first certificate until the CA refuses it."""
+    mtls_addr = f"127.0.0.1:{free_port()}"
+    ca = CaProcess(tmp_path / "data", "--mtls-listen", mtls_addr)
+    ca.start()
+    short = tempfile.TemporaryDirectory(dir="/tmp", prefix="prov-")  # SDS paths <= 107 bytes
+    try:
+        identity = SpiffeId("cluster.local", "default", "sleep")
+        key = istio_key("ec-p256")
+        token = ca.mint_token(identity.namespace, identity.service_account)
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            chain = create_certificate(stub, istio_csr(identity, key), token=token, ttl_seconds=6)
+        provisioned_until = load_certs(chain[0].encode())[0].not_valid_after_utc
+        output = Path(short.name) / "sleep" / "certs"  # AgentProcess's --output-dir
+        output.mkdir(parents=True)
+        (output / "key.pem").write_bytes(key_pem(key))
+        (output / "cert-chain.pem").write_bytes(istio_cert_chain_pem(chain))
+        agent = AgentProcess(
+            Path(short.name),
+            ca,
+            "sleep",
+            secret_ttl="3s",
+            extra_args=("--ca-addr", mtls_addr, "--prov-cert", str(output)),
+        )
+        assert agent.output_dir == output
+        untrusted = make_rsa_issuer(agent.directory)
+        agent.token_path.write_text(untrusted.token(agent.namespace, "sleep"))
+        agent.start()
+        try:
+            wait_for(
+                lambda: (
+                    datetime.now(UTC) > provisioned_until.replace(microsecond=0)
+                    and len(_issued_lines(ca, agent.identity)) >= 8
+                ),
+                40,
+                "renewals over mTLS past the provisioning certificate's expiry",
+            )
+            issued = _issued_lines(ca, agent.identity)
+            assert all(line["authenticator"] == "client-certificate" for line in issued[1:])
+            refused = [
+                line
+                for line in audit_lines(ca)
+                if line.get("outcome") != "issued" and line.get("identity") == agent.identity
+            ]
+            assert not refused, refused
+            leaf = agent.wait_file_leaf()
+            assert leaf.not_valid_after_utc > provisioned_until
+        finally:
+            agent.stop()
+    finally:
+        ca.stop()
+        short.cleanup()
