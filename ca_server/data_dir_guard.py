@@ -18,8 +18,10 @@ root-owned.
 
 `sweep_stale_temporaries` removes the temporary files `meshca.files.atomic_write` leaves when a
 process is killed between writing and renaming (`.authorities.json.*.tmp` holds every private
-key); it runs under the data directory's lock, where those files are written, so it never removes
-another process's write in progress.
+key). It runs under the data directory's lock, where those files are written, so it never removes
+another process's write in progress; `root-cert.pem` is also published without the lock (by every
+CA process, and in Kubernetes mode), so its leftovers (public certificates) go only once they are
+`UNLOCKED_STALE_AFTER` old.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ LOCKED_FILES = (
     "dev-issuer/signing-key.pem",
     "dev-issuer/jwks.json",
 )
-TRUSTED_FILES = (*LOCKED_FILES, "root-cert.pem", ".lock")
+UNLOCKED_FILES = ("root-cert.pem",)
+UNLOCKED_STALE_AFTER = 60.0  # seconds: no write of a few kilobytes is in progress that long
+TRUSTED_FILES = (*LOCKED_FILES, *UNLOCKED_FILES, ".lock")
 STATE_FILES = LOCKED_FILES[:3]
 KEPT_DIRS = ("dev-issuer", "leaves", "agents")
 _GROUP_OR_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -106,16 +110,19 @@ def _check(path: Path, *, directory: bool, flag: str = "") -> None:
         )
 
 
-def sweep_stale_temporaries(data_dir: Path) -> list[Path]:
-    """Removes `atomic_write`'s leftovers of the files written under the lock (the caller holds
-    it); returns what it removed (logged: a leftover means a process died mid-write)."""
+def sweep_stale_temporaries(data_dir: Path, now: float) -> list[Path]:
+    """Removes `atomic_write`'s leftovers (the caller holds the lock; `now` is Unix time);
+    returns what it removed (logged: a leftover means a process died mid-write)."""
     removed = []
-    for name in LOCKED_FILES:
+    for name in (*LOCKED_FILES, *UNLOCKED_FILES):
         target = data_dir / name
         if not target.parent.is_dir():
             continue
         for leftover in target.parent.glob(f".{target.name}.*.tmp"):
             try:
+                young = now - leftover.stat().st_mtime < UNLOCKED_STALE_AFTER
+                if name in UNLOCKED_FILES and young:
+                    continue
                 leftover.unlink()
             except FileNotFoundError:
                 continue
