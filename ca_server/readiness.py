@@ -6,6 +6,8 @@ valid yet (a clock behind the one that made it) still accepts connections, but e
 signs fails verification, and its own serving certificate with it. Readiness says so — `/ready`
 answers 503 with the reason, so a load balancer or kubelet stops sending it traffic — and the
 CA logs it once when it happens (and once when it is over), whether or not anyone polls `/ready`.
+A worker of `meshca ca --workers N` has no `/ready` of its own: it writes the reason into its
+ready file, which its supervisor's `/ready` reads (`ca_server.workers`).
 
 Concurrency: `problem` is called from the monitoring server's thread and from `watch` on the
 event loop; it only reads the signer's current authority (one reference) and the clock, and
@@ -27,9 +29,15 @@ log = logging.getLogger(__name__)
 
 
 class SigningReadiness:
-    def __init__(self, authority: Callable[[], SigningAuthority], clock: Clock) -> None:
+    def __init__(
+        self,
+        authority: Callable[[], SigningAuthority],
+        clock: Clock,
+        on_change: Callable[[str | None], None] = lambda problem: None,
+    ) -> None:
         self._authority = authority
         self._clock = clock
+        self.on_change = on_change  # a worker tells its supervisor (`ca_server.workers`)
         self._lock = threading.Lock()
         self._reported: str | None = None
 
@@ -43,6 +51,7 @@ class SigningReadiness:
                 else:
                     log.info("ready again: the signing chain is valid")
                 self._reported = found
+                self.on_change(found)
         return found
 
     async def watch(self, interval: timedelta) -> None:

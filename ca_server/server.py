@@ -310,7 +310,9 @@ async def _serve(
         publishing = asyncio.create_task(publisher.run())
     state.ready = True
     if config.worker is not None:
-        atomic_write(config.worker.ready_file, f"{os.getpid()}\n".encode())
+        ready_file = config.worker.ready_file
+        atomic_write(ready_file, ready_file_text(None))
+        state.signing.on_change = lambda problem: atomic_write(ready_file, ready_file_text(problem))
     log.info(
         "CA serving on %s%s; monitoring on %s",
         config.listen,
@@ -331,10 +333,11 @@ async def _serve(
         await stop.wait()
     finally:
         log.info("shutting down")
+        await cancel_and_wait(validity)  # before the ready file goes: it may rewrite it
         state.ready = False
         if config.worker is not None:
             config.worker.ready_file.unlink(missing_ok=True)
-        for task in (watcher, publishing, validity):
+        for task in (watcher, publishing):
             await cancel_and_wait(task)
         if publisher is not None:
             publisher.remove()
@@ -342,6 +345,11 @@ async def _serve(
         await server.stop(config.shutdown_grace.total_seconds())
         if monitoring is not None:
             monitoring.stop()
+
+
+def ready_file_text(problem: str | None) -> bytes:
+    """A worker's ready file: its pid, then why it is not ready (read by `workers._Slot`)."""
+    return f"{os.getpid()}\n{f'not ready: {problem}' if problem else ''}\n".encode()
 
 
 def server_options(config: CaConfig) -> list[tuple[str, int]]:

@@ -476,11 +476,15 @@ def test_a_ca_key_that_disagrees_with_the_state_is_re_derived_at_start(tmp_path:
 # -- readiness follows the signing chain -------------------------------------------------------
 
 
-def test_a_ca_whose_root_expired_is_not_ready_and_says_so_once(tmp_path: Path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_ca_whose_root_expired_is_not_ready_and_says_so_once(tmp_path: Path, workers: str):
     """Before: with `--no-root-rotation`, after the root expired every handshake failed while
-    `/ready` still answered 200. Now: 503 with the reason, and one ERROR line."""
+    `/ready` still answered 200. Now: 503 with the reason, and one ERROR line per CA process
+    (with workers, the supervisor's `/ready` reads the reason from their ready files)."""
     ca = CaProcess(
-        tmp_path / "data", "--root-ttl", "5s", "--no-root-rotation", "--ca-reload-interval", "0.5s"
+        tmp_path / "data",
+        *("--root-ttl", "5s", "--no-root-rotation", "--ca-reload-interval", "0.5s"),
+        *("--workers", workers),
     )
     ca.start()
     try:
@@ -490,7 +494,8 @@ def test_a_ca_whose_root_expired_is_not_ready_and_says_so_once(tmp_path: Path):
         assert "docs/rotate-the-ca.md" in body
         time.sleep(1.5)  # a few more checks: still one line
         lines = [line for line in ca.log().splitlines() if "not ready: " in line]
-        assert len(lines) == 1 and "ERROR" in lines[0], lines
+        assert len(lines) == int(workers), lines
+        assert all("ERROR" in line for line in lines)
     finally:
         ca.stop()
 
