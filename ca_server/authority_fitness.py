@@ -31,7 +31,8 @@ DEFAULT_MAX_WORKLOAD_TTL = TtlPolicy().maximum
 def longest_leaf(state: AuthorityState, stated_maximum: timedelta | None) -> timedelta:
     """The longest workload certificate a CA following `state` may grant (see the module)."""
     rotation_cap = RotationPolicy(lifetime=state.active.lifetime).max_leaf_ttl
-    longest = min(stated_maximum or DEFAULT_MAX_WORKLOAD_TTL, rotation_cap)
+    stated = DEFAULT_MAX_WORKLOAD_TTL if stated_maximum is None else stated_maximum
+    longest = min(stated, rotation_cap)
     return timedelta(seconds=round(longest.total_seconds()))  # what the messages print
 
 

@@ -51,7 +51,10 @@ class SigningReadiness:
                 else:
                     log.info("ready again: the signing chain is valid")
                 self._reported = found
-                self.on_change(found)
+                try:
+                    self.on_change(found)
+                except OSError as exc:  # e.g. a full disk: /ready itself still answers right
+                    log.warning("could not record the readiness change: %s", exc)
         return found
 
     async def watch(self, interval: timedelta) -> None:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = KeySpec.parse(args.root_key)
         lifetime = parse_duration(args.root_ttl) if args.root_ttl is not None else None
-        max_ttl = parse_duration(args.max_workload_cert_ttl) if args.max_workload_cert_ttl else None
+        max_ttl = _max_workload_ttl(args.max_workload_cert_ttl)
     except (CertsError, ValueError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
@@ -106,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
     shown = show_document(state, live, agents)
     print(json.dumps(shown, indent=2) if args.output == "json" else render_authorities(shown))
     return 0
+
+
+def _max_workload_ttl(text: str | None) -> timedelta | None:
+    if text is None:
+        return None
+    value = parse_duration(text)
+    if value <= timedelta(0):
+        raise ValueError(f"--max-workload-cert-ttl {text!r} must be longer than 0s (the CA's)")
+    return value
 
 
 def _refuse_revoke_while_served(ident: str | None, target: Target, name: str) -> None:

@@ -125,6 +125,16 @@ def test_prepare_accepts_a_short_lifetime_when_the_ca_grants_shorter_leaves(tmp_
     assert "prepared" in result.stdout
 
 
+def test_a_zero_maximum_workload_ttl_is_a_usage_error_not_the_default(tmp_path: Path):
+    _store(tmp_path).read()
+    line = _refusal(
+        tmp_path, "prepare", "--root-ttl", "1s", "--max-workload-cert-ttl", "0s", status=2
+    )
+    assert line == (
+        "meshca authority prepare: --max-workload-cert-ttl '0s' must be longer than 0s (the CA's)"
+    )
+
+
 @pytest.mark.parametrize(
     ("issued", "lifetime", "why"),
     [
