@@ -34,6 +34,9 @@ from cryptography import x509
 from certs import PrivateKey, SigningAuthority
 
 HISTORY_LIMIT = 50
+ID_PREFIX_MIN = 8
+"""The fewest hex digits of an authority ID `meshca authority` accepts as a prefix."""
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 class Phase(enum.StrEnum):
@@ -188,16 +191,37 @@ class AuthorityState:
         return tuple(s for s in self.slots if s.phase is Phase.OLD)
 
     def find(self, ident: str) -> Slot:
-        """A slot by ID; a unique prefix of at least 8 hex digits is enough."""
-        wanted = ident.lower()
-        matches = [s for s in self.slots if s.id == wanted] or (
-            [s for s in self.slots if s.id.startswith(wanted)] if len(wanted) >= 8 else []
-        )
-        if len(matches) != 1:
-            known = ", ".join(f"{s.id} ({s.phase})" for s in self.slots)
-            what = "matches several authorities" if matches else "is not a known authority"
-            raise AuthorityCommandError(f"{ident!r} {what}; the authorities are: {known}")
+        """A slot by its ID, or by a prefix of at least `ID_PREFIX_MIN` hex digits that starts
+        exactly one ID. A refusal says which rule the ID broke (not hex, too short, ambiguous,
+        unknown) and lists the authorities, so the operator can copy the right one."""
+        wanted = ident.strip().lower()
+        known = "; the authorities are: " + ", ".join(f"{s.id} ({s.phase})" for s in self.slots)
+        if not wanted or any(c not in _HEX_DIGITS for c in wanted):
+            raise AuthorityCommandError(
+                f"{ident!r} is not an authority ID (IDs are hex digits){known}"
+            )
+        exact = [s for s in self.slots if s.id == wanted]
+        if exact:
+            return exact[0]
+        matches = [s for s in self.slots if s.id.startswith(wanted)]
+        if len(wanted) < ID_PREFIX_MIN:
+            raise AuthorityCommandError(
+                f"{ident!r} is too short: give at least {ID_PREFIX_MIN} hex digits of an ID "
+                f"({len(matches)} authorities start with it){known}"
+            )
+        if len(matches) > 1:
+            raise AuthorityCommandError(
+                f"{ident!r} is ambiguous: {len(matches)} authorities start with it "
+                f"({', '.join(s.id for s in matches)}); give more digits"
+            )
+        if not matches:
+            raise AuthorityCommandError(f"{ident!r} is not a known authority{known}")
         return matches[0]
+
+    def only(self, ident: str) -> AuthorityState:
+        """The same state narrowed to the one slot `ident` names (`meshca authority show ID`);
+        the history is kept, so the activation gate of that slot still shows."""
+        return AuthorityState((self.find(ident),), self.history)
 
     def ranked(self) -> tuple[Slot, ...]:
         """Active first, then prepared, then the old ones (newest first)."""

@@ -5,10 +5,15 @@
 driver polls to notice other writers (another worker, another replica, `meshca authority`).
 
 - `LocalAuthorityStateStore`: `authorities.json` (mode 0600: it holds the keys) in `--data-dir`,
-  changed only under the data directory's `flock` and written atomically. For tools that read
-  Istio's layout, `ca-cert.pem`/`ca-key.pem` always hold the *active* authority. A data
-  directory from before slots existed (those two files only) is adopted as the active slot, so
-  an upgrade keeps the mesh's root.
+  changed only under the data directory's `flock` and written atomically. That one file is the
+  truth: the files derived from it (`write_derived_files`: `ca-cert.pem`/`ca-key.pem`, the
+  *active* authority for tools that read Istio's layout, and `root-cert.pem`, the bundle) are
+  rewritten from it in every transaction — on start and on each reload, too — so a process
+  killed between two renames leaves nothing that disagrees for longer than that. Before each
+  load the directory and the state files are checked (`ca_server.data_dir_guard`); the first
+  transaction of a process sweeps the temporary files a killed writer left. A data directory
+  from before slots existed (the Istio pair only) is adopted as the active slot, so an upgrade
+  keeps the mesh's root.
 - The Kubernetes Secret store lives in `ca_server.kube.secret_authorities` and shares the
   encoding below (`encode_state`/`decode_state`).
 
@@ -28,12 +33,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ca_server.authority_slots import AuthorityState, HistoryEvent, Phase, Slot
-from ca_server.root_store import CaSetupError, data_dir_lock, writing_to_data_dir
+from ca_server.data_dir_guard import check_state_files, sweep_stale_temporaries
+from ca_server.root_store import (
+    ROOT_CERT_FILE,
+    CaSetupError,
+    data_dir_lock,
+    writing_to_data_dir,
+)
 from certs import (
     CLOCK_SKEW_BACKDATE,
     CertsError,
     KeySpec,
     cert_to_pem,
+    certs_to_pem,
     load_cert,
     load_private_key,
     new_self_signed_authority,
@@ -41,6 +53,7 @@ from certs import (
 )
 from meshca.clock import Clock
 from meshca.files import atomic_write
+from meshca.taint_notice import TAINT_NOTICE_NAME, encode_taint_notice
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +198,7 @@ class LocalAuthorityStateStore:
         self._factory = factory
         self._clock = clock
         self._path = data_dir / STATE_FILE
+        self._swept = False  # the stale temporaries, once per process (under the lock)
 
     @property
     def description(self) -> str:
@@ -197,6 +211,7 @@ class LocalAuthorityStateStore:
             return "<absent>"
 
     def read(self) -> AuthorityState:
+        check_state_files(self.data_dir)
         try:
             return decode_state(self._path.read_bytes(), str(self._path))
         except FileNotFoundError:
@@ -204,15 +219,17 @@ class LocalAuthorityStateStore:
 
     def transact(self, change: StateChange) -> AuthorityState:
         with data_dir_lock(self.data_dir):
+            check_state_files(self.data_dir)
+            if not self._swept:
+                sweep_stale_temporaries(self.data_dir, self._clock.now().timestamp())
+                self._swept = True
             current, created = self._load_locked()
             updated = change(current)
-            if updated is None and not created:
-                self._write_compat(current)
-                return current
-            final = updated or current
+            final = current if updated is None else updated
             with writing_to_data_dir("the authority state (root keys)", self._path):
-                atomic_write(self._path, encode_state(final), mode=0o600)
-                self._write_compat(final)
+                if updated is not None or created:
+                    atomic_write(self._path, encode_state(final), mode=0o600)
+                write_derived_files(self.data_dir, final)
             return final
 
     def _load_locked(self) -> tuple[AuthorityState, bool]:
@@ -241,12 +258,26 @@ class LocalAuthorityStateStore:
         log.info("generating the first authority in %s", self.data_dir)
         return self._factory.first_state(self._clock.now()), True
 
-    def _write_compat(self, state: AuthorityState) -> None:
-        """`ca-cert.pem`/`ca-key.pem` = the active authority (Istio's self-signed layout)."""
-        active = state.active
-        cert_pem = cert_to_pem(active.cert).encode()
-        cert_path = self.data_dir / LEGACY_CERT
-        if cert_path.exists() and cert_path.read_bytes() == cert_pem:
+
+def write_derived_files(data_dir: Path, state: AuthorityState) -> None:
+    """Every file derived from the authority state, rewritten where it differs (so a poll that
+    finds them right writes nothing): `ca-key.pem` + `ca-cert.pem`, the active authority in
+    Istio's self-signed layout, and `root-cert.pem`, the trust bundle workloads verify with,
+    after the taint notice beside it (`meshca.taint_notice`: a reader never sees a bundle newer
+    than the taints that came with it, and `meshca authority taint` reaches agents at once).
+    The one place that writes them, so a file added beside them is added here."""
+    active = state.active
+    _write_if_changed(data_dir / LEGACY_KEY, private_key_to_pem(active.key), mode=0o600)
+    _write_if_changed(data_dir / LEGACY_CERT, cert_to_pem(active.cert).encode())
+    notice = encode_taint_notice(state.tainted_since()) + "\n"
+    _write_if_changed(data_dir / TAINT_NOTICE_NAME, notice.encode())
+    _write_if_changed(data_dir / ROOT_CERT_FILE, certs_to_pem(state.bundle).encode())
+
+
+def _write_if_changed(path: Path, data: bytes, mode: int = 0o644) -> None:
+    try:
+        if path.read_bytes() == data:
             return
-        atomic_write(self.data_dir / LEGACY_KEY, private_key_to_pem(active.key), mode=0o600)
-        atomic_write(cert_path, cert_pem)
+    except FileNotFoundError:
+        pass
+    atomic_write(path, data, mode=mode)

@@ -54,7 +54,7 @@ from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_s
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics, retire_series
-from ca_server.root_store import publish_root_bundle
+from ca_server.root_store import CaSetupError, publish_root_bundle
 from ca_server.signer import IssuedCertificate, LocalSigner
 from ca_server.ttl import Validity
 from certs import PublicKey, SigningAuthority, SpiffeId
@@ -264,7 +264,7 @@ class AuthorityRotator:
     async def run(self) -> None:
         """Runs until cancelled; a failing round is logged and retried, never ends the loop
         (the CA keeps signing with the authority it has)."""
-        seen = ""
+        seen = refused = ""
         while True:
             await self._clock.sleep(self._sleep_seconds())
             try:
@@ -278,6 +278,13 @@ class AuthorityRotator:
                     self._gauges.update(self.signer.state, self.ledger.live(self._clock.now()))
                 await asyncio.to_thread(self._save_ledger)
                 await asyncio.to_thread(self._refresh_report)
+                refused = ""
+            except CaSetupError as exc:
+                # Unusable or untrustworthy state (e.g. a data directory others may write): one
+                # line per distinct refusal, not a traceback every poll.
+                if str(exc) != refused:
+                    log.error("keeping the current authority: refusing to load it: %s", exc)
+                refused = str(exc)
             except Exception:
                 log.exception(
                     "keeping the current authority: updating from %s failed; retrying",

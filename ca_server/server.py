@@ -37,6 +37,7 @@ from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificate
 from ca_server.authority_report import AuthorityReport, report_section
 from ca_server.authority_setup import record_expiry, set_up_authority
 from ca_server.config import CaConfig
+from ca_server.data_dir_guard import check_data_dir
 from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
@@ -48,6 +49,7 @@ from ca_server.plugged_rotation import (
     audit_refusal,
     audit_reload,
 )
+from ca_server.readiness import SigningReadiness
 from ca_server.report_service import SERVICE_NAME as REPORT_SERVICE_NAME
 from ca_server.report_service import (
     AgentReportService,
@@ -89,6 +91,12 @@ def authority_source_for(
     """Plugged-in CA when `--cacerts-dir` holds a complete layout; else `None`: self-signed
     authority slots (see `ca_server.authority_setup`)."""
     if config.cacerts_dir is not None:
+        if not config.cacerts_dir.is_dir():
+            what = "is not a directory" if config.cacerts_dir.exists() else "does not exist"
+            raise CaSetupError(
+                f"--cacerts-dir {config.cacerts_dir} {what}: give the directory holding the "
+                "plugged-in CA's files, or leave the flag out for a self-signed root"
+            )
         plugged = detect_plugged_ca(config.cacerts_dir)
         if plugged is not None:
             return plugged
@@ -132,7 +140,15 @@ def impersonation_policy_for(kube: KubernetesMode | None) -> ImpersonationPolicy
 
 @dataclass
 class CaState:
+    signing: SigningReadiness
     ready: bool = False
+
+    def readiness(self) -> tuple[int, str]:
+        """`/ready`: 200 once serving, while the signing chain is valid; else 503 and why."""
+        if not self.ready:
+            return 503, "starting\n"
+        problem = self.signing.problem()
+        return (503, f"not ready: {problem}\n") if problem else (200, "ready\n")
 
 
 async def watch_authority(
@@ -212,6 +228,7 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     clock = clock or SystemClock()
     if config.worker is not None:
         die_with_parent()
+    check_data_dir(config.data_dir)  # before anything there is trusted or written
     ensure_dir(config.data_dir)
     metrics = CaMetrics()
     kube = KubernetesMode(config, config.kube, metrics, clock) if config.kube is not None else None
@@ -232,7 +249,7 @@ async def _serve(
         await kube.start(authority, tainted_since_for(signer))
 
     started = clock.now()
-    state = CaState()
+    state = CaState(signing=SigningReadiness(lambda: signer.authority, clock))
     admission = Admission(config.admission, clock.monotonic)  # one policy: CSRs, then reports
     service = CertificateService(
         authenticators=build_authenticators(config, signer, clock, kube),
@@ -293,7 +310,9 @@ async def _serve(
         publishing = asyncio.create_task(publisher.run())
     state.ready = True
     if config.worker is not None:
-        atomic_write(config.worker.ready_file, f"{os.getpid()}\n".encode())
+        ready_file = config.worker.ready_file
+        atomic_write(ready_file, ready_file_text(None))
+        state.signing.on_change = lambda problem: atomic_write(ready_file, ready_file_text(problem))
     log.info(
         "CA serving on %s%s; monitoring on %s",
         config.listen,
@@ -301,6 +320,7 @@ async def _serve(
         config.monitoring_listen,
     )
     on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
+    validity = asyncio.create_task(state.signing.watch(config.plugged_ca_poll_interval))
     if setup.rotator is not None:
         setup.rotator.on_change = on_reload
         watcher = asyncio.create_task(setup.rotator.run())
@@ -313,6 +333,7 @@ async def _serve(
         await stop.wait()
     finally:
         log.info("shutting down")
+        await cancel_and_wait(validity)  # before the ready file goes: it may rewrite it
         state.ready = False
         if config.worker is not None:
             config.worker.ready_file.unlink(missing_ok=True)
@@ -324,6 +345,11 @@ async def _serve(
         await server.stop(config.shutdown_grace.total_seconds())
         if monitoring is not None:
             monitoring.stop()
+
+
+def ready_file_text(problem: str | None) -> bytes:
+    """A worker's ready file: its pid, then why it is not ready (read by `workers._Slot`)."""
+    return f"{os.getpid()}\n{f'not ready: {problem}' if problem else ''}\n".encode()
 
 
 def server_options(config: CaConfig) -> list[tuple[str, int]]:
@@ -353,7 +379,7 @@ def _monitoring(
         {
             "/metrics": metrics_route(metrics.registry),
             "/healthz": lambda: text(200, "ok\n"),
-            "/ready": lambda: text(200, "ready\n") if state.ready else text(503, "starting\n"),
+            "/ready": lambda: text(*state.readiness()),
             "/debug/ca": lambda: json_response(
                 ca_document(
                     signer.authority, metrics.leaves, started, clock.now(), report_section(report)

@@ -155,6 +155,15 @@ class _Slot:
     def ready(self) -> bool:
         return self.alive() and self.ready_file.exists()
 
+    def not_ready_reason(self) -> str | None:
+        """The `not ready: ...` line a serving worker wrote in its ready file (its signing
+        chain expired or not valid yet: `ca_server.readiness`), if any."""
+        try:
+            lines = self.ready_file.read_text().splitlines()
+        except OSError:
+            return None
+        return next((line for line in lines if line.startswith("not ready: ")), None)
+
     @property
     def status_file(self) -> Path:
         return WorkerRole(self.index, self.ready_file).status_file
@@ -196,6 +205,16 @@ class WorkerSupervisor:
     def ready(self) -> bool:
         return all(slot.ready() for slot in self._slots)
 
+    def readiness(self) -> Response:
+        """`/ready`: 200 once every worker serves with a valid signing chain; else 503, why."""
+        if not self.ready():
+            return text(503, "starting\n")
+        for slot in self._slots:
+            reason = slot.not_ready_reason()
+            if reason is not None:
+                return text(503, f"{reason}\n")
+        return text(200, "ready\n")
+
     def debug_ca(self) -> Response:
         """The single CA's `/debug/ca` document over the live workers' published parts."""
         parts = [slot.status_file for slot in self._slots if slot.alive()]
@@ -215,9 +234,7 @@ class WorkerSupervisor:
                 {
                     "/metrics": metrics_route(aggregated_registry(self._metrics_dir)),
                     "/healthz": lambda: text(200, "ok\n"),
-                    "/ready": lambda: (
-                        text(200, "ready\n") if self.ready() else text(503, "starting\n")
-                    ),
+                    "/ready": self.readiness,
                     "/debug/ca": self.debug_ca,
                 },
             )

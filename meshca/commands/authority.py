@@ -13,6 +13,7 @@ import json
 import sys
 from datetime import UTC, datetime, timedelta
 
+from ca_server.authority_fitness import longest_leaf, refuse_short_lifetime, refuse_unfit
 from ca_server.authority_report import fleet_coverage, show_document
 from ca_server.authority_slots import AuthorityCommandError, AuthorityState, Phase
 from ca_server.authority_state import AuthorityStateStore, SlotFactory
@@ -53,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="prepare: lifetime of the new authority (default: the active one's)",
     )
+    parser.add_argument(
+        "--max-workload-cert-ttl",
+        default=None,
+        help="prepare/activate: the CA's --max-workload-cert-ttl, if not the default 90d (an "
+        "authority must outlive the longest workload certificate: docs/rotate-the-ca.md)",
+    )
     parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
     parser.add_argument(
         "--force",
@@ -67,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     name = f"meshca authority {args.verb}"
     try:
         spec = KeySpec.parse(args.root_key)
-        lifetime = parse_duration(args.root_ttl) if args.root_ttl else None
+        lifetime = parse_duration(args.root_ttl) if args.root_ttl is not None else None
+        max_ttl = _max_workload_ttl(args.max_workload_cert_ttl)
     except (CertsError, ValueError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
@@ -81,10 +89,12 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             if args.verb == "show":
                 state = target.store.read()
+                if args.id is not None:
+                    state = state.only(args.id)
             else:
                 if args.verb == "revoke" and not args.force:
                     _refuse_revoke_while_served(args.id, target, name)
-                state = _change(args, target.store, factory, lifetime, name)
+                state = _change(args, target.store, factory, lifetime, max_ttl, name)
             live = read_live_leaves(target.ledgers, name)
             agents = fleet_coverage(state, read_fleet(target.ledgers, name))
     except AuthorityCommandError as exc:
@@ -96,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
     shown = show_document(state, live, agents)
     print(json.dumps(shown, indent=2) if args.output == "json" else render_authorities(shown))
     return 0
+
+
+def _max_workload_ttl(text: str | None) -> timedelta | None:
+    if text is None:
+        return None
+    value = parse_duration(text)
+    if value <= timedelta(0):
+        raise ValueError(f"--max-workload-cert-ttl {text!r} must be longer than 0s (the CA's)")
+    return value
 
 
 def _refuse_revoke_while_served(ident: str | None, target: Target, name: str) -> None:
@@ -128,6 +147,7 @@ def _change(
     store: AuthorityStateStore,
     factory: SlotFactory,
     lifetime: timedelta | None,
+    max_ttl: timedelta | None,
     name: str,
 ) -> AuthorityState:
     now = datetime.now(UTC)
@@ -136,11 +156,14 @@ def _change(
     def change(state: AuthorityState) -> AuthorityState:
         before[:] = [state]
         if args.verb == "prepare":
-            life = lifetime or state.active.lifetime
+            life = lifetime if lifetime is not None else state.active.lifetime
+            refuse_short_lifetime(life, longest_leaf(state, max_ttl))
             maker = SlotFactory(factory.key_spec, factory.trust_domain, life)
             return state.prepare(lambda: maker.new(now, Phase.PREPARED), now, "operator")
         if args.verb == "activate":
-            return state.activate(args.id, now, "operator")
+            activated = state.activate(args.id, now, "operator")
+            refuse_unfit(activated.active, now, longest_leaf(state, max_ttl))
+            return activated
         if args.id is None:
             raise AuthorityCommandError(f"`{name}` needs the authority ID (see `show`)")
         if args.verb == "taint":

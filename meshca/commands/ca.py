@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ca_server.cpu_scheduling import apply_cpu_scheduling
+    from ca_server.data_dir_guard import check_data_dir
     from ca_server.root_store import CaSetupError
     from ca_server.server import run_ca
     from ca_server.workers import WorkerSupervisor, default_worker_count, worker_argv
@@ -26,6 +27,11 @@ def run(args: argparse.Namespace) -> int:
         config = CaConfig.from_args(args, os.environ)
     except ConfigError as exc:
         print(f"meshca ca: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_data_dir(config.data_dir)  # workers check again; the supervisor writes nothing
+    except CaSetupError as exc:
+        print(f"meshca ca: cannot start: {exc}", file=sys.stderr)
         return 2
     # Before any thread or worker exists: they inherit it (`ca_server.cpu_scheduling`).
     apply_cpu_scheduling(config.cpu_scheduling)

@@ -203,7 +203,7 @@ def test_ca_deployment_probes_and_ports() -> None:
     args = container["args"]
     assert args[0] == "ca"
     for flag in (
-        "--data-dir=/var/lib/meshca",
+        "--data-dir=/var/lib/meshca/ca",  # inside the emptyDir: its mount point is 0777
         "--listen=0.0.0.0:15012",
         "--monitoring-listen=0.0.0.0:15014",
         "--namespace=$(POD_NAMESPACE)",

@@ -1,0 +1,72 @@
+"""`ca_server.data_dir_guard` on its own: the file names it checks are the ones the CA writes,
+a symlink is judged by what it points at, and the sweep spares a write that may be in progress.
+(The refusals as an operator meets them: tests/hostile/test_operator_surface.py.)"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ca_server import dev_issuer
+from ca_server.authority_state import LEGACY_CERT, LEGACY_KEY, STATE_FILE
+from ca_server.data_dir_guard import (
+    LOCKED_FILES,
+    TRUSTED_FILES,
+    UNLOCKED_STALE_AFTER,
+    DataDirPermissionError,
+    check_data_dir,
+    check_state_files,
+    sweep_stale_temporaries,
+)
+from ca_server.root_store import ROOT_CERT_FILE
+
+
+def test_the_checked_names_are_the_files_the_ca_writes() -> None:
+    issuer = f"{dev_issuer._DIR}/{dev_issuer._KEY}"
+    jwks = f"{dev_issuer._DIR}/{dev_issuer._JWKS}"
+    assert set(LOCKED_FILES) == {STATE_FILE, LEGACY_KEY, LEGACY_CERT, issuer, jwks}
+    assert {ROOT_CERT_FILE, ".lock"} <= set(TRUSTED_FILES)
+
+
+def test_a_private_directory_passes_and_a_missing_one_is_left_to_be_created(tmp_path: Path):
+    data_dir = tmp_path / "data"
+    check_data_dir(data_dir)  # not there yet: `meshca ca` creates it, mode 0700
+    data_dir.mkdir(mode=0o700)
+    (data_dir / STATE_FILE).write_text("{}")
+    os.chmod(data_dir / STATE_FILE, 0o600)
+    check_data_dir(data_dir)
+    check_state_files(data_dir)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a file to another uid")
+def test_a_symlink_is_judged_by_the_file_it_points_at(tmp_path: Path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o700)
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text("{}")
+    os.chown(theirs, 65534, 65534)
+    (data_dir / STATE_FILE).symlink_to(theirs)
+    with pytest.raises(DataDirPermissionError, match="is owned by uid 65534"):
+        check_state_files(data_dir)
+
+
+def test_the_sweep_spares_a_young_root_bundle_temporary(tmp_path: Path):
+    """`root-cert.pem` is also written without the lock: a young leftover may be a write in
+    progress in another process; the locked files' leftovers go at once."""
+    (tmp_path / "dev-issuer").mkdir()
+    state_tmp = tmp_path / ".authorities.json.abc123.tmp"
+    issuer_tmp = tmp_path / "dev-issuer" / ".signing-key.pem.def456.tmp"
+    young_root, old_root = (
+        tmp_path / ".root-cert.pem.young.tmp",
+        tmp_path / ".root-cert.pem.old.tmp",
+    )
+    for path in (state_tmp, issuer_tmp, young_root, old_root):
+        path.write_text("x")
+    aged = time.time() - UNLOCKED_STALE_AFTER - 1
+    os.utime(old_root, (aged, aged))
+    removed = sweep_stale_temporaries(tmp_path, time.time())
+    assert set(removed) == {state_tmp, issuer_tmp, old_root}
+    assert young_root.exists() and not state_tmp.exists()
