@@ -30,6 +30,7 @@ from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.replica_reports import ConfigMapLedgerSink
+from ca_server.kube.report_pods import InformerPodWatch
 from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.service_account_cache import ServiceAccountCache
@@ -94,7 +95,16 @@ class KubernetesMode:
 
     def ledger_sink(self, instance: str) -> ConfigMapLedgerSink:
         """This replica's leaf-ledger report, a ConfigMap in the CA's namespace."""
-        return ConfigMapLedgerSink(self.clients.local, self.kube.namespace, instance)
+        return ConfigMapLedgerSink(
+            self.clients.local, self.kube.namespace, instance, pods=self.report_pods()
+        )
+
+    def report_pods(self) -> InformerPodWatch | None:
+        """Whether a report's pod still exists (`ca_server.kube.report_pods`); `None` without
+        a pod informer (TokenReview without node agents): reports then live until they expire."""
+        if self._pods is None:
+            return None
+        return InformerPodWatch(self._pods, self.kube.cluster_id)
 
     def token_review_authenticator(self) -> TokenReviewAuthenticator:
         return TokenReviewAuthenticator(

@@ -3,7 +3,8 @@
 `meshca-ca-replica-<instance>` (label `app.kubernetes.io/component: meshca-ca-replica`) holds
 what only that replica knows and everybody needs summed: today `leaves.json`, its leaf ledger
 (live leaves signed per authority, see `ca_server.leaf_ledger`), and `agents.json`, the agent
-reports it received (`ca_server.agent_reports`). One writer per object, so writes need no
+reports it received (`ca_server.agent_reports`, republished at least every `REPUBLISH_EVERY`
+so readers can tell a live replica from a gone one). One writer per object, so writes need no
 resourceVersion; readers (`meshca authority show`, the other replicas) list by label and sum.
 A replica sweeps the spent reports of replicas that are gone (every leaf and agent report
 expired), so pod churn does not pile objects up.
@@ -22,7 +23,7 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.agent_reports import FleetReports, merge_snapshots
+from ca_server.agent_reports import FleetReports, PodWatch, merge_snapshots
 from ca_server.agent_reports import is_spent as agents_spent
 from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
 
@@ -48,13 +49,21 @@ def report_name(instance: str) -> str:
 
 
 class ConfigMapLedgerSink:
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, instance: str) -> None:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        namespace: str,
+        instance: str,
+        pods: PodWatch | None = None,
+    ) -> None:
         self._core = kubernetes.client.CoreV1Api(api)
         self._namespace = namespace
         self._name = report_name(instance)
+        self._pods = pods  # drops every replica's reports of pods that are gone
 
     def save(self, ledger: LeafLedger, now: datetime) -> None:
-        if not (ledger.changed or ledger.agents.changed):
+        ledger.agents.prune(now)
+        if not (ledger.changed or ledger.agents.due(now)):
             return
         body = kubernetes.client.V1ConfigMap(
             api_version="v1",
@@ -117,10 +126,13 @@ class ConfigMapLedgerSink:
 
     def agents(self, now: datetime) -> FleetReports:
         where = f"ConfigMap {self._namespace}/"
-        return merge_snapshots(((where + name, text) for name, _, text in self._reports()), now)
+        return merge_snapshots(
+            ((where + name, text) for name, _, text in self._reports()), now, self._pods
+        )
 
     def figures(self, now: datetime) -> tuple[dict[str, int], FleetReports]:
         where = f"ConfigMap {self._namespace}/"
         reports = self._reports()
         live = sum_snapshots(((where + name, text) for name, text, _ in reports), now)
-        return live, merge_snapshots(((where + name, text) for name, _, text in reports), now)
+        agents = ((where + name, text) for name, _, text in reports)
+        return live, merge_snapshots(agents, now, self._pods)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from ca_server.kube.replica_reports import ConfigMapLedgerSink
 from ca_server.leaf_ledger import LeafLedger
 from tests.k8s.conftest import CA_NAMESPACE
+from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer
 
 
@@ -17,7 +18,9 @@ def test_a_round_reads_leaves_and_agents_with_one_list_call(kube_api: KubeApiSer
         ledger = LeafLedger()
         for _ in range(leaves):
             ledger.record("aa" * 20, now + timedelta(hours=1), now)
-        ledger.agents.record_periodic(f"agent-{replica}", "ab" * 32, ["aa" * 20], now)
+        ledger.agents.record_report(
+            pod_caller(f"agent-{replica}"), "agent", "ab" * 32, ["aa" * 20], now
+        )
         ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, replica).save(ledger, now)
     sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "reader")
 
@@ -26,4 +29,4 @@ def test_a_round_reads_leaves_and_agents_with_one_list_call(kube_api: KubeApiSer
     assert kube_api.count("list", "configmaps") == before + 1
     assert live == sink.live(now) == {"aa" * 20: 5}
     assert fleet == sink.agents(now)
-    assert set(fleet.bundles) == {"agent-ca-0", "agent-ca-1"}
+    assert {e.pod for e in fleet.entries.values()} == {"default/agent-ca-0", "default/agent-ca-1"}

@@ -14,6 +14,7 @@ from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, Slot
 from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
+from tests.support.agent_reports import pod_caller
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 
 FIELDS = {
@@ -27,6 +28,7 @@ FIELDS = {
     "agents_trusting",
     "agents_reporting",
     "agents_serving",
+    "agents_unseen",
 }
 
 
@@ -113,7 +115,9 @@ def test_forced_rotation_prepare_activate_taint_revoke(tmp_path: Path):
     # An agent reports it still serves a leaf of the tainted one: revoke would break it.
     def agent_serving(authority: str) -> None:
         ledger = LeafLedger()
-        ledger.agents.record_periodic("pod-1", "ab" * 32, [authority], datetime.now(UTC))
+        ledger.agents.record_report(
+            pod_caller("pod-1"), "agent", "ab" * 32, [authority], datetime.now(UTC)
+        )
         DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
 
     agent_serving(first)
@@ -137,7 +141,7 @@ def test_revoke_force_overrides_agents_still_serving(tmp_path: Path):
     assert run(tmp_path, "activate", prepared).returncode == 0
     assert run(tmp_path, "taint", first).returncode == 0
     ledger = LeafLedger()
-    ledger.agents.record_periodic("pod-1", "ab" * 32, [first], datetime.now(UTC))
+    ledger.agents.record_report(pod_caller("pod-1"), "agent", "ab" * 32, [first], datetime.now(UTC))
     DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
     assert run(tmp_path, "revoke", first).returncode == 3
     forced = run(tmp_path, "revoke", first, "--force")
