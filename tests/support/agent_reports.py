@@ -29,13 +29,14 @@ def reporting_csr(
     headers: Sequence[tuple[str, str]],
     account: str = "sleep",
     token: str | None = None,
+    namespace: str = "default",
 ) -> str:
     """One `CreateCertificate` for `default/account` with `headers` (none: an Istio-style
     caller, counted as unknown); raises `grpc.RpcError` if refused. Without `token`, a fresh
     one — a new pod as far as reports go; returns the token, to report again as that pod."""
-    token = token or ca.mint_token("default", account)
+    token = token or ca.mint_token(namespace, account)
     with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
-        csr = build_csr(generate_private_key(), SpiffeId("cluster.local", "default", account))
+        csr = build_csr(generate_private_key(), SpiffeId("cluster.local", namespace, account))
         create_certificate(stub, csr, token=token, headers=headers)
     return token
 
