@@ -130,14 +130,14 @@ def test_one_token_cannot_block_a_revoke_or_zero_another_pods_serving(tmp_path: 
             # A refused CSR (an identity the token does not hold) records nothing.
             before = _figures(ca)
             identity = SpiffeId("cluster.local", "shop", "web")
-            with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
-                with pytest.raises(grpc.RpcError):
-                    create_certificate(
-                        stub,
-                        build_csr(generate_private_key(), identity),
-                        token=evil["evil-2"],
-                        headers=report_headers("legit-0", "00" * 32, old),
-                    )
+            roots_pem = ca.root_cert_path.read_bytes()
+            with ca_stub(ca.addr, roots_pem) as stub, pytest.raises(grpc.RpcError):
+                create_certificate(
+                    stub,
+                    build_csr(generate_private_key(), identity),
+                    token=evil["evil-2"],
+                    headers=report_headers("legit-0", "00" * 32, old),
+                )
 
             def legit_0_reported() -> str:
                 serving = _show(ca, new, "--agents")["agents"]["authorities"][0]["serving"]
