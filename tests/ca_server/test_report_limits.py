@@ -39,9 +39,9 @@ class _PodToken:
 
 
 @pytest.fixture
-def validated(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def validated(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str | None]]:
     """Every value the report code matches against a pattern, in order."""
-    seen: list[str] = []
+    seen: list[str | None] = []
     real = agent_reports.valid
 
     def counting(value: str | None, pattern: re.Pattern[str], longest: int) -> str | None:
@@ -107,7 +107,7 @@ def _request(
     ],
 )
 def test_an_oversized_report_is_refused_before_any_value_is_matched(
-    payload: bytes, validated: list[str]
+    payload: bytes, validated: list[str | None]
 ) -> None:
     reports = AgentReports()
     assert asyncio.run(_send(reports, payload)) == grpc.StatusCode.INVALID_ARGUMENT
@@ -116,7 +116,7 @@ def test_an_oversized_report_is_refused_before_any_value_is_matched(
 
 
 def test_the_largest_valid_report_is_recorded_and_its_values_are_checked(
-    validated: list[str],
+    validated: list[str | None],
 ) -> None:
     """The counter is live: an accepted report's values are matched (so the test above could
     fail), and one at the caps fits the byte limit with room to spare."""
