@@ -51,6 +51,7 @@ entry's label (a restart, or one token sending made-up agent ids), so an outlier
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -395,6 +396,95 @@ class AgentReports:
         }
         return json.dumps(snapshot, sort_keys=True)
 
+    def snapshot_shards(self, now: datetime, shard_bytes: int, max_shards: int = 64) -> list[Shard]:
+        """The same entries as `snapshot_json`, split by a stable hash of the pod key into as
+        many shards (a power of two, at most `max_shards`) as it takes for each to fit in
+        `shard_bytes` (a Kubernetes object holds 1 MiB). An entry stays in its shard while the
+        fleet size keeps the shard count (and moves to one of two when it doubles). Shard 0
+        also carries the unknown identities, the callers and the dropped count; beyond
+        `max_shards` full shards the most recently refreshed entries are kept and the rest
+        counted as dropped (unseen). Clears `changed`."""
+        cutoff = now.timestamp()
+        with self._lock:
+            self.changed = False
+            self._published = cutoff
+            agents = [(key, e) for key, e in reversed(self._agents.items()) if e.until > cutoff]
+            unknown = {c: round(u, 3) for c, u in self._unknown.items() if u > cutoff}
+            evicted = sum(1 for u in self._evicted.values() if u > cutoff)
+            callers = sorted(self._callers.items(), key=lambda item: -item[1][0])
+        sizes = [_ENTRY_OVERHEAD + _entry_size(key, e) for key, e in agents]
+        wanted = -(-sum(sizes) * 5 // 4 // max(1, shard_bytes))  # a quarter spare for skew
+        count = 1
+        while count < min(wanted, max_shards):
+            count *= 2
+        buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
+        used = [0] * count
+        dropped = evicted
+        for (key, e), size in zip(agents, sizes, strict=True):
+            index = shard_of(key, count)
+            if used[index] + size > shard_bytes:
+                dropped += 1
+                continue
+            used[index] += size
+            buckets[index][key] = [
+                e.identity,
+                e.label,
+                e.bundle,
+                e.authority,
+                e.node,
+                e.refreshed,
+                e.until,
+            ]
+        kept_callers, _ = _within([(i, list(c)) for i, c in callers], shard_bytes // 8)
+        shards = []
+        for index, bucket in enumerate(buckets):
+            first = index == 0
+            body = {
+                "format": SNAPSHOT_FORMAT,
+                "published": cutoff,
+                "shard": [index, count],
+                "agents": bucket,
+                "unknown": unknown if first else {},
+                "dropped": dropped if first else 0,
+                "callers": dict(kept_callers) if first else {},
+            }
+            decision = hashlib.sha256(
+                json.dumps(
+                    [
+                        sorted((k, v[:5]) for k, v in bucket.items()),
+                        sorted(unknown) if first else [],
+                        dropped if first else 0,
+                    ]
+                ).encode()
+            ).hexdigest()
+            shards.append(Shard(index, json.dumps(body, sort_keys=True), decision))
+        return shards
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    text: str  # a complete snapshot (`merge_snapshots` reads shards like any snapshot)
+    # A digest of what decisions read (who, which bundle and leaves; not the refresh times), so
+    # a sink can rewrite an unchanged shard only when it is due for republication.
+    decision: str
+
+
+_ENTRY_OVERHEAD = 40  # JSON punctuation and the two timestamps
+
+
+def _entry_size(key: str, e: AgentEntry) -> int:
+    return (
+        len(key)
+        + len(e.identity)
+        + sum(len(v) for v in (e.label, e.bundle, e.authority, e.node) if v)
+    )
+
+
+def shard_of(key: str, count: int) -> int:
+    """The stable shard of a pod key among `count` (a power of two)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % count
+
 
 def _within(
     entries: list[tuple[str, Any]], budget: int | None
@@ -451,74 +541,133 @@ class FleetReports:
         return {key: entry.leaves for key, entry in self.entries.items()}
 
 
-def _snapshot_entries(snapshot: dict[str, Any]) -> Iterable[tuple[str, list[Any]]]:
+@dataclass(frozen=True)
+class ParsedSnapshot:
+    """One published snapshot, parsed once (`SnapshotCache`)."""
+
+    published: float
+    entries: tuple[tuple[FleetEntry, float], ...]  # (entry, until)
+    unknown: tuple[tuple[str, float], ...]
+    dropped: int
+    callers: tuple[tuple[str, int, int], ...]
+
+
+class LegacySnapshot(ValueError):
+    """A snapshot of an older CA version (keyed on caller-chosen ids): never counted."""
+
+
+def parse_snapshot(text: str) -> ParsedSnapshot:
+    """Raises `ValueError`/`TypeError`/`KeyError` for an unreadable snapshot, `LegacySnapshot`
+    for an old one."""
+    snapshot = json.loads(text)
+    if not isinstance(snapshot, dict):
+        raise TypeError("not a JSON object")
+    if snapshot.get("format") != SNAPSHOT_FORMAT:
+        raise LegacySnapshot("an older format")
     agents = snapshot.get("agents", {})
     if not isinstance(agents, dict):
         raise TypeError("agents is not an object")
-    return agents.items()
+    entries = []
+    for key, (identity, label, bundle, authority, node, refreshed, until) in agents.items():
+        entry = FleetEntry(
+            str(key),
+            str(identity),
+            label if isinstance(label, str) else None,
+            bundle if isinstance(bundle, str) else None,
+            frozenset(filter(None, (authority or "").split(","))),
+            node if isinstance(node, str) else None,
+            float(refreshed),
+        )
+        entries.append((entry, float(until)))
+    return ParsedSnapshot(
+        float(snapshot["published"]),
+        tuple(entries),
+        tuple((str(c), float(u)) for c, u in snapshot.get("unknown", {}).items()),
+        int(snapshot.get("dropped", 0)),
+        tuple(
+            (str(identity), int(reports), int(relabels))
+            for identity, (reports, relabels) in snapshot.get("callers", {}).items()
+        ),
+    )
+
+
+class SnapshotCache:
+    """Parsed snapshots by where they were read and a digest of their text, so a reader that
+    merges every round parses only what changed since the last one (a snapshot of 10,000
+    entries costs one SHA-256 of its text when it did not change). Bounded: entries not seen
+    in the last merge are forgotten."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, tuple[bytes, ParsedSnapshot | Exception]] = {}
+        self._lock = threading.Lock()
+
+    def parse(self, where: str, text: str) -> ParsedSnapshot:
+        digest = hashlib.sha256(text.encode()).digest()
+        with self._lock:
+            cached = self._parsed.get(where)
+        if cached is not None and cached[0] == digest:
+            result = cached[1]
+        else:
+            try:
+                result = parse_snapshot(text)
+            except (ValueError, AttributeError, TypeError, KeyError) as exc:
+                result = exc
+            with self._lock:
+                self._parsed[where] = (digest, result)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def keep_only(self, wheres: set[str]) -> None:
+        with self._lock:
+            for where in [w for w in self._parsed if w not in wheres]:
+                del self._parsed[where]
 
 
 def merge_snapshots(
-    snapshots: Iterable[tuple[str, str]], now: datetime, pods: PodWatch | None = None
+    snapshots: Iterable[tuple[str, str]],
+    now: datetime,
+    pods: PodWatch | None = None,
+    cache: SnapshotCache | None = None,
 ) -> FleetReports:
     """Merges `(where, snapshot JSON)` pairs, the most recently refreshed entry per pod
     winning, without the entries of pods `pods` says are gone. An unreadable snapshot is
     counted (and warned about, naming `where`); a stale or old-format one is left out."""
     cutoff = now.timestamp()
+    stale_before = cutoff - STALE_AFTER.total_seconds()
+    cache = cache if cache is not None else SnapshotCache()
     latest: dict[str, FleetEntry] = {}
     unknown: set[str] = set()
     callers: dict[str, list[int]] = {}
     dropped = unreadable = stale = 0
+    wheres: set[str] = set()
     for where, text in snapshots:
+        wheres.add(where)
         try:
-            snapshot = json.loads(text)
-            if not isinstance(snapshot, dict):
-                raise TypeError("not a JSON object")
-            if snapshot.get("format") != SNAPSHOT_FORMAT:
-                stale += 1  # an older CA version's: keyed on caller-chosen ids, not counted
-                continue
-            if float(snapshot["published"]) + STALE_AFTER.total_seconds() <= cutoff:
-                stale += 1
-                continue
-            found: list[FleetEntry] = []
-            for key, (
-                identity,
-                label,
-                bundle,
-                authority,
-                node,
-                refreshed,
-                until,
-            ) in _snapshot_entries(snapshot):
-                if float(until) <= cutoff:
-                    continue
-                found.append(
-                    FleetEntry(
-                        str(key),
-                        str(identity),
-                        label if isinstance(label, str) else None,
-                        bundle if isinstance(bundle, str) else None,
-                        frozenset(filter(None, (authority or "").split(","))),
-                        node if isinstance(node, str) else None,
-                        float(refreshed),
-                    )
-                )
-            seen_unknown = {str(c) for c, u in snapshot.get("unknown", {}).items() if u > cutoff}
-            counted = int(snapshot.get("dropped", 0))
-            for identity, (reports, relabels) in snapshot.get("callers", {}).items():
-                counts = callers.setdefault(str(identity), [0, 0])
-                counts[0] += int(reports)
-                counts[1] += int(relabels)
+            parsed = cache.parse(where, text)
+        except LegacySnapshot:
+            stale += 1
+            continue
         except (ValueError, AttributeError, TypeError, KeyError) as exc:
             log.warning("cannot read agent reports %s: %s", where, exc)
             unreadable += 1
             continue
-        dropped += counted
-        unknown |= seen_unknown
-        for entry in found:
+        if parsed.published <= stale_before:
+            stale += 1
+            continue
+        dropped += parsed.dropped
+        unknown.update(c for c, u in parsed.unknown if u > cutoff)
+        for identity, reports, relabels in parsed.callers:
+            counts = callers.setdefault(identity, [0, 0])
+            counts[0] += reports
+            counts[1] += relabels
+        for entry, until in parsed.entries:
+            if until <= cutoff:
+                continue
             current = latest.get(entry.key)
             if current is None or entry.refreshed > current.refreshed:
                 latest[entry.key] = entry
+    cache.keep_only(wheres)
     if pods is not None:
         for key in list(latest):
             instance = Instance.from_key(key)
