@@ -57,6 +57,7 @@ import json
 import logging
 import re
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -412,12 +413,23 @@ class AgentReports:
             unknown = {c: round(u, 3) for c, u in self._unknown.items() if u > cutoff}
             evicted = sum(1 for u in self._evicted.values() if u > cutoff)
             callers = sorted(self._callers.items(), key=lambda item: -item[1][0])
-        sizes = [_ENTRY_OVERHEAD + _entry_size(key, e) for key, e in agents]
+        sizes = [
+            _ENTRY_OVERHEAD
+            + len(key)
+            + len(e.identity)
+            + len(e.label or "")
+            + len(e.bundle or "")
+            + len(e.authority or "")
+            + len(e.node or "")
+            for key, e in agents
+        ]
         wanted = -(-sum(sizes) * 5 // 4 // max(1, shard_bytes))  # a quarter spare for skew
         count = 1
         while count < min(wanted, max_shards):
             count *= 2
         buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
+        # Per shard an order-independent digest of what decisions read (sum of entry hashes).
+        decisions = [0] * count
         used = [0] * count
         dropped = evicted
         for (key, e), size in zip(agents, sizes, strict=True):
@@ -426,16 +438,10 @@ class AgentReports:
                 dropped += 1
                 continue
             used[index] += size
-            buckets[index][key] = [
-                e.identity,
-                e.label,
-                e.bundle,
-                e.authority,
-                e.node,
-                e.refreshed,
-                e.until,
-            ]
-        kept_callers, _ = _within([(i, list(c)) for i, c in callers], shard_bytes // 8)
+            fields = [e.identity, e.label, e.bundle, e.authority, e.node]
+            decisions[index] = (decisions[index] + hash((key, *fields))) % _DIGEST_MODULUS
+            buckets[index][key] = [*fields, e.refreshed, e.until]
+        kept_callers = {i: list(c) for i, c in callers[:MAX_PUBLISHED_CALLERS]}
         shards = []
         for index, bucket in enumerate(buckets):
             first = index == 0
@@ -446,30 +452,32 @@ class AgentReports:
                 "agents": bucket,
                 "unknown": unknown if first else {},
                 "dropped": dropped if first else 0,
-                "callers": dict(kept_callers) if first else {},
+                "callers": kept_callers if first else {},
             }
-            decision = hashlib.sha256(
-                json.dumps(
-                    [
-                        sorted((k, v[:5]) for k, v in bucket.items()),
-                        sorted(unknown) if first else [],
-                        dropped if first else 0,
-                    ]
-                ).encode()
-            ).hexdigest()
-            shards.append(Shard(index, json.dumps(body, sort_keys=True), decision))
+            decision: tuple[int, ...] = (len(bucket), decisions[index])
+            if first:
+                decision += (hash(tuple(sorted(unknown))), dropped)
+            shards.append(Shard(index, body, str(decision)))
         return shards
 
 
 @dataclass(frozen=True)
 class Shard:
     index: int
-    text: str  # a complete snapshot (`merge_snapshots` reads shards like any snapshot)
+    body: dict[str, Any]  # a complete snapshot (`merge_snapshots` reads shards like any other)
     # A digest of what decisions read (who, which bundle and leaves; not the refresh times), so
-    # a sink can rewrite an unchanged shard only when it is due for republication.
+    # a sink can rewrite an unchanged shard only when it is due for republication. Built from
+    # `hash()`: comparable within one process only, which is all a sink needs.
     decision: str
 
+    @property
+    def text(self) -> str:
+        """The JSON to publish (made only for the shards that are written)."""
+        return json.dumps(self.body, sort_keys=True)
 
+
+_DIGEST_MODULUS = 2**64
+MAX_PUBLISHED_CALLERS = 200  # the top identities by reports, in shard 0
 _ENTRY_OVERHEAD = 40  # JSON punctuation and the two timestamps
 
 
@@ -482,8 +490,9 @@ def _entry_size(key: str, e: AgentEntry) -> int:
 
 
 def shard_of(key: str, count: int) -> int:
-    """The stable shard of a pod key among `count` (a power of two)."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % count
+    """The stable shard of a pod key among `count` (a power of two): CRC-32, the same in every
+    process and run."""
+    return zlib.crc32(key.encode()) % count
 
 
 def _within(

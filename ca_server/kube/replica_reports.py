@@ -19,9 +19,11 @@ call blocks only that thread. Failures are logged, never raised: a report is adv
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from datetime import datetime
+from typing import Any
 
 import kubernetes.client
 import urllib3.exceptions
@@ -75,6 +77,8 @@ class ConfigMapLedgerSink:
         self._pods = pods  # drops every replica's reports of pods that are gone
         self._cache = SnapshotCache()  # a merge parses only the shards that changed
         self._written: dict[str, tuple[str, float]] = {}  # shard name -> (decision, written)
+        self._shard_count = 0
+        self._next_sweep = 0.0
 
     def save(self, ledger: LeafLedger, now: datetime) -> None:
         """Publishes the shards that changed (what decisions read) or are due for
@@ -94,7 +98,10 @@ class ConfigMapLedgerSink:
                     data[LEAVES] = ledger.snapshot_json(now)
                 self._write(name, data)
                 self._written[name] = (shard.decision, now.timestamp())
-            self._sweep(now, len(shards))
+            if len(shards) != self._shard_count or now.timestamp() >= self._next_sweep:
+                self._sweep(now, len(shards))  # a list call: once a minute, or on a resize
+                self._shard_count = len(shards)
+                self._next_sweep = now.timestamp() + REPUBLISH_EVERY.total_seconds()
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             ledger.changed = ledger.agents.changed = True  # try again at the next poll
             self._written.clear()
@@ -164,19 +171,26 @@ class ConfigMapLedgerSink:
                     raise
 
     def _reports(self) -> list[tuple[str, str, str]]:
-        """(ConfigMap name, its `leaves.json`, its `agents.json`) of every replica's report."""
-        result = self._core.list_namespaced_config_map(
-            self._namespace, label_selector=SELECTOR, _request_timeout=_REQUEST_TIMEOUT
+        """(ConfigMap name, its `leaves.json`, its `agents.json`) of every replica's report.
+        The list is decoded as plain JSON, not into client model objects: with tens of shards
+        of ~700 KiB that is most of a round's cost."""
+        response: Any = self._core.list_namespaced_config_map(
+            self._namespace,
+            label_selector=SELECTOR,
+            _request_timeout=_REQUEST_TIMEOUT,
+            _preload_content=False,
         )
-        return [
-            (
-                str(item.metadata.name),
-                (item.data or {}).get(LEAVES, "{}"),
-                (item.data or {}).get(AGENTS, "{}"),
-            )
-            for item in result.items or []
-            if item.metadata is not None
-        ]
+        try:
+            listed = json.loads(response.data)
+        finally:
+            response.release_conn()
+        reports = []
+        for item in listed.get("items") or []:
+            name = (item.get("metadata") or {}).get("name")
+            data = item.get("data") or {}
+            if isinstance(name, str) and isinstance(data, dict):
+                reports.append((name, str(data.get(LEAVES, "{}")), str(data.get(AGENTS, "{}"))))
+        return reports
 
     def live(self, now: datetime) -> dict[str, int]:
         where = f"ConfigMap {self._namespace}/"
