@@ -51,10 +51,12 @@ entry's label (a restart, or one token sending made-up agent ids), so an outlier
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import logging
+import math
 import re
 import threading
 import zlib
@@ -609,8 +611,18 @@ class SnapshotCache:
     def __init__(self) -> None:
         self._parsed: dict[str, tuple[bytes, ParsedSnapshot | Exception]] = {}
         self._lock = threading.Lock()
+        # The last merge: what it read, its result, and until when that result holds.
+        self.merged: tuple[list[tuple[str, bytes]], FleetReports, float] | None = None
 
     def parse(self, where: str, text: str) -> ParsedSnapshot:
+        """`text` parsed (once per distinct text at `where`); raises what parsing raised."""
+        result = self.parse_with_digest(where, text)[1]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def parse_with_digest(self, where: str, text: str) -> tuple[bytes, ParsedSnapshot | Exception]:
+        """The digest of `text` and what it parses to (or the error it raises)."""
         digest = hashlib.sha256(text.encode()).digest()
         with self._lock:
             cached = self._parsed.get(where)
@@ -623,9 +635,7 @@ class SnapshotCache:
                 result = exc
             with self._lock:
                 self._parsed[where] = (digest, result)
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return digest, result
 
     def keep_only(self, wheres: set[str]) -> None:
         with self._lock:
@@ -643,29 +653,53 @@ def merge_snapshots(
     winning, without the entries of pods `pods` says are gone. An unreadable snapshot is
     counted (and warned about, naming `where`); a stale or old-format one is left out."""
     cutoff = now.timestamp()
-    stale_before = cutoff - STALE_AFTER.total_seconds()
     cache = cache if cache is not None else SnapshotCache()
+    parsed = [(where, *cache.parse_with_digest(where, text)) for where, text in snapshots]
+    signature = [(where, digest) for where, digest, _ in parsed]
+    merged = cache.merged
+    if merged is not None and merged[0] == signature and cutoff < merged[2]:
+        result = merged[1]  # nothing changed and nothing expired since: no merge
+    else:
+        result = _merge(parsed, cutoff, cache)
+    if pods is None:
+        return result
+    entries = {
+        key: entry
+        for key, entry in result.entries.items()
+        if (instance := Instance.from_key(key)) is None or pods.verdict(instance).live is not False
+    }
+    return dataclasses.replace(result, entries=entries)
+
+
+def _merge(
+    snapshots: list[tuple[str, bytes, ParsedSnapshot | Exception]],
+    cutoff: float,
+    cache: SnapshotCache,
+) -> FleetReports:
+    signature = [(where, digest) for where, digest, _ in snapshots]
+    stale_before = cutoff - STALE_AFTER.total_seconds()
+    holds_until = math.inf  # the soonest an entry expires or a snapshot turns stale
     latest: dict[str, FleetEntry] = {}
     unknown: set[str] = set()
     callers: dict[str, list[int]] = {}
     dropped = unreadable = stale = 0
     wheres: set[str] = set()
-    for where, text in snapshots:
+    for where, _digest, parsed in snapshots:
         wheres.add(where)
-        try:
-            parsed = cache.parse(where, text)
-        except LegacySnapshot:
+        if isinstance(parsed, LegacySnapshot):
             stale += 1
             continue
-        except (ValueError, AttributeError, TypeError, KeyError) as exc:
-            log.warning("cannot read agent reports %s: %s", where, exc)
+        if isinstance(parsed, Exception):
+            log.warning("cannot read agent reports %s: %s", where, parsed)
             unreadable += 1
             continue
         if parsed.published <= stale_before:
             stale += 1
             continue
+        holds_until = min(holds_until, parsed.published + STALE_AFTER.total_seconds())
         dropped += parsed.dropped
         unknown.update(c for c, u in parsed.unknown if u > cutoff)
+        holds_until = min([holds_until, *(u for _c, u in parsed.unknown if u > cutoff)])
         for identity, reports, relabels in parsed.callers:
             counts = callers.setdefault(identity, [0, 0])
             counts[0] += reports
@@ -673,16 +707,13 @@ def merge_snapshots(
         for entry, until in parsed.entries:
             if until <= cutoff:
                 continue
+            if until < holds_until:
+                holds_until = until
             current = latest.get(entry.key)
             if current is None or entry.refreshed > current.refreshed:
                 latest[entry.key] = entry
     cache.keep_only(wheres)
-    if pods is not None:
-        for key in list(latest):
-            instance = Instance.from_key(key)
-            if instance is not None and pods.verdict(instance).live is False:
-                del latest[key]
-    return FleetReports(
+    result = FleetReports(
         latest,
         frozenset(unknown),
         dropped,
@@ -690,6 +721,8 @@ def merge_snapshots(
         stale,
         {identity: (c[0], c[1]) for identity, c in callers.items()},
     )
+    cache.merged = (signature, result, holds_until)
+    return result
 
 
 def is_spent(text: str, now: datetime) -> bool:

@@ -29,7 +29,7 @@ from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
-from ca_server.kube.replica_reports import ConfigMapLedgerSink
+from ca_server.kube.replica_reports import ConfigMapLedgerSink, ReplicaReportsWatch
 from ca_server.kube.report_pods import InformerPodWatch
 from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
@@ -67,6 +67,8 @@ class KubernetesMode:
         self._accounts = ServiceAccountCache(self.clients.local, metrics) if offline else None
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
+        # Every replica's reports, watched: the rotator reads them every round.
+        self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         if kube.publish_root:
             self._elector = LeaseElector(
                 self.clients.local,
@@ -96,7 +98,11 @@ class KubernetesMode:
     def ledger_sink(self, instance: str) -> ConfigMapLedgerSink:
         """This replica's leaf-ledger report, a ConfigMap in the CA's namespace."""
         return ConfigMapLedgerSink(
-            self.clients.local, self.kube.namespace, instance, pods=self.report_pods()
+            self.clients.local,
+            self.kube.namespace,
+            instance,
+            pods=self.report_pods(),
+            watch=self._replica_reports,
         )
 
     def report_pods(self) -> InformerPodWatch | None:
@@ -154,6 +160,7 @@ class KubernetesMode:
         token validation, the issuer's keys) are usable."""
         if self._issuer_keys is not None:
             await asyncio.to_thread(self._issuer_keys.load)
+        self._replica_reports.start()  # until it has synced, readers list
         if self._secret_store is not None:
             self._secret_store.start_watch()
         if self._publisher is not None and self._elector is not None:
@@ -184,6 +191,7 @@ class KubernetesMode:
             self._publisher.set_root(authority.root_bundle_pem)
 
     async def stop(self) -> None:
+        self._replica_reports.stop()
         if self._publisher is not None:
             self._publisher.stop()
         if self._pods is not None:

@@ -19,6 +19,7 @@ call blocks only that thread. Failures are logged, never raised: a report is adv
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -39,6 +40,7 @@ from ca_server.agent_reports import (
 )
 from ca_server.agent_reports import is_spent as agents_spent
 from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
+from meshca.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,39 @@ def report_name(instance: str) -> str:
     return f"{NAME_PREFIX}{cleaned}"[:253]
 
 
+def _report_texts(obj: Any) -> tuple[str, str, str]:
+    data = obj.data or {}
+    return (str(obj.metadata.name), str(data.get(LEAVES, "{}")), str(data.get(AGENTS, "{}")))
+
+
+class ReplicaReportsWatch:
+    """Every replica's report objects from a watch (a running CA's rotator reads them every
+    round): a round then costs nothing at the API server, and only the objects that changed
+    are transferred. `meshca authority show` lists instead (one call, no thread)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str) -> None:
+        core = kubernetes.client.CoreV1Api(api)
+        self._informer: Informer[tuple[str, str, str]] = Informer(
+            "replica-reports",
+            functools.partial(core.list_namespaced_config_map, namespace),
+            _report_texts,
+            list_kwargs={"label_selector": SELECTOR},
+        )
+
+    @property
+    def synced(self) -> bool:
+        return self._informer.synced
+
+    def reports(self) -> list[tuple[str, str, str]]:
+        return sorted(self._informer.items().values())
+
+    def start(self) -> None:
+        self._informer.start()
+
+    def stop(self) -> None:
+        self._informer.stop()
+
+
 class ConfigMapLedgerSink:
     def __init__(
         self,
@@ -70,7 +105,9 @@ class ConfigMapLedgerSink:
         namespace: str,
         instance: str,
         pods: PodWatch | None = None,
+        watch: ReplicaReportsWatch | None = None,
     ) -> None:
+        self._watch = watch  # read from when synced, else a list call
         self._core = kubernetes.client.CoreV1Api(api)
         self._namespace = namespace
         self._name = report_name(instance)
@@ -98,8 +135,11 @@ class ConfigMapLedgerSink:
                     data[LEAVES] = ledger.snapshot_json(now)
                 self._write(name, data)
                 self._written[name] = (shard.decision, now.timestamp())
-            if len(shards) != self._shard_count or now.timestamp() >= self._next_sweep:
-                self._sweep(now, len(shards))  # a list call: once a minute, or on a resize
+            watched = self._watch is not None and self._watch.synced
+            resized = len(shards) != self._shard_count
+            if watched or resized or now.timestamp() >= self._next_sweep:
+                # Free from the watch; else a list call, once a minute or on a resize.
+                self._sweep(now, len(shards))
                 self._shard_count = len(shards)
                 self._next_sweep = now.timestamp() + REPUBLISH_EVERY.total_seconds()
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -172,8 +212,10 @@ class ConfigMapLedgerSink:
 
     def _reports(self) -> list[tuple[str, str, str]]:
         """(ConfigMap name, its `leaves.json`, its `agents.json`) of every replica's report.
-        The list is decoded as plain JSON, not into client model objects: with tens of shards
-        of ~700 KiB that is most of a round's cost."""
+        From the watch when one runs and has synced; else a list, decoded as plain JSON, not
+        into client model objects (with tens of shards of ~700 KiB that is most of its cost)."""
+        if self._watch is not None and self._watch.synced:
+            return self._watch.reports()
         response: Any = self._core.list_namespaced_config_map(
             self._namespace,
             label_selector=SELECTOR,
