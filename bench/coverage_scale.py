@@ -6,8 +6,9 @@ Run: `.venv/bin/python bench/coverage_scale.py [--agents 100000] [--replicas 3]
 
 Fed through the same code path as the CA, in one process with an injected clock: each agent's
 periodic report is `AgentReports.record_report` with the `Caller` its pod-bound token would
-prove (what the RPC edge calls after authentication), mostly on one replica, one in a hundred moving
-between replicas every period (as connections get rebalanced). Every poll each replica publishes
+prove (what the RPC edge calls after authentication), mostly on one replica, one in a
+hundred moving between replicas every period (as connections get rebalanced; not in the idle
+period). Every poll each replica publishes
 through the real `ConfigMapLedgerSink` to the test API server (`tests/support/kube_api`, real
 HTTP, counting requests), and a reader (as every replica's rotator does each round) merges all
 replicas' shards and computes coverage. A new bundle reaches the agents in waves (a fifth of the
@@ -34,7 +35,13 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
-from ca_server.agent_reports import FleetReports, coverage  # noqa: E402
+from ca_server.agent_reports import (  # noqa: E402
+    AgentReports,
+    FleetReports,
+    SnapshotCache,
+    coverage,
+    merge_snapshots,
+)
 from ca_server.authn import Caller  # noqa: E402
 from ca_server.authority_slots import AgentCoverage  # noqa: E402
 from ca_server.kube.replica_reports import ConfigMapLedgerSink  # noqa: E402
@@ -94,27 +101,36 @@ class Fleet:
         self.has_new = [False] * args.agents
         self.now = START
         self.last_report_at = START
+        self.cache = SnapshotCache()  # the reader's, as a CA's sink keeps one
+        self.list_cpu: list[float] = []
 
-    def replica_of(self, n: int, period: int) -> int:
-        return (n + period) % self.args.replicas if n % 100 == 0 else n % self.args.replicas
+    def replica_of(self, n: int, period: int, rebalance: bool) -> int:
+        moves = rebalance and n % 100 == 0
+        return (n + period) % self.args.replicas if moves else n % self.args.replicas
 
-    def run_period(self, period: int, merge_cpu: list[float]) -> FleetReports:
+    def run_period(
+        self, period: int, merge_cpu: list[float], rebalance: bool = True
+    ) -> FleetReports:
         """One report period: every agent reports once, spread over the polls; each poll every
-        replica publishes and the reader merges."""
+        replica publishes and the reader merges (timed: the merge itself; the list call that
+        fetched the shards is timed apart, since a running CA reads them from a watch)."""
         polls = max(1, self.args.report_interval // self.args.poll)
         per_poll = -(-len(self.callers) // polls)
         fleet = self.reader.agents(self.now)
         for poll in range(polls):
             for n in range(poll * per_poll, min(len(self.callers), (poll + 1) * per_poll)):
                 digest = self.both if self.has_new[n] else self.old
-                ledger = self.ledgers[self.replica_of(n, period)]
+                ledger = self.ledgers[self.replica_of(n, period, rebalance)]
                 ledger.agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
             self.last_report_at = self.now
             self.now += timedelta(seconds=self.args.poll)
             for ledger, sink in zip(self.ledgers, self.sinks, strict=True):
                 sink.save(ledger, self.now)
             started = time.process_time()
-            fleet = self.reader.agents(self.now)
+            texts = [(name, agents) for name, _leaves, agents in self.reader._reports()]
+            self.list_cpu.append(time.process_time() - started)
+            started = time.process_time()
+            fleet = merge_snapshots(texts, self.now, None, self.cache)
             merge_cpu.append(time.process_time() - started)
         return fleet
 
@@ -147,13 +163,9 @@ def main() -> int:
     try:
         fleet = Fleet(args, api)
         rss_before = _rss_kib()
-        tracemalloc.start()
         # Settle: every agent reported once (all on the old bundle).
-        settle_cpu: list[float] = []
         started_writes, started_at = fleet.writes(), fleet.now
-        merged = fleet.run_period(0, settle_cpu)
-        table_bytes = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
+        merged = fleet.run_period(0, [])
         rss_growth = _rss_kib() - rss_before
         print(
             f"{args.agents} agents, {args.replicas} replicas, report every "
@@ -164,16 +176,31 @@ def main() -> int:
             f"unreadable {merged.unreadable}"
         )
         per_10k = 10_000 / args.agents
+        texts = [(name, agents) for name, _leaves, agents in fleet.reader._reports()]
+        tracemalloc.start()
+        view = merge_snapshots(texts, fleet.now, None, SnapshotCache())
+        reader_bytes = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del view, texts
+        tracemalloc.start()
+        table = AgentReports()
+        for n, caller in enumerate(fleet.callers[:10_000]):
+            table.record_report(caller, f"agent-{n}", fleet.old, ["aa"], fleet.now)
+        table_bytes = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del table
         print(
-            f"CA memory for reports per 10,000 agents: {table_bytes * per_10k / 2**20:.1f} MiB "
-            f"traced (all {args.replicas} replicas' tables and the reader's merge in one "
-            f"process), RSS growth {rss_growth * per_10k / 1024:.1f} MiB"
+            "CA memory for reports per 10,000 agents: its own table "
+            f"{table_bytes / 2**20:.1f} MiB (10,000 entries), the merged view of every replica "
+            f"(parsed shards + fleet) {reader_bytes * per_10k / 2**20:.1f} MiB; RSS growth of "
+            f"this process (3 tables, the reader, the API server's copy) "
+            f"{rss_growth * per_10k / 1024:.1f} MiB"
         )
 
         # Idle: a period where nothing a decision reads changes.
         idle_cpu: list[float] = []
         before, at = fleet.writes(), fleet.now
-        fleet.run_period(1, idle_cpu)
+        fleet.run_period(1, idle_cpu, rebalance=False)
         minutes = (fleet.now - at).total_seconds() / 60
         idle_writes = (fleet.writes() - before) / minutes / args.replicas
 
@@ -204,8 +231,10 @@ def main() -> int:
         idle = sum(idle_cpu) / len(idle_cpu)
         churn = sum(churn_cpu) / len(churn_cpu)
         print(
-            f"merge CPU per round: idle {idle * 1000:.0f} ms, under churn {churn * 1000:.0f} ms "
-            f"(ratio {churn / idle if idle else float('inf'):.1f}x)"
+            f"merge CPU per round: idle {idle * 1000:.1f} ms, under churn {churn * 1000:.0f} ms "
+            f"(ratio {churn / idle if idle else float('inf'):.0f}x); the list call + JSON decode "
+            f"a reader without a watch pays: {sum(fleet.list_cpu) / len(fleet.list_cpu) * 1000:.0f}"
+            " ms per round"
         )
 
         # Exactness at 95 %: every agent reverts, then exactly 95 % - 1, then 95 % trust it.
