@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# Test processes run side by side (pytest-xdist), one file per worker so a module's fixtures
+# start once; 0 runs the suite in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: up test lint proto prometheus-tools fuzz
 
@@ -12,7 +15,7 @@ test: $(VENV)/.installed-test prometheus-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
@@ -28,7 +31,7 @@ fuzz: $(VENV)/.installed-test
 			-artifact_prefix=fuzz-artifacts/ || exit 1; \
 	done
 
-# Regenerates proto/meshca_proto/*_pb2*.py from ca.proto (CI fails if they are stale).
+# Regenerates proto/meshca_proto/*_pb2*.py from the .proto files (CI fails if they are stale).
 proto: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python proto/generate.sh
 

@@ -1,13 +1,14 @@
 """The meshca agent: gets workloads their identity from the CA, keeps it fresh, and hands it to
-Envoy (SDS over a Unix socket) and to applications (files).
+Envoy (SDS over a Unix socket), to SPIFFE-aware applications (the SPIFFE Workload API, another
+Unix socket) and to everything else (files).
 
 Certificate path (one direction, one module each):
 identity source (`scheduler.SingleIdentitySource` for a pod, `node_identities` for a node) →
 `scheduler` (when is each identity due: `rotation`, the pure policy; restore first through the
 `file_output` start hook, which reads via `cert_state` and `output_dir`) → `ca_client` (the CA
 call; the answer must pass `acceptance`; its roots go to `trust_bundle`, which also watches the
-root file) → `secrets.SecretCache` → consumers: `sds` (Envoy),
-`file_output` (`output_dir`'s `..data` layout), `metrics`, `status` (readiness).
+root file) → `secrets.SecretCache` → consumers: `sds` (Envoy), `workload_api` (SPIFFE
+clients), `file_output` (`output_dir`'s `..data` layout), `metrics`, `status` (readiness).
 
 Module map:
 
@@ -20,20 +21,26 @@ Module map:
 - `ca_client` (gRPC/TLS to the CA), `token` (service-account token and the identity in it),
   `propagation` (what every CSR reports to the CA: agent id, bundle digest, leaf authority),
   `reporter` (the same facts between renewals; the answer's tainted authorities go to the
-  scheduler, which re-signs their leaves paced over `--taint-resign-window`).
+  scheduler, which re-signs their leaves paced over `--taint-resign-window`), `taint_file`
+  (the same taints, sooner: the CA's notice beside the root file), `taints` (the one rule
+  both feed: what is known of the taints, only ever added to).
 - `trust_bundle`: the served `ROOTCA`, learned from the watched root file and the CA's answers;
   a change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and
   the restore hook), `cert_state` (may a previous run's files be served again).
 - `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds`, `status`,
   `metrics`, `secrets`.
+- `workload_api` (the SPIFFE Workload API from the same cache; who is asking is a
+  `CallerResolver`'s business), `workload_attestor` (node mode: peer credentials → cgroup →
+  pod → identity), `peer_relay` (node mode: the public socket, taking `SO_PEERCRED`).
 - `errors`: every error the agent raises on purpose, drawn once; `config`: flags and
   environment (`AgentConfig.from_args`). The commands (`meshca agent`, `meshca up`) live above
   the agent in `meshca.commands`; the pod watch uses the runtime's `meshca.informer`.
 
 Concurrency model: one asyncio event loop runs the scheduler's workers and timers, the CA
-client, the SDS server and the file output (a cache listener). Blocking work hops off it: key
-generation and restore reads run in `asyncio.to_thread`; watchdog's observer thread and the
+client, the SDS and Workload API servers (and node mode's peer relay) and the file output (a
+cache listener). Blocking work hops off it: key generation and restore reads run in
+`asyncio.to_thread`; watchdog's observer thread and the
 status HTTP server's thread only hand events to the loop (`call_soon_threadsafe`) or read
 immutable snapshots. Time comes from one injected `meshca.clock.Clock`, chosen at the root
 (`main.run_agent_command`, `meshca.commands.up`).

@@ -59,7 +59,15 @@ from agent.errors import (
 from agent.metrics import AgentMetrics
 from agent.propagation import AgentReport, PropagationReport
 from agent.token import TokenProvider
-from certs import CertsError, PrivateKey, SpiffeId, certs_to_pem, load_certs
+from certs import (
+    CertsError,
+    PrivateKey,
+    SpiffeId,
+    certs_to_pem,
+    key_matches_certificate,
+    load_certs,
+    load_private_key,
+)
 from meshca.clock import Clock
 from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc
 
@@ -182,6 +190,9 @@ class CaClient:
         self._report = report
         self._trusted: bytes | None = None  # the served trust bundle, once known
         self._retiring: set[asyncio.Task[None]] = set()
+        # What the channel presents from `prov_cert`, and the files' stat when it was read.
+        self._prov_pair: tuple[bytes, bytes] | None = None
+        self._prov_stamp: tuple[tuple[int, int, int], ...] | None = None
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -199,9 +210,7 @@ class CaClient:
         channel, self._channel = self._channel, None
         if channel is not None and root_pem != self._root_pem:
             log.info("trusting the new bundle for the connection to the CA")
-            task = asyncio.get_running_loop().create_task(channel.close(RETIRE_GRACE_SECONDS))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            self._retire(channel)
         elif channel is not None:
             self._channel = channel  # already trusts exactly this
 
@@ -343,9 +352,48 @@ class CaClient:
     # -- channel ---------------------------------------------------------------------------
 
     def _get_channel(self) -> grpc.aio.Channel:
+        if self._channel is not None and self._provisioning_renewed():
+            log.info(
+                "provisioning certificate in %s changed; connecting to the CA with it",
+                self._prov_cert,
+            )
+            self._retire(self._channel)
+            self._channel = None
         if self._channel is None:
             self._channel = self._build_channel()
         return self._channel
+
+    def _retire(self, channel: grpc.aio.Channel) -> None:
+        """Closes `channel` after the calls in flight on it had time to finish."""
+        task = asyncio.get_running_loop().create_task(channel.close(RETIRE_GRACE_SECONDS))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def _provisioning_renewed(self) -> bool:
+        """True when `PROV_CERT` now holds another usable certificate than the channel's.
+
+        Istio's VM pattern points `PROV_CERT` at `OUTPUT_CERTS`: the agent renews over mTLS with
+        the certificate it was last issued, so the channel must follow the files, or it keeps
+        presenting the first certificate until the CA refuses it as expired. A stat per call
+        notices a change; a pair caught mid-update (key not matching the leaf) is not taken, and
+        is looked at again on the next call."""
+        if self._prov_cert is None:
+            return False
+        try:
+            stamp = _files_stamp(self._prov_cert / "cert-chain.pem", self._prov_cert / "key.pem")
+        except OSError:
+            return False  # unreadable now: keep the channel that works
+        if stamp == self._prov_stamp:
+            return False
+        try:
+            chain = (self._prov_cert / "cert-chain.pem").read_bytes()
+            key = (self._prov_cert / "key.pem").read_bytes()
+            usable = key_matches_certificate(load_private_key(key), load_certs(chain)[0])
+        except (OSError, CertsError):
+            usable = False
+        if not usable:
+            return False
+        return (chain, key) != self._prov_pair
 
     def _read_root(self) -> bytes | None:
         if self._root_ca is None:
@@ -363,12 +411,16 @@ class CaClient:
         private_key = chain = None
         if self._prov_cert is not None:
             try:
+                self._prov_stamp = _files_stamp(
+                    self._prov_cert / "cert-chain.pem", self._prov_cert / "key.pem"
+                )
                 chain = (self._prov_cert / "cert-chain.pem").read_bytes()
                 private_key = (self._prov_cert / "key.pem").read_bytes()
             except OSError as exc:
                 raise CaConnectionError(
                     f"cannot read the provisioning certificate in {self._prov_cert}: {exc}"
                 ) from None
+            self._prov_pair = (chain, private_key)
         credentials = grpc.ssl_channel_credentials(
             root_certificates=self._root_pem, private_key=private_key, certificate_chain=chain
         )
@@ -387,6 +439,16 @@ class CaClient:
         if current != self._root_pem:
             log.info("CA root file %s changed; reconnecting with the new root", self._root_ca)
             await self.close()
+
+
+def _files_stamp(*paths: Path) -> tuple[tuple[int, int, int], ...]:
+    """Inode, size and modification time of each file (through symlinks, so the kubelet-style
+    `..data` swap of an output directory shows)."""
+    stamps = []
+    for path in paths:
+        info = path.stat()
+        stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(stamps)
 
 
 def impersonation_metadata(identity: SpiffeId) -> struct_pb2.Struct:

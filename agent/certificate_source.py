@@ -1,8 +1,10 @@
 """Where the agent's certificates come from: one `CertificateSource`, chosen once from config.
 
     CertificateSource (protocol)           start · run · close · has_valid_certificate · last_error
+                                           · pods (node agent watching pods: its pods by UID)
     ├── CaCertificateSource                an identity source feeding `agent.scheduler`, CA-backed
     │     + `agent.trust_bundle`: the served ROOTCA from the watched root file and CA answers
+    │     + `agent.taint_file`: the CA's taint notice beside the root file -> scheduler
     │     + `agent.reporter`: the periodic report to the CA; its answer's taints -> scheduler
     │     pod agent:  SingleIdentitySource -> default        (restores from OUTPUT/)
     │     node agent: pods on the node | static list -> SPIFFE IDs, by impersonation
@@ -32,6 +34,7 @@ from agent.propagation import PropagationReport, new_agent_id
 from agent.reporter import PeriodicReporter
 from agent.scheduler import CertificateScheduler, SingleIdentitySource
 from agent.secrets import SecretCache
+from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.token import FileTokenProvider, IdentityResolver
 from agent.trust_bundle import RootFileWatch, TrustBundleKeeper
 from meshca.clock import Clock
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     # Node mode's identity sources: imported where node mode is chosen, so a pod agent never
     # loads them (nor, through them, the Kubernetes client).
     from agent.node_identities import IdentitySource
+    from agent.workload_attestor import PodDirectory
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,12 @@ class CertificateSource(Protocol):
     @property
     def last_error(self) -> str | None: ...
 
+    @property
+    def pods(self) -> PodDirectory | None:
+        """The node's pods by UID when the source watches them (the Workload API's attestor
+        places callers with it), else None."""
+        ...
+
 
 class CaCertificateSource:
     """Certificates from the CA: an identity source feeding the scheduler."""
@@ -77,6 +87,7 @@ class CaCertificateSource:
         trust_bundle: TrustBundleKeeper | None = None,
         root_file: RootFileWatch | None = None,
         reporter: PeriodicReporter | None = None,
+        taint_file: TaintFileWatch | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.identities = identities
@@ -84,6 +95,13 @@ class CaCertificateSource:
         self.trust_bundle = trust_bundle
         self.root_file = root_file
         self.reporter = reporter
+        self.taint_file = taint_file
+
+    @property
+    def pods(self) -> PodDirectory | None:
+        from agent.node_identities import PodIdentitySource
+
+        return self.identities if isinstance(self.identities, PodIdentitySource) else None
 
     async def start(self) -> None:
         log.info(
@@ -94,6 +112,8 @@ class CaCertificateSource:
         )
         if self.root_file is not None:  # the file's bundle first, before any CA answer
             await self.root_file.start()
+        if self.taint_file is not None:  # known taints apply to restored leaves too
+            await self.taint_file.start()
         self.identities.start(self.scheduler.set_identities)
 
     async def run(self) -> None:
@@ -111,6 +131,8 @@ class CaCertificateSource:
     async def close(self) -> None:
         if self.root_file is not None:
             await self.root_file.stop()
+        if self.taint_file is not None:
+            await self.taint_file.stop()
         await self.identities.stop()
         await self.scheduler.aclose()
         await self.ca_client.close()
@@ -184,6 +206,15 @@ def certificate_source_for(
         metrics=metrics,
         trust_bundle=trust_bundle,
     )
+    taint_file: TaintFileWatch | None = None
+    if config.ca_root_ca is not None:  # the CA publishes its taint notice beside its bundle
+        taint_file = TaintFileWatch(
+            taint_notice_beside(config.ca_root_ca),
+            scheduler.taints_learned,
+            clock,
+            metrics,
+            interval=config.root_file_poll_interval.total_seconds(),
+        )
     identities: IdentitySource
     if config.node_mode:
         from agent.node_identities import identity_source_for
@@ -201,4 +232,6 @@ def certificate_source_for(
         reporter = PeriodicReporter(
             ca_client, scheduler, report, clock, config.report_interval, metrics
         )
-    return CaCertificateSource(scheduler, identities, ca_client, trust_bundle, root_file, reporter)
+    return CaCertificateSource(
+        scheduler, identities, ca_client, trust_bundle, root_file, reporter, taint_file
+    )

@@ -14,6 +14,7 @@ still select the other kinds: `ECC_SIGNATURE_ALGORITHM=ECDSA` with `ECC_CURVE`, 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -29,6 +30,9 @@ DEFAULT_CA_ROOT_CA = "./var/run/secrets/istio/root-cert.pem"
 DEFAULT_TOKEN_PATH = "./var/run/secrets/tokens/istio-token"
 DEFAULT_SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
 DEFAULT_FILE_MOUNTED_DIR = "./etc/certs"
+# The variable SPIFFE clients read; the agent reads the same one, so one value in a pod spec
+# names the socket for both sides of the shared volume (docs/workload-api.md).
+WORKLOAD_API_SOCKET_ENV = "SPIFFE_ENDPOINT_SOCKET"
 DEFAULT_STATUS_LISTEN = "127.0.0.1:15020"
 DEFAULT_MAX_CONCURRENT_FETCHES = 8  # ztunnel's limit
 # Where Istio's conventions mount certificates for file-cert:/file-root: (user certificates,
@@ -44,6 +48,7 @@ MIN_REPORT_INTERVAL = timedelta(seconds=1)
 # one CA replica's rate, while a compromised authority's leaves are gone within minutes.
 DEFAULT_TAINT_RESIGN_WINDOW = timedelta(minutes=5)
 CA_HEADER_PREFIX = "CA_HEADER_"
+MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
 
 class ConfigError(ValueError):
@@ -77,6 +82,9 @@ class AgentConfig:
     token_path: Path = Path(DEFAULT_TOKEN_PATH)
     sds_socket: Path = Path(DEFAULT_SDS_SOCKET)
     sds_socket_mode: int = 0o600
+    # The SPIFFE Workload API (agent.workload_api): off unless a socket is configured.
+    workload_api_socket: Path | None = None
+    workload_api_socket_mode: int = 0o600
     status_host: str = "127.0.0.1"
     status_port: int = 15020
     ca_request_timeout: timedelta = timedelta(seconds=10)
@@ -134,6 +142,21 @@ class AgentConfig:
             raise ConfigError("--taint-resign-window must not be negative (0: re-sign at once)")
         if self.node_mode:
             self._check_node_mode()
+        if self.workload_api_socket is not None:
+            self._check_workload_api()
+
+    def _check_workload_api(self) -> None:
+        if self.workload_api_socket == self.sds_socket:
+            raise ConfigError(
+                f"--workload-api-socket {self.workload_api_socket} is the SDS socket; give the "
+                "Workload API a socket of its own (e.g. /run/spiffe/workload-api/socket)"
+            )
+        if self.node_mode and self.static_identities:
+            raise ConfigError(
+                "--workload-api-socket in node mode attests each caller by its pod, so it needs "
+                "the pod watch (--kubeconfig, or in-cluster credentials); a static --identities "
+                "list cannot tell callers apart"
+            )
 
     def _check_node_mode(self) -> None:
         if self.file_mounted_certs:
@@ -214,6 +237,16 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--sds-socket-mode",
         help="permissions of the SDS socket, octal [0600; 0660 lets the proxy's group connect]",
+    )
+    add(
+        "--workload-api-socket",
+        help="serve the SPIFFE Workload API on this Unix socket (unix:PATH or PATH); off unless "
+        f"set [{WORKLOAD_API_SOCKET_ENV}]",
+    )
+    add(
+        "--workload-api-socket-mode",
+        help="permissions of the Workload API socket, octal [0600; 0666 lets an application "
+        "container running as another user connect]",
     )
     add(
         "--file-mounted-dir",
@@ -321,7 +354,15 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         ca_headers=_ca_headers(env),
         token_path=Path(pick("token_path", None, DEFAULT_TOKEN_PATH) or DEFAULT_TOKEN_PATH),
         sds_socket=Path(pick("sds_socket", None, DEFAULT_SDS_SOCKET) or DEFAULT_SDS_SOCKET),
-        sds_socket_mode=_octal_mode(pick("sds_socket_mode", None, "0600") or "0600"),
+        sds_socket_mode=_octal_mode(
+            pick("sds_socket_mode", None, "0600") or "0600", "--sds-socket-mode"
+        ),
+        workload_api_socket=_socket_path(
+            pick("workload_api_socket", WORKLOAD_API_SOCKET_ENV, None)
+        ),
+        workload_api_socket_mode=_octal_mode(
+            pick("workload_api_socket_mode", None, "0600") or "0600", "--workload-api-socket-mode"
+        ),
         file_mounted_dir=Path(
             pick("file_mounted_dir", None, DEFAULT_FILE_MOUNTED_DIR) or DEFAULT_FILE_MOUNTED_DIR
         ),
@@ -422,16 +463,39 @@ def _parse_bool(var: str, text: str) -> bool:
     raise ConfigError(f"{var}={text!r} is not a boolean; use true or false")
 
 
-def _octal_mode(text: str) -> int:
+def _octal_mode(text: str, where: str) -> int:
     try:
         mode = int(text, 8)
     except ValueError:
-        raise ConfigError(
-            f"--sds-socket-mode={text!r}: expected an octal mode such as 0600"
-        ) from None
+        raise ConfigError(f"{where}={text!r}: expected an octal mode such as 0600") from None
     if mode & ~0o777:
-        raise ConfigError(f"--sds-socket-mode={text!r}: only permission bits (0-0777) are allowed")
+        raise ConfigError(f"{where}={text!r}: only permission bits (0-0777) are allowed")
     return mode
+
+
+def _socket_path(text: str | None) -> Path | None:
+    """`unix:///p`, `unix:/p` or `/p` → Path("/p") (the forms SPIFFE_ENDPOINT_SOCKET takes);
+    None or empty → None (the Workload API stays off)."""
+    if not text:
+        return None
+    value = text
+    if value.startswith("unix:"):
+        value = value[len("unix:") :]
+        if value.startswith("//"):
+            value = "/" + value.lstrip("/")
+    elif "://" in value or value.startswith("tcp:"):
+        raise ConfigError(
+            f"{WORKLOAD_API_SOCKET_ENV}/--workload-api-socket={text!r}: the agent serves the "
+            "Workload API on a Unix socket only; give unix:PATH or a path"
+        )
+    if not value:
+        raise ConfigError(f"--workload-api-socket={text!r}: no path given")
+    if len(os.fsencode(value)) > MAX_UNIX_SOCKET_PATH:
+        raise ConfigError(
+            f"--workload-api-socket={text!r} is longer than {MAX_UNIX_SOCKET_PATH} bytes, the "
+            "Unix socket limit; choose a shorter path"
+        )
+    return Path(value)
 
 
 def _parse_listen(text: str) -> tuple[str, int]:

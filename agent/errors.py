@@ -16,6 +16,7 @@
     ├── TrustBundleRefused         a trust bundle not served: not PEM, no CA certificate, expired
     ├── UnknownResourceError       an SDS name this agent cannot serve (also a ValueError)
     │   └── UnknownFileResourceError  ... a malformed `file-cert:`/`file-root:` name
+    ├── CallerNotAttested          a Workload API caller the node agent cannot place in a pod
     └── AgentFailed                a background worker died: the agent stops, exit status 1
 
 `agent.config.ConfigError` (a bad flag or environment variable) is separate: it is raised while
@@ -26,7 +27,8 @@ Who catches what: the scheduler (`agent.scheduler`) catches every failure of one
 records its message for readiness and retries with backoff, so none of these ends the agent;
 the file watchers log `FileSecretError` and keep the previous secret (so does
 `agent.trust_bundle` with `TrustBundleRefused`); the SDS server answers
-`UnknownResourceError` with INVALID_ARGUMENT on that stream only; `AgentFailed` is the one
+`UnknownResourceError` with INVALID_ARGUMENT on that stream only; the Workload API
+(`agent.workload_api`) answers `CallerNotAttested` with PERMISSION_DENIED; `AgentFailed` is the one
 that ends the process (`agent.main`). Messages name files,
 identities and checks, never key material or tokens.
 """
@@ -123,6 +125,16 @@ class UnknownResourceError(AgentError, ValueError):
 
 class UnknownFileResourceError(UnknownResourceError):
     """A malformed `file-cert:` / `file-root:` resource name."""
+
+
+class CallerNotAttested(AgentError):
+    """A Workload API caller the node agent cannot tie to a live pod on its node
+    (`agent.workload_attestor`); the message says which step failed (peer credentials, the
+    process's cgroup, the pod) so the operator knows what to fix. `reason` is the metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class AgentFailed(AgentError):

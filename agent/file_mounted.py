@@ -428,6 +428,9 @@ class FileMountedSource:
             return False
         return not_after(secret) > (now or self.watcher.clock.now())
 
+    # No pods behind mounted files (node mode excludes FILE_MOUNTED_CERTS).
+    pods = None
+
     @property
     def last_error(self) -> str | None:
         """Why the files were last refused, if they were."""

@@ -8,6 +8,8 @@
                                  v
         FileOutput (OUTPUT_CERTS) <- listener -- SecretCache --> SdsServer (Unix socket) -> Envoy
         AgentMetrics (expiry)     <- listener --'        file-cert:/file-root: names -'
+        WorkloadApiServer (--workload-api-socket) <- SecretCache: the same default/ROOTCA
+                         (node mode: each caller's SPIFFE ID, via PeerRelay + NodeAttestor)
         StatusServer (/healthz/ready, /metrics) reads the source's readiness + AgentMetrics
 
 With OUTPUT_CERTS, the FileOutput (pod layout `OUTPUT/`, node layout `OUTPUT/<ns>/<sa>/`) is
@@ -45,6 +47,7 @@ from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache
 from agent.status import build_status_server
+from agent.workload_api import WorkloadApiServer
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.logs import configure_logging
@@ -56,6 +59,10 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 4.0
 CERTIFICATE_WORKER = "certificates"
+# A node agent's Workload API: what one identity's pods may hold of the node's 1024 streams
+# and 4096 relayed connections, so no pod can starve the others.
+MAX_WORKLOAD_API_STREAMS_PER_CALLER = 64
+MAX_WORKLOAD_API_CONNECTIONS_PER_CALLER = 256
 
 
 class Agent:
@@ -90,6 +97,7 @@ class Agent:
         self.certificates: CertificateSource = certificate_source_for(
             config, self.cache, clock, self.metrics, self.file_output
         )
+        self.workload_api = _workload_api_for(config, self.cache, self.certificates, self.metrics)
         # Readiness also says whether the loop is turning (a blocked loop serves nothing).
         self.heartbeat = LoopHeartbeat()
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -100,6 +108,7 @@ class Agent:
             self.metrics,
             clock,
             self.heartbeat,
+            workload_api=self.workload_api.summary if self.workload_api is not None else None,
         )
         self._worker: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
@@ -113,6 +122,8 @@ class Agent:
         self.status.start()
         log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
         await self.sds.start()
+        if self.workload_api is not None:
+            await self.workload_api.start()
         self._worker = asyncio.create_task(self.certificates.run(), name=CERTIFICATE_WORKER)
         self._worker.add_done_callback(self._on_worker_done)
         await self.certificates.start()
@@ -143,6 +154,7 @@ class Agent:
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("certificate worker", self._stop_worker),
             ("SDS server", lambda: self.sds.stop(time_left() / 2)),
+            ("Workload API server", self._stop_workload_api(time_left)),
             ("file watchers", self.files.stop),
             ("certificate source", self.certificates.close),
         ]
@@ -157,6 +169,13 @@ class Agent:
         with contextlib.suppress(FileNotFoundError):
             self.config.sds_socket.unlink()
 
+    def _stop_workload_api(self, time_left: Callable[[], float]) -> Callable[[], Awaitable[None]]:
+        async def stop() -> None:
+            if self.workload_api is not None:
+                await self.workload_api.stop(time_left() / 2)
+
+        return stop
+
     async def _stop_worker(self) -> None:
         worker, self._worker = self._worker, None
         if worker is None:
@@ -167,9 +186,10 @@ class Agent:
             await worker
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Runs until `stop` is set; raises `AgentFailed` (after stopping) if a worker died."""
-        await self.start()
+        """Runs until `stop` is set; raises `AgentFailed` (after stopping) if a worker died.
+        A start that fails half-way (a socket path taken) stops what it had started."""
         try:
+            await self.start()
             waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self._failed.wait())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -180,6 +200,49 @@ class Agent:
             await self.stop()
         if self.failure is not None:
             raise AgentFailed(f"a background worker died: {self.failure!r}") from self.failure
+
+
+def _workload_api_for(
+    config: AgentConfig,
+    cache: SecretCache,
+    certificates: CertificateSource,
+    metrics: AgentMetrics,
+) -> WorkloadApiServer | None:
+    """The Workload API server `config` asks for, if any: a pod agent serves its one identity on
+    the socket itself; a node agent puts `agent.peer_relay` on the socket to attest callers."""
+    if config.workload_api_socket is None:
+        return None
+    if not config.node_mode:
+        return WorkloadApiServer(
+            cache,
+            config.workload_api_socket,
+            trust_domain=config.trust_domain,
+            metrics=metrics,
+            socket_mode=config.workload_api_socket_mode,
+        )
+    from agent.peer_relay import PeerRelay
+    from agent.workload_attestor import NodeAttestor, NodeCaller
+
+    pods = certificates.pods
+    if pods is None:  # config refuses this combination; kept as a clear failure
+        raise ConfigError("--workload-api-socket in node mode needs the pod watch")
+    attestor = NodeAttestor(pods, config.trust_domain)
+    relay = PeerRelay(
+        config.workload_api_socket,
+        attestor.pod_uid_of,
+        socket_mode=config.workload_api_socket_mode,
+        max_connections_per_caller=MAX_WORKLOAD_API_CONNECTIONS_PER_CALLER,
+    )
+    return WorkloadApiServer(
+        cache,
+        config.workload_api_socket,
+        trust_domain=config.trust_domain,
+        callers=NodeCaller(relay, attestor),
+        metrics=metrics,
+        socket_mode=config.workload_api_socket_mode,
+        max_streams_per_caller=MAX_WORKLOAD_API_STREAMS_PER_CALLER,
+        relay=relay,
+    )
 
 
 def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
@@ -198,6 +261,9 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
         return 2
     except AgentFailed as exc:
         log.error("%s", exc)
+        return 1
+    except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload_api)
+        log.error("cannot start the agent: %s", exc)
         return 1
     return 0
 

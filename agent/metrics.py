@@ -121,6 +121,11 @@ class AgentMetrics:
             "meshca_agent_taint_resigns",
             "Certificates whose renewal was moved forward because the CA tainted their signer.",
         )
+        self.taint_notice_refused = counter(
+            "meshca_agent_taint_notice_refused",
+            "Versions of the taint notice beside the root file (meshca-taints.json) ignored as "
+            "malformed, oversized or unreadable (taints already known stay).",
+        )
         self.reports = counter(
             "meshca_agent_reports",
             "Periodic reports to the CA (agent.reporter), by outcome (OK or the gRPC status).",
@@ -132,6 +137,25 @@ class AgentMetrics:
         )
         self.sds_nacks = counter(
             "meshca_agent_sds_nacks", "SDS responses rejected (NACKed) by a client.", by_name
+        )
+        # The SPIFFE Workload API (`agent.workload_api`); `rpc` is FetchX509SVID or
+        # FetchX509Bundles, `reason` a refusal's cause (`agent.workload_api.REFUSAL_REASONS`).
+        self.workload_api_streams = Gauge(
+            "meshca_agent_workload_api_streams",
+            "Workload API streams open right now.",
+            ["rpc"],
+            registry=reg,
+        )
+        self.workload_api_responses = counter(
+            "meshca_agent_workload_api_responses",
+            "Workload API responses sent (the first of a stream and every push after it).",
+            "rpc",
+        )
+        self.workload_api_refusals = counter(
+            "meshca_agent_workload_api_refusals",
+            "Workload API calls refused, by reason (missing security header, caller not "
+            "attested, undecodable request, too many streams, JWT not served).",
+            "reason",
         )
         self.file_reload_failures = counter(
             "meshca_agent_file_reload_failures",

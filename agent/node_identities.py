@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError, parse_identities
 from certs import SpiffeId, SpiffeIdError
-from meshca.pods import BY_NODE, PodInfo, node_of, pod_info
+from meshca.pods import BY_NODE, BY_UID, PodInfo, node_of, pod_info, uid_of
 
 if TYPE_CHECKING:
     from meshca.informer import Informer
@@ -186,12 +186,21 @@ class PodIdentitySource:
             pod_info,
             connect=self._connect,
             list_kwargs={"field_selector": self.selector},
-            indexers={BY_NODE: node_of},
+            indexers={BY_NODE: node_of, BY_UID: uid_of},
             on_change=self._changed,
             on_restart=self._restarted,
             **self._watch_options,
         )
         self._informer.start()
+
+    def pod_by_uid(self, uid: str) -> PodInfo | None:
+        """The pod on this node with `uid` (any thread; the informer's index is locked): how the
+        Workload API places a caller (`agent.workload_attestor`)."""
+        informer = self._informer
+        if informer is None:
+            return None
+        pods = informer.by_index(BY_UID, uid)
+        return pods[0] if len(pods) == 1 else None
 
     async def stop(self) -> None:
         """Ends the watch now; a pod list in flight is abandoned, not waited for."""

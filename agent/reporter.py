@@ -4,9 +4,12 @@ Every `interval` (± 20 %, so agents started together do not report together) th
 what its CSRs already carry as headers (`agent.propagation`): its agent id, the digest of the
 trust bundle it serves and the authorities of the leaves it serves — so the CA's coverage
 figures are fresh between renewals. The answer lists the authorities the CA has tainted; the
-reporter hands them to the one scheduler (`CertificateScheduler.authorities_tainted`), which
+reporter hands them to the one scheduler (`CertificateScheduler.taints_learned`), which
 re-signs the affected leaves paced over the taint window. Pod and node agents alike: one report
-per agent, covering all its identities.
+per agent, covering all its identities. The taint notice beside the root file
+(`agent.taint_file`) usually tells the agent first, within seconds; the report is the source
+that needs nothing but the CA connection (a root file from elsewhere, a CA that publishes no
+notice), and both feed the same path (`agent.taints`).
 
 Failures are logged and the next period tries again (the report is advisory; certificates do
 not depend on it): one line when reports start failing, then quiet until one succeeds. A report
@@ -37,6 +40,7 @@ from agent.errors import CaClientError, CaRequestError, TokenError
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport
 from agent.scheduler import CertificateScheduler
+from agent.taints import SOURCE_REPORT, taints_from_report
 from meshca.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -104,7 +108,8 @@ class PeriodicReporter:
         tainted = await self.client.report(report, timeout=self.deadline)
         self.sent += 1
         self._count("OK")
-        return self.scheduler.authorities_tainted(tainted)
+        learnt = taints_from_report(tainted, self.clock.now())
+        return self.scheduler.taints_learned(learnt, SOURCE_REPORT)
 
     def _failed(self, exc: Exception, trouble: str | None) -> str:
         """One line when reports start failing (or start failing otherwise than by the CA

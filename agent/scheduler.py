@@ -23,9 +23,11 @@ Scheduling:
 - `set_identities(snapshot)` reconciles: new identities are queued for their first certificate;
   identities no longer present stop rotating and their secret is removed from the cache
   (in-flight results for them are dropped).
-- `authorities_tainted(...)` (from the periodic report, `agent.reporter`) moves the renewal
-  of every identity whose leaf a tainted authority signed to its own point of the taint
-  window (`agent.rotation`): one rule for the pod agent's one identity and a node's many.
+- `taints_learned(...)` (from the periodic report's answer, `agent.reporter`, and from the
+  taint notice beside the root file, `agent.taint_file`; merged in `agent.taints`) moves the
+  renewal of every identity whose leaf a tainted authority signed to its own point of the
+  taint window (`agent.rotation`): one rule for the pod agent's one identity and a node's
+  many, and for a certificate installed later (restored from a previous run) too.
 - A `FetchQueue` orders pending work: an identity with no certificate yet always goes before any
   renewal (first certificates are what blocks a new pod; renewals have slack), FIFO within each
   class. An identity is queued at most once.
@@ -74,6 +76,7 @@ from agent.rotation import (
     new_key_and_csr,
 )
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from agent.taints import KnownTaints
 from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
 from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
 from meshca.clock import Clock
@@ -227,6 +230,7 @@ class CertificateScheduler:
         self.max_in_flight = 0
         self._workers: list[asyncio.Task[None]] = []
         self._removals: set[asyncio.Task[None]] = set()
+        self.taints = KnownTaints()  # every source's taints (agent.taints)
 
     @classmethod
     def from_config(
@@ -305,46 +309,54 @@ class CertificateScheduler:
         """The authorities (SKI hex) of every leaf served now: what the periodic report says."""
         return frozenset(s.authority for s in list(self.states.values()) if s.authority)
 
-    def authorities_tainted(self, tainted: Mapping[str, float]) -> int:
-        """The CA says these authorities are tainted (ID -> seconds since the taint): every
-        identity whose leaf one of them signed is re-signed at its own point of the policy's
-        window (`RotationPolicy.taint_resign_delay`), unless it is due sooner anyway. Each
-        certificate is rescheduled once, however often the taint is repeated. Returns how many
-        identities were rescheduled now."""
-        if not tainted:
-            return 0
+    def taints_learned(self, tainted_at: Mapping[str, datetime], source: str) -> int:
+        """A source (`agent.taints`: the report answer, the taint notice) says these
+        authorities are tainted (ID -> when, on this agent's clock). One path for every source:
+        the taints join what is known (`KnownTaints`: only ever added to), then every identity
+        whose leaf a known tainted authority signed is re-signed at its own point of the
+        policy's window (`RotationPolicy.taint_resign_delay`), unless it is due sooner anyway.
+        Each certificate is rescheduled once, however often and from however many sources the
+        taint is repeated. Returns how many identities were rescheduled now."""
         now = self._clock.now()
-        moved = 0
-        for state in list(self.states.values()):
-            since = tainted.get(state.authority or "")
-            if since is None or state.current is None or state.taint_handled == state.generation:
-                continue
-            state.taint_handled = state.generation
-            delay = self.policy.taint_resign_delay(since, self._rng)
-            due = now + timedelta(seconds=delay)
-            if state.identity in self.queue or (state.due_at is not None and state.due_at <= due):
-                continue
-            log.info(
-                "the certificate for %s was signed by authority %s, which the CA has tainted; "
-                "re-signing in %.1fs",
-                state.identity,
-                state.authority,
-                delay,
-            )
-            state.next_rotation_at = due
-            if self._metrics:
-                self._metrics.taint_resigns.inc()
-            self._schedule(state, delay, RENEWAL)
-            moved += 1
+        self.taints.learn(tainted_at, source, now)
+        if not len(self.taints):
+            return 0
+        moved = [s for s in list(self.states.values()) if self._resign_if_tainted(s, now)]
         if moved:
             log.warning(
-                "the CA has tainted authority %s: re-signing %d certificate(s) it signed within "
-                "%s of the taint",
-                ", ".join(sorted(tainted)),
-                moved,
+                "the CA has tainted authority %s (learnt from the %s): re-signing %d "
+                "certificate(s) it signed within %s of the taint",
+                ", ".join(sorted({s.authority or "" for s in moved})),
+                source,
+                len(moved),
                 self.policy.taint_resign_window,
             )
-        return moved
+        return len(moved)
+
+    def _resign_if_tainted(self, state: IdentityState, now: datetime) -> bool:
+        """Moves this identity's renewal to its point of the taint window if a known tainted
+        authority signed its leaf (once per certificate); True if it did."""
+        tainted_at = self.taints.get(state.authority)
+        if tainted_at is None or state.current is None or state.taint_handled == state.generation:
+            return False
+        state.taint_handled = state.generation
+        since = (now - tainted_at).total_seconds()
+        delay = self.policy.taint_resign_delay(since, self._rng)
+        due = now + timedelta(seconds=delay)
+        if state.identity in self.queue or (state.due_at is not None and state.due_at <= due):
+            return False
+        log.info(
+            "the certificate for %s was signed by authority %s, which the CA has tainted; "
+            "re-signing in %.1fs",
+            state.identity,
+            state.authority,
+            delay,
+        )
+        state.next_rotation_at = due
+        if self._metrics:
+            self._metrics.taint_resigns.inc()
+        self._schedule(state, delay, RENEWAL)
+        return True
 
     def request_rotation(self) -> None:
         """Renews every identity now (e.g. an operator signal); harmless if already queued."""
@@ -529,6 +541,18 @@ class CertificateScheduler:
             delay,
         )
         self._schedule(state, delay, RENEWAL)
+        if restored_from is not None:
+            self._resign_if_tainted(state, now)  # a previous run's leaf of a tainted authority
+        elif state.authority in self.taints:
+            # Not re-signed at once (a CA that keeps answering so would get a CSR loop): the
+            # next report or notice asks again, for this certificate.
+            log.warning(
+                "the CA signed the new certificate for %s with authority %s, which it has "
+                "tainted (a CA process that has not caught up yet?); asking again at the next "
+                "report",
+                state.identity,
+                state.authority,
+            )
 
     def _on_failure(self, state: IdentityState, exc: Exception) -> None:
         message = str(exc) or type(exc).__name__

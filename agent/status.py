@@ -15,6 +15,7 @@ shows something actionable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -84,13 +85,19 @@ def secret_entry(report: SecretReport, now: datetime) -> dict[str, Any]:
     }
 
 
-def secrets_document(board: SecretStatus, now: datetime) -> dict[str, Any]:
-    """The `/debug/secrets` body: the time it was taken and one entry per resource name."""
-    return {
+def secrets_document(
+    board: SecretStatus, now: datetime, workload_api: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The `/debug/secrets` body: the time it was taken and one entry per resource name, plus
+    what the Workload API serves when it is on (`agent.workload_api.WorkloadApiServer.summary`)."""
+    document: dict[str, Any] = {
         "kind": "agent",
         "now": now.isoformat(),
         "secrets": [secret_entry(report, now) for report in board.reports()],
     }
+    if workload_api is not None:
+        document["workload_api"] = workload_api
+    return document
 
 
 def build_status_server(
@@ -100,6 +107,8 @@ def build_status_server(
     metrics: AgentMetrics,
     clock: Clock,
     heartbeat: LoopHeartbeat | None = None,
+    *,
+    workload_api: Callable[[], dict[str, Any]] | None = None,
 ) -> StatusServer:
     """`/healthz/ready`, `/metrics` and `/debug/secrets` on `host:port` (port 0 picks a free
     one); not started. The secrets endpoint holds no key material: serials and dates only."""
@@ -109,7 +118,8 @@ def build_status_server(
         return text(200 if is_ready else 503, body)
 
     def secrets() -> Response:
-        return json_response(secrets_document(metrics.secrets, clock.now()))
+        summary = workload_api() if workload_api is not None else None
+        return json_response(secrets_document(metrics.secrets, clock.now(), summary))
 
     return StatusServer(
         f"{host}:{port}",

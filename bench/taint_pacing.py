@@ -9,7 +9,7 @@ gRPC CA that timestamps every CSR. In one run it measures:
   proxy fleet, and what an unpaced taint would): the peak CSRs the CA receives in any one
   second, and the time until every identity holds a new leaf;
 - meshca: the scheduler is told the leaves' authority is tainted (what the periodic report's
-  answer does, `CertificateScheduler.authorities_tainted`) with `--taint-resign-window`:
+  answer does, `CertificateScheduler.taints_learned`) with `--taint-resign-window`:
   the same two figures, and the expected peak (identities / window);
 
 and prints both with their ratio. Each identity sends exactly one CSR in either case.
@@ -36,6 +36,7 @@ sys.path[:0] = [
 
 from agent.main import Agent  # noqa: E402
 from agent.propagation import leaf_authority  # noqa: E402
+from agent.taints import SOURCE_REPORT  # noqa: E402
 from meshca.clock import SystemClock  # noqa: E402
 from meshca.logs import configure_logging  # noqa: E402
 from meshca_proto import ca_pb2  # noqa: E402
@@ -113,7 +114,7 @@ async def run(tmp: Path, count: int, window: float) -> None:
         authority = {leaf_authority(s.current.leaf) for s in scheduler.states.values() if s.current}
         (tainted,) = authority
         assert tainted is not None
-        moved = scheduler.authorities_tainted({tainted: 0.0})
+        moved = scheduler.taints_learned({tainted: datetime.now(UTC)}, SOURCE_REPORT)
         paced = await wait(all_renewed(generations), window * 3 + 60)
         paced_arrivals = ca.arrivals[mark:]
 

@@ -16,7 +16,9 @@ is chosen, once at start-up, in `authority_setup`.
 
 What the fleet holds: meshca agents report their trust bundle and leaf authorities on every CSR
 (headers, recorded by `service`) and between renewals on meshca's own RPC (`report_service`,
-`meshca.v1.AgentReportService`, whose answer names the tainted authorities); `agent_reports`
+`meshca.v1.AgentReportService`, whose answer names the tainted authorities — as does the taint
+notice `meshca.taint_notice` that `root_store` and `kube.root_publisher` publish beside the
+bundle, so agents learn a taint as fast as a new root); `agent_reports`
 keeps the table and the coverage rule, which `meshca authority show` and the activation gate
 (`authority_slots`, `--activate-at-coverage`) read.
 """

@@ -100,7 +100,7 @@ async def set_up_authority(
         rotator.ledger.agents.pods = kube.report_pods() if kube is not None else None
         return AuthoritySetup(signer, ttl, rotator, agent_reports=rotator.ledger.agents)
     authority = await asyncio.to_thread(source.load, clock.now())
-    publish_root_bundle(config.data_dir, authority)
+    publish_root_bundle(config.data_dir, authority, {})  # a plugged-in CA has no taints
     log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
     record_expiry(metrics, authority)
     ledger = LeafLedger()

@@ -16,7 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from certs import (
     make_authority,
 )
 from meshca.files import atomic_write, ensure_dir
+from meshca.taint_notice import TAINT_NOTICE_NAME, encode_taint_notice
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,19 @@ def detect_plugged_ca(directory: Path) -> PluggedCaDirectory | None:
     return None
 
 
-def publish_root_bundle(data_dir: Path, authority: SigningAuthority) -> Path:
-    """Writes the trust bundle workloads verify with (the local `istio-ca-root-cert`)."""
+def publish_root_bundle(
+    data_dir: Path, authority: SigningAuthority, tainted_since: Mapping[str, datetime]
+) -> Path:
+    """Writes the trust bundle workloads verify with (the local `istio-ca-root-cert`) and,
+    first, beside it the taint notice (`meshca.taint_notice`: `tainted_since`, which
+    authorities are tainted and since when; `{}` for a plugged-in CA, which has no taints),
+    each file atomically. Agents watch both, so a taint reaches them as fast as a new root
+    does. The notice goes first: a reader never sees a bundle newer than the taints that came
+    with it. `tainted_since` is required so that no caller writing the bundle of self-signed
+    slots can forget their taints (it would publish an empty notice)."""
+    notice = data_dir / TAINT_NOTICE_NAME
+    with writing_to_data_dir("the taint notice", notice):
+        atomic_write(notice, encode_taint_notice(tainted_since) + "\n")
     path = data_dir / ROOT_CERT_FILE
     with writing_to_data_dir("the root bundle", path):
         atomic_write(path, authority.root_bundle_pem)

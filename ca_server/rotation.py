@@ -9,8 +9,9 @@ Every CA process (worker, replica) runs an `AuthorityRotator` over the shared
 2. converges: if the stored state differs from what this process signs with (its own step,
    another process's, or `meshca authority`), it writes one audit line per change it has not
    seen yet (so every process's audit stream shows when *it* applied a change), swaps the
-   signer's authority, rewrites `root-cert.pem`, refreshes the expiry gauges and per-slot
-   gauges, and tells Kubernetes mode (root ConfigMaps);
+   signer's authority, rewrites `root-cert.pem` and the taint notice beside it
+   (`meshca.taint_notice`), refreshes the expiry gauges and per-slot gauges, and tells
+   Kubernetes mode (root ConfigMaps, which carry the same two documents);
 3. sleeps until the next step is due or the poll interval passes, whichever is first.
 
 Nothing signs with an authority that is not active: the signer only ever holds the active
@@ -346,7 +347,7 @@ class AuthorityRotator:
             )
         self.signer.follow(state)
         authority = self.signer.authority
-        publish_root_bundle(self._settings.data_dir, authority)
+        publish_root_bundle(self._settings.data_dir, authority, state.tainted_since())
         self._gauges.update(state, self.ledger.live(self._clock.now()))
         self.on_change(authority)
         self._converged_digest = digest

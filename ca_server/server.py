@@ -197,7 +197,7 @@ async def _reload_if_changed(
         log.error("keeping the current CA: the changed %s is unusable: %s", source.description, exc)
         return current
     signer.replace(authority)
-    publish_root_bundle(config.data_dir, authority)
+    publish_root_bundle(config.data_dir, authority, {})  # a plugged-in CA has no taints
     record_expiry(metrics, authority)
     on_reload(authority)
     log.info(
@@ -229,7 +229,7 @@ async def _serve(
     setup = await set_up_authority(config, source, metrics, clock, kube)
     signer, authority = setup.signer, setup.signer.authority
     if kube is not None:
-        await kube.start(authority)
+        await kube.start(authority, tainted_since_for(signer))
 
     started = clock.now()
     state = CaState()

@@ -10,12 +10,14 @@ from certs.authority import (
     new_self_signed_authority,
     self_signed_authority,
 )
-from certs.chain import is_ca, verify_chain
+from certs.chain import build_path, is_ca, verify_chain
 from certs.csr import MAX_CSR_BYTES, CsrContents, build_csr, describe_csr, load_csr
 from certs.errors import (
     CertsError,
     ChainError,
+    ChainOrderError,
     CsrError,
+    ForeignCertificateError,
     KeyMaterialError,
     PemError,
     SpiffeIdError,
@@ -32,7 +34,14 @@ from certs.keys import (
     private_key_to_pem,
     public_key_of,
 )
-from certs.pem import cert_to_pem, certs_to_pem, load_cert, load_certs
+from certs.pem import (
+    cert_to_pem,
+    certs_to_der,
+    certs_to_pem,
+    load_cert,
+    load_certs,
+    load_der_certs,
+)
 from certs.profile import (
     CLOCK_SKEW_BACKDATE,
     build_intermediate_certificate,
@@ -51,8 +60,10 @@ __all__ = [
     "CertificateInfo",
     "CertsError",
     "ChainError",
+    "ChainOrderError",
     "CsrContents",
     "CsrError",
+    "ForeignCertificateError",
     "KeyMaterialError",
     "KeySpec",
     "PemError",
@@ -63,10 +74,12 @@ __all__ = [
     "SpiffeIdError",
     "build_csr",
     "build_intermediate_certificate",
+    "build_path",
     "build_root_certificate",
     "build_serving_certificate",
     "build_workload_certificate",
     "cert_to_pem",
+    "certs_to_der",
     "certs_to_pem",
     "describe_certificate",
     "describe_csr",
@@ -79,6 +92,7 @@ __all__ = [
     "load_cert",
     "load_certs",
     "load_csr",
+    "load_der_certs",
     "load_private_key",
     "make_authority",
     "new_self_signed_authority",

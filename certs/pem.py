@@ -1,4 +1,5 @@
-"""PEM encoding and decoding of certificates and bundles."""
+"""PEM encoding and decoding of certificates and bundles, and the concatenated-DER form the
+SPIFFE Workload API carries chains and bundles in."""
 
 from __future__ import annotations
 
@@ -33,3 +34,44 @@ def load_certs(data: bytes | str, *, what: str = "certificate") -> list[x509.Cer
 def load_cert(data: bytes | str, *, what: str = "certificate") -> x509.Certificate:
     """The first certificate of a PEM bundle."""
     return load_certs(data, what=what)[0]
+
+
+def certs_to_der(certs: Iterable[x509.Certificate]) -> bytes:
+    """Concatenated DER certificates (a Workload API chain or bundle)."""
+    return b"".join(cert.public_bytes(serialization.Encoding.DER) for cert in certs)
+
+
+def load_der_certs(data: bytes, *, what: str = "certificate") -> list[x509.Certificate]:
+    """The certificates of a concatenated-DER blob, in order; at least one, or `PemError`
+    naming `what`. Each is split off by its outer SEQUENCE's length, then parsed."""
+    certs = []
+    offset = 0
+    while offset < len(data):
+        end = _der_end(data, offset, what)
+        try:
+            certs.append(x509.load_der_x509_certificate(data[offset:end]))
+        except (ValueError, x509.InvalidVersion) as exc:
+            raise PemError(f"{what}: malformed DER certificate #{len(certs) + 1} ({exc})") from exc
+        offset = end
+    if not certs:
+        raise PemError(f"{what}: no DER certificate found")
+    return certs
+
+
+def _der_end(data: bytes, offset: int, what: str) -> int:
+    """Where the DER SEQUENCE starting at `offset` ends (definite lengths only, as DER is)."""
+    if len(data) - offset < 2 or data[offset] != 0x30:
+        raise PemError(f"{what}: not a DER certificate at byte {offset}")
+    first = data[offset + 1]
+    if first < 0x80:
+        header, length = 2, first
+    else:
+        count = first & 0x7F
+        if count == 0 or count > 4 or len(data) - offset < 2 + count:
+            raise PemError(f"{what}: bad DER length at byte {offset}")
+        header = 2 + count
+        length = int.from_bytes(data[offset + 2 : offset + header], "big")
+    end = offset + header + length
+    if end > len(data):
+        raise PemError(f"{what}: DER certificate at byte {offset} is cut short")
+    return end

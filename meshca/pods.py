@@ -15,6 +15,7 @@ from typing import Any
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 BY_NODE = "node"  # the informer index: node name -> pods scheduled there
+BY_UID = "uid"  # the informer index: pod UID -> that pod (the Workload API's attestor)
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,8 @@ def pod_info(obj: Any) -> PodInfo:
 def node_of(pod: PodInfo) -> str | None:
     """The `BY_NODE` indexer."""
     return pod.node_name
+
+
+def uid_of(pod: PodInfo) -> str | None:
+    """The `BY_UID` indexer."""
+    return pod.uid or None

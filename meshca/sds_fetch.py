@@ -23,7 +23,12 @@ ServedCertificates = dict[str, tuple[str, x509.Certificate, int]]
 
 
 class SdsFetchError(Exception):
-    """The socket did not answer like an SDS server; the message says what to check."""
+    """The socket did not answer like an SDS server; the message says what to check. `code`:
+    the gRPC status name, when the socket answered with one (UNIMPLEMENTED: no SDS there)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def fetch_certificates(socket: str, names: tuple[str, ...], timeout: float) -> ServedCertificates:
@@ -39,7 +44,8 @@ def fetch_certificates(socket: str, names: tuple[str, ...], timeout: float) -> S
         details = exc.details() if hasattr(exc, "details") else str(exc)
         raise SdsFetchError(
             f"FetchSecrets {', '.join(names)} on unix:{socket} failed: {code} {details}; is it "
-            "the agent's SDS socket, and are these resource names it serves (--resource)?"
+            "the agent's SDS socket, and are these resource names it serves (--resource)?",
+            code,
         ) from None
     served: ServedCertificates = {}
     for resource in response.resources:

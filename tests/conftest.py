@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or _module_spawns(getattr(item, "module", None), cache)
         ):
             item.add_marker(pytest.mark.process)
+
+
+# --- pytest-xdist: the RBAC "every granted rule is used" check across workers -----------------
+# Each worker reports, under RBAC_NEEDED_KEY, the rules its Kubernetes tests needed and whether
+# it saw a full run of tests/k8s (`tests/k8s/conftest.py`); the controller checks their union.
+_WORKER_RBAC_REPORTS: list[dict[str, Any]] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    from tests.k8s.api_calls import RBAC_NEEDED_KEY
+
+    report = getattr(node, "workeroutput", {}).get(RBAC_NEEDED_KEY)
+    if report is not None:
+        _WORKER_RBAC_REPORTS.append(report)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _WORKER_RBAC_REPORTS or session.testsfailed:
+        return
+    if not all(report["full_run"] for report in _WORKER_RBAC_REPORTS):
+        return
+    from tests.deploy.rbac import Rule
+    from tests.k8s.api_calls import CA_RBAC, describe
+
+    needed = {Rule(*rule) for report in _WORKER_RBAC_REPORTS for rule in report["rules"]}
+    unused = CA_RBAC - needed
+    if unused:
+        session.config.get_terminal_writer().line(
+            f"\nFAILED tests/k8s: granted but never needed: {describe(unused)}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

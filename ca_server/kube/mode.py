@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
 
 from ca_server.authn import Authenticator
 from ca_server.authority_state import SlotFactory
@@ -39,6 +41,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.root_store import CaSetupError
 from certs import SigningAuthority
 from meshca.clock import Clock
+from meshca.taint_notice import encode_taint_notice
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class KubernetesMode:
         self._publisher: RootConfigMapPublisher | None = None
         # Every replica's reports, watched: the rotator reads them every round.
         self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
+        self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
         if kube.publish_root:
             self._elector = LeaseElector(
                 self.clients.local,
@@ -155,16 +159,22 @@ class KubernetesMode:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self, authority: SigningAuthority) -> None:
+    async def start(
+        self,
+        authority: SigningAuthority,
+        tainted_since: Callable[[], Mapping[str, datetime]] = dict,
+    ) -> None:
         """Starts the watches and the election; returns once the pod cache (and, for offline
-        token validation, the issuer's keys) are usable."""
+        token validation, the issuer's keys) are usable. `tainted_since` gives the taints the
+        root ConfigMaps carry beside the bundle (read at each change of the authority)."""
+        self._tainted_since = tainted_since
         if self._issuer_keys is not None:
             await asyncio.to_thread(self._issuer_keys.load)
         self._replica_reports.start()  # until it has synced, readers list
         if self._secret_store is not None:
             self._secret_store.start_watch()
         if self._publisher is not None and self._elector is not None:
-            self._publisher.set_root(authority.root_bundle_pem)
+            self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
             self._publisher.start()
             self._elector.start()
         if self._accounts is not None:
@@ -187,8 +197,12 @@ class KubernetesMode:
             )
 
     def authority_changed(self, authority: SigningAuthority) -> None:
+        """A new bundle or a new taint (the rotator calls this at every change it applies)."""
         if self._publisher is not None:
-            self._publisher.set_root(authority.root_bundle_pem)
+            self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
+
+    def _taint_notice(self) -> str:
+        return encode_taint_notice(self._tainted_since())
 
     async def stop(self) -> None:
         self._replica_reports.stop()

@@ -11,8 +11,14 @@ periodic pass (`resync_interval`) repairs anything a lost event might have left 
 
 Only the Lease holder writes (`is_leader`); every replica watches, so a new leader starts from
 a warm cache. Updates carry the resourceVersion read, so a write racing another writer fails
-with 409 and the next pass re-reads. Keys other than `root-cert.pem` and labels others added
-are kept.
+with 409 and the next pass re-reads. Keys other than `root-cert.pem` and `meshca-taints.json`
+and labels others added are kept.
+
+Beside the bundle, key `meshca-taints.json` carries the taint notice (`meshca.taint_notice`:
+which authorities are tainted, and since when), set together with the root (`set_root`) and
+written in the same update, so a kubelet's mount of the ConfigMap shows an agent both files at
+once (`agent.taint_file` reads the notice beside `root-cert.pem`). A notice of `None` (not
+known) leaves whatever the key holds.
 
 Concurrency: the reconciler runs in its own daemon thread, woken through a `threading.Event`
 by the watch threads (`Informer.on_change`), the election thread and the event loop
@@ -34,11 +40,13 @@ from kubernetes.client.exceptions import ApiException
 
 from ca_server.metrics import CaMetrics
 from meshca.informer import Informer
+from meshca.taint_notice import TAINT_NOTICE_NAME
 
 log = logging.getLogger(__name__)
 
 CONFIGMAP_NAME = "istio-ca-root-cert"
 ROOT_KEY = "root-cert.pem"
+TAINTS_KEY = TAINT_NOTICE_NAME
 LABELS = {"istio.io/config": "true"}
 SKIPPED_NAMESPACES = frozenset({"kube-public", "kube-node-lease"})
 _REQUEST_TIMEOUT = (2.0, 5.0)
@@ -76,9 +84,25 @@ def _configmap_info(obj: Any) -> ConfigMapInfo:
     )
 
 
-def needs_update(existing: ConfigMapInfo, root_pem: str) -> bool:
+@dataclass(frozen=True)
+class Published:
+    """What every namespace's ConfigMap should hold: the bundle, and the taint notice (None:
+    leave the key as it is)."""
+
+    root_pem: str
+    taint_notice: str | None = None
+
+    def data(self, current: dict[str, str]) -> dict[str, str]:
+        """`current` with the keys this publisher owns set (others kept)."""
+        data = {**current, ROOT_KEY: self.root_pem}
+        if self.taint_notice is not None:
+            data[TAINTS_KEY] = self.taint_notice
+        return data
+
+
+def needs_update(existing: ConfigMapInfo, wanted: Published) -> bool:
     labelled = all(existing.labels.get(k) == v for k, v in LABELS.items())
-    return existing.data.get(ROOT_KEY) != root_pem or not labelled
+    return existing.data != wanted.data(existing.data) or not labelled
 
 
 class RootConfigMapPublisher:
@@ -94,7 +118,7 @@ class RootConfigMapPublisher:
         self._is_leader = is_leader
         self._metrics = metrics
         self._resync = resync_interval.total_seconds()
-        self._root_pem: str | None = None
+        self._wanted: Published | None = None  # replaced whole, so a pass reads one version
         self._wake = threading.Event()
         self._stopping = threading.Event()
         restarts = metrics.kube_watch_restarts
@@ -117,8 +141,9 @@ class RootConfigMapPublisher:
 
     # -- called from other threads ---------------------------------------------------------
 
-    def set_root(self, root_pem: str) -> None:
-        self._root_pem = root_pem
+    def set_root(self, root_pem: str, taint_notice: str | None = None) -> None:
+        """The bundle and the taint notice to publish, both at once (one update each)."""
+        self._wanted = Published(root_pem, taint_notice)
         self.kick()
 
     def kick(self) -> None:
@@ -158,8 +183,8 @@ class RootConfigMapPublisher:
 
     def reconcile(self) -> bool:
         """One pass; False if a write failed and the pass should be retried soon."""
-        root_pem = self._root_pem
-        if root_pem is None or not self._is_leader():
+        wanted = self._wanted
+        if wanted is None or not self._is_leader():
             return True
         if not (self.namespaces.synced and self.configmaps.synced):
             return True  # the sync itself will kick us
@@ -172,13 +197,13 @@ class RootConfigMapPublisher:
                 return True
             current = existing.get((namespace.name, CONFIGMAP_NAME))
             if current is None:
-                ok &= self._write("create", namespace.name, None, root_pem)
-            elif needs_update(current, root_pem):
-                ok &= self._write("update", namespace.name, current, root_pem)
+                ok &= self._write("create", namespace.name, None, wanted)
+            elif needs_update(current, wanted):
+                ok &= self._write("update", namespace.name, current, wanted)
         return ok
 
     def _write(
-        self, operation: str, namespace: str, current: ConfigMapInfo | None, root_pem: str
+        self, operation: str, namespace: str, current: ConfigMapInfo | None, wanted: Published
     ) -> bool:
         body = kubernetes.client.V1ConfigMap(
             api_version="v1",
@@ -190,7 +215,7 @@ class RootConfigMapPublisher:
                 annotations=current.annotations if current and current.annotations else None,
                 resource_version=current.resource_version if current else None,
             ),
-            data={**(current.data if current else {}), ROOT_KEY: root_pem},
+            data=wanted.data(current.data if current else {}),
         )
         try:
             if current is None:

@@ -5,6 +5,10 @@ secret` plus the rotation columns (time left, next rotation, last error), from t
 `/debug/secrets`. Pointed at an agent's SDS socket (`unix:PATH`) it asks what a proxy would
 (`FetchSecrets` for `default` and `ROOTCA`, or `--resource` names) and prints the same rows from
 the certificates themselves; rotation state is not on the SDS wire, so those columns stay empty.
+A socket that does not speak SDS (UNIMPLEMENTED) is asked as an application would ask the SPIFFE
+Workload API (`FetchX509SVID`, via `meshca.workload_api_fetch`): one row for the caller's SVID
+and one for its trust bundle. An agent's status address also reports what its Workload API
+serves (streams open, responses, refusals by reason) under the secrets.
 
 Pointed at a CA's monitoring address it prints the signing chain and roots with their expiry,
 the authority slots as `meshca authority show` prints them and their coverage (all from
@@ -148,11 +152,29 @@ def sds_document(socket: str, names: tuple[str, ...], timeout: float) -> dict[st
     """An agent-shaped document from one `FetchSecrets` on the SDS socket (no key is kept)."""
     from meshca.sds_fetch import SdsFetchError, fetch_certificates
 
-    now = datetime.now(UTC)
     try:
         served = fetch_certificates(socket, names, timeout)
     except SdsFetchError as exc:
+        if exc.code != "UNIMPLEMENTED":
+            raise StatusError(str(exc)) from None
+        return workload_api_document(socket, timeout)
+    return served_document(served, "sds")
+
+
+def workload_api_document(socket: str, timeout: float) -> dict[str, Any]:
+    """An agent-shaped document from one `FetchX509SVID` (the key is dropped on arrival)."""
+    from meshca.workload_api_fetch import WorkloadApiFetchError, fetch_svids
+
+    try:
+        served = fetch_svids(socket, timeout)
+    except WorkloadApiFetchError as exc:
         raise StatusError(str(exc)) from None
+    return served_document(served, "workload-api")
+
+
+def served_document(served: dict[str, tuple[str, Any, int]], source: str) -> dict[str, Any]:
+    """The agent-shaped document for certificates read off a socket (no rotation state)."""
+    now = datetime.now(UTC)
     entries = []
     for name in sorted(served):
         kind, certificate, count = served[name]
@@ -179,7 +201,7 @@ def sds_document(socket: str, names: tuple[str, ...], timeout: float) -> dict[st
                 "last_error_at": None,
             }
         )
-    return {"kind": "agent", "source": "sds", "now": now.isoformat(), "secrets": entries}
+    return {"kind": "agent", "source": source, "now": now.isoformat(), "secrets": entries}
 
 
 # -- agent -------------------------------------------------------------------------------------
@@ -224,9 +246,32 @@ def render_agent(document: dict[str, Any]) -> str:
         ]
         for entry in document["secrets"]
     ]
-    if not rows:
-        return "the agent serves no secrets yet"
-    return _table(headers, rows)
+    text = _table(headers, rows) if rows else "the agent serves no secrets yet"
+    workload_api = document.get("workload_api")
+    if workload_api is not None:
+        text += "\n\n" + render_workload_api(workload_api)
+    return text
+
+
+def render_workload_api(summary: dict[str, Any]) -> str:
+    """What the agent's SPIFFE Workload API serves (`agent.workload_api` summary)."""
+    rows = [
+        [rpc, str(summary["streams_open"].get(rpc, 0)), str(responses)]
+        for rpc, responses in summary["responses"].items()
+    ]
+    refusals = summary.get("refusals") or {}
+    refused = (
+        "refused: " + ", ".join(f"{reason} {count}" for reason, count in sorted(refusals.items()))
+        if refusals
+        else "no calls refused"
+    )
+    return "\n".join(
+        [
+            f"SPIFFE Workload API on unix:{summary['socket']}: {summary['serves']}",
+            _table(["WORKLOAD API RPC", "STREAMS OPEN", "RESPONSES SENT"], rows),
+            refused,
+        ]
+    )
 
 
 def _error(entry: dict[str, Any]) -> str:
@@ -403,8 +448,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "address",
         nargs="?",
-        help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020), its SDS socket "
-        "(unix:PATH), or a CA's monitoring address (--monitoring-listen, e.g. 127.0.0.1:15014)",
+        help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020), its SDS or "
+        "Workload API socket (unix:PATH), or a CA's monitoring address (--monitoring-listen, "
+        "e.g. 127.0.0.1:15014)",
     )
     authority_view.add_target_arguments(parser, where)
     parser.add_argument(

@@ -140,3 +140,54 @@ def test_report_and_taint_settings() -> None:
     custom = parse(["--report-interval", "0", "--taint-resign-window", "30s"])
     assert custom.report_interval == timedelta(0)  # off
     assert custom.taint_resign_window == timedelta(seconds=30)
+
+
+def test_the_workload_api_is_off_unless_a_socket_is_given() -> None:
+    assert parse([]).workload_api_socket is None
+    assert parse([], {"SPIFFE_ENDPOINT_SOCKET": ""}).workload_api_socket is None
+
+
+@pytest.mark.parametrize(
+    "value", ["unix:///run/spiffe/socket", "unix:/run/spiffe/socket", "/run/spiffe/socket"]
+)
+def test_workload_api_socket_forms(value: str) -> None:
+    """The forms SPIFFE_ENDPOINT_SOCKET takes, from the flag or that same variable."""
+    expected = Path("/run/spiffe/socket")
+    assert parse(["--workload-api-socket", value]).workload_api_socket == expected
+    assert parse([], {"SPIFFE_ENDPOINT_SOCKET": value}).workload_api_socket == expected
+    flag_wins = parse(["--workload-api-socket", "/a/s"], {"SPIFFE_ENDPOINT_SOCKET": value})
+    assert flag_wins.workload_api_socket == Path("/a/s")
+
+
+def test_workload_api_socket_mode() -> None:
+    assert parse(["--workload-api-socket", "/s"]).workload_api_socket_mode == 0o600
+    config = parse(["--workload-api-socket", "/s", "--workload-api-socket-mode", "0666"])
+    assert config.workload_api_socket_mode == 0o666
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--workload-api-socket", "tcp://127.0.0.1:8081"], {}, "on a Unix socket only"),
+        ([], {"SPIFFE_ENDPOINT_SOCKET": "tcp:127.0.0.1:8081"}, "SPIFFE_ENDPOINT_SOCKET"),
+        (["--workload-api-socket", "unix:"], {}, "no path given"),
+        (["--workload-api-socket", "/" + "s" * 120], {}, "longer than 107 bytes"),
+        (["--workload-api-socket", "/s", "--workload-api-socket-mode", "rw"], {}, "octal"),
+        (["--workload-api-socket", "/s", "--workload-api-socket-mode", "4755"], {}, "permission"),
+        (
+            ["--workload-api-socket", "/run/s", "--sds-socket", "/run/s"],
+            {},
+            "is the SDS socket",
+        ),
+        (
+            ["--workload-api-socket", "/s", "--node-mode", "--identities", "a/b"],
+            {},
+            "static --identities list cannot tell callers apart",
+        ),
+    ],
+)
+def test_bad_workload_api_settings_name_the_setting(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(argv, env)

@@ -20,6 +20,7 @@ from agent.propagation import leaf_authority
 from agent.rotation import RotationPolicy
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
+from agent.taints import SOURCE_REPORT, taints_from_report
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
@@ -30,6 +31,13 @@ START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=1000)  # renewal at ~500 s: far beyond the taint window
 WINDOW = timedelta(seconds=60)
 IDENTITIES = frozenset(SpiffeId("cluster.local", "ns", f"sa{n}") for n in range(40))
+
+
+def report_taint(
+    scheduler: CertificateScheduler, clock: FakeClock, seconds_since: dict[str, float]
+) -> int:
+    """What the periodic report's answer does with its taints (`agent.reporter`)."""
+    return scheduler.taints_learned(taints_from_report(seconds_since, clock.now()), SOURCE_REPORT)
 
 
 class SwitchableSigner:
@@ -97,11 +105,11 @@ def test_tainted_leaves_are_resigned_spread_over_the_window_once() -> None:
             old = authority_id(signer.pki.cert)
             assert scheduler.leaf_authorities() == {old}
 
-            assert scheduler.authorities_tainted({"ab" * 20: 0.0}) == 0  # not ours
+            assert report_taint(scheduler, clock, {"ab" * 20: 0.0}) == 0  # not ours
             signer.pki = TestCa(START)  # the CA activated a new authority
             new = authority_id(signer.pki.cert)
-            assert scheduler.authorities_tainted({old: 0.0}) == len(IDENTITIES)
-            assert scheduler.authorities_tainted({old: 5.0}) == 0  # repeated: once only
+            assert report_taint(scheduler, clock, {old: 0.0}) == len(IDENTITIES)
+            assert report_taint(scheduler, clock, {old: 5.0}) == 0  # repeated: once only
             assert metrics.taint_resigns._value.get() == len(IDENTITIES)
             drawn = {
                 s.identity: (s.due_at - START).total_seconds()
@@ -133,7 +141,7 @@ def test_tainted_leaves_are_resigned_spread_over_the_window_once() -> None:
             await advance_settled(clock, scheduler, WINDOW.total_seconds())
             assert len(signer.calls) == before + len(IDENTITIES)
             # The new leaves are not tainted: nothing more moves.
-            assert scheduler.authorities_tainted({old: 70.0}) == 0
+            assert report_taint(scheduler, clock, {old: 70.0}) == 0
             assert all(
                 leaf_authority(s.current.leaf) == new
                 for s in scheduler.states.values()
@@ -155,7 +163,7 @@ def test_a_renewal_already_due_sooner_is_not_postponed() -> None:
             assert due is not None
             tainted = {authority_id(signer.pki.cert): 0.0}
             # A 60 s window would draw a point later than 5 s in most draws; it keeps the sooner.
-            scheduler.authorities_tainted(tainted)
+            report_taint(scheduler, clock, tainted)
             assert state.due_at is not None and state.due_at <= due
 
     asyncio.run(main())

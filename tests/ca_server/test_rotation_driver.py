@@ -6,13 +6,20 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
 from prometheus_client import generate_latest
 
-from ca_server.authority_slots import RotationPolicy, authority_id, next_due
+from ca_server.authority_slots import (
+    AuthorityState,
+    Phase,
+    RotationPolicy,
+    authority_id,
+    next_due,
+)
 from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory, encode_state
 from ca_server.config import TtlPolicy
 from ca_server.leaf_ledger import DirectoryLedgerSink
@@ -22,6 +29,7 @@ from ca_server.ttl import grant_validity
 from certs import KeySpec, SpiffeId, generate_private_key, load_certs
 from meshca.clock import FakeClock
 from meshca.logs import configure_logging
+from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice
 from tests.support.metrics import sample_value
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -135,3 +143,63 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
         "authority-dropped",
         "authority-prepared",
     ]
+
+
+def _notice(data_dir: Path) -> dict[str, datetime]:
+    return decode_taint_notice((data_dir / TAINT_NOTICE_NAME).read_bytes())
+
+
+def test_a_taint_made_elsewhere_is_published_beside_the_bundle(tmp_path: Path):
+    """`meshca authority taint` changes only the shared state; the rotator's next round writes
+    the taint (with the time the command recorded) into `meshca-taints.json` beside
+    `root-cert.pem` — what agents read within a second — and `revoke` empties it. The bundle
+    file stays a bundle: a taint does not touch it."""
+    configure_logging("WARNING", audit_stream=io.StringIO())
+    clock = FakeClock(START)
+    factory = SlotFactory(KeySpec(), "cluster.local", LIFE)
+    store = LocalAuthorityStateStore(tmp_path, factory, clock)
+    policy = RotationPolicy(lifetime=LIFE, automatic=False)
+    rotator = AuthorityRotator(
+        store,
+        policy,
+        factory,
+        CaMetrics(),
+        clock,
+        RotationSettings(tmp_path, "ca-test", 0.01, DirectoryLedgerSink(tmp_path, "ca-test")),
+    )
+
+    async def scenario() -> None:
+        signer = await rotator.start()
+        old = signer.state.active.id
+        assert _notice(tmp_path) == {}
+        task = asyncio.create_task(rotator.run())
+
+        async def operator(change: Callable[[AuthorityState], AuthorityState]) -> None:
+            stored = await asyncio.to_thread(store.transact, change)
+            for _ in range(500):
+                clock.advance(0.02)  # the rotator polls on the fake clock
+                await asyncio.sleep(0.01)
+                if encode_state(signer.state) == encode_state(stored):
+                    return
+            raise AssertionError("the rotator did not follow")
+
+        try:
+            fresh = factory.new(clock.now(), Phase.PREPARED)
+            await operator(lambda s: s.prepare(lambda: fresh, clock.now(), "operator"))
+            await operator(lambda s: s.activate(None, clock.now(), "operator"))
+            new = signer.state.active.id
+            bundle = (tmp_path / "root-cert.pem").read_bytes()
+            assert _notice(tmp_path) == {}
+            tainted_at = clock.now() + timedelta(seconds=7)  # the command's clock, not the CA's
+            await operator(lambda s: s.taint(old, tainted_at))
+            assert _notice(tmp_path) == {old: tainted_at} == signer.state.tainted_since()
+            assert (tmp_path / "root-cert.pem").read_bytes() == bundle
+            assert _published(tmp_path) == {old, new}
+            await operator(lambda s: s.revoke(old, clock.now()))
+            assert _notice(tmp_path) == {} and _published(tmp_path) == {new}
+            leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            assert leftovers == []  # both written atomically (temporary file, then rename)
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())

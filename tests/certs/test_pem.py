@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from certs import PemError, cert_to_pem, certs_to_pem, load_cert, load_certs
+from certs import (
+    PemError,
+    cert_to_pem,
+    certs_to_der,
+    certs_to_pem,
+    load_cert,
+    load_certs,
+    load_der_certs,
+)
 from tests.certs.helpers import Pki
 
 
@@ -50,3 +60,26 @@ def test_malformed_certificate_block() -> None:
 def test_pem_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         load_cert("nope")
+
+
+def test_concatenated_der_round_trip_keeps_order(pki: Pki, other_pki: Pki) -> None:
+    certs = [pki.intermediate, pki.root, other_pki.root]
+    blob = certs_to_der(certs)
+    assert load_der_certs(blob) == certs
+    assert load_der_certs(certs_to_der([pki.root])) == [pki.root]
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda blob: b"",
+        lambda blob: blob[:-1],  # cut short
+        lambda blob: blob + b"\x30",  # a trailing byte that starts nothing
+        lambda blob: b"\x04" + blob[1:],  # not a SEQUENCE
+        lambda blob: blob[:1] + b"\x80" + blob[2:],  # indefinite length: not DER
+        lambda blob: blob[:1] + b"\x89" + blob[2:],  # a 9-byte length
+    ],
+)
+def test_bad_concatenated_der_is_a_pem_error(pki: Pki, mangle: Callable[[bytes], bytes]) -> None:
+    with pytest.raises(PemError, match="bundle: "):
+        load_der_certs(mangle(certs_to_der([pki.root, pki.root])), what="bundle")

@@ -72,6 +72,18 @@ def manifests(root: Path = DEPLOY_DIR) -> Iterator[Manifest]:
             yield from load_file(path)
 
 
+def patch_files(root: Path = DEPLOY_DIR) -> set[Path]:
+    """The files kustomizations apply as patches: partial objects, not whole ones."""
+    found = set()
+    for path in yaml_files(root):
+        if path.name == KUSTOMIZATION:
+            kustomization = load_kustomization(path.parent)
+            found |= {
+                (path.parent / p["path"]).resolve() for p in kustomization.get("patches") or []
+            }
+    return found
+
+
 def find(kind: str, name: str, under: str = "base") -> Manifest:
     """The one object of ``kind``/``name`` in ``deploy/<under>``."""
     found = [m for m in manifests(DEPLOY_DIR / under) if m.kind == kind and m.name == name]

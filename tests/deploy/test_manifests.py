@@ -318,6 +318,7 @@ def _mount_path(container: dict[str, Any], volume: str) -> str:
     ("kind", "name", "under", "agent"),
     [
         ("Deployment", "echo", "examples/sidecar", "meshca-agent"),
+        ("Deployment", "spiffe-app", "examples/workload-api-sidecar", "meshca-agent"),
         ("DaemonSet", "meshca-node-agent", "node-agent", "node-agent"),
     ],
 )
@@ -349,7 +350,9 @@ def test_agent_gets_an_istio_ca_token_and_the_root(
     ("kind", "name", "under", "agent"),
     [
         ("Deployment", "echo", "examples/sidecar", "meshca-agent"),
+        ("Deployment", "spiffe-app", "examples/workload-api-sidecar", "meshca-agent"),
         ("DaemonSet", "meshca-node-agent", "node-agent", "node-agent"),
+        ("DaemonSet", "meshca-node-agent", "overlays/node-agent-workload-api", "node-agent"),
     ],
 )
 def test_agent_args_parse_and_use_the_documented_flag_names(
@@ -364,13 +367,88 @@ def test_agent_args_parse_and_use_the_documented_flag_names(
         for action in parser._actions
         for alias in action.option_strings
     }
-    args = _container(_pod_spec(find(kind, name, under)), agent)["args"]
+    args = _container(_pod_spec(_rendered(kind, name, under)), agent)["args"]
     assert args[0] == "agent"
     for arg in args[1:]:
         flag = arg.split("=", 1)[0]
         assert flag in documented, f"{arg}: not an agent flag"
         assert flag == documented[flag], f"{arg}: use {documented[flag]}, the documented name"
     parser.parse_args(args[1:])
+
+
+def _rendered(kind: str, name: str, under: str) -> Manifest:
+    """The object as `kubectl apply -k deploy/<under>` sends it (patches applied)."""
+    directory = DEPLOY_DIR / under
+    if not (directory / KUSTOMIZATION).exists():
+        return find(kind, name, under)
+    (doc,) = [o for o in render(directory) if o["kind"] == kind and o["metadata"]["name"] == name]
+    return Manifest(directory / KUSTOMIZATION, 0, doc)
+
+
+def _agent_config(container: dict[str, Any]) -> Any:
+    from agent.config import AgentConfig
+
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    env["KUBERNETES_SERVICE_HOST"] = "10.96.0.1"  # what the kubelet sets in every pod
+    return AgentConfig.from_args(parser.parse_args(container["args"][1:]), env)
+
+
+def _spiffe_endpoint(container: dict[str, Any]) -> str:
+    (value,) = [e["value"] for e in container["env"] if e["name"] == "SPIFFE_ENDPOINT_SOCKET"]
+    assert value.startswith("unix:///")
+    return str(value[len("unix://") :])
+
+
+def test_workload_api_sidecar_shares_only_its_socket_with_the_app() -> None:
+    pod = _pod_spec(find("Deployment", "spiffe-app", "examples/workload-api-sidecar"))
+    agent, app = _container(pod, "meshca-agent"), _container(pod, "app")
+    config = _agent_config(agent)
+    socket = _spiffe_endpoint(app)
+    assert str(config.workload_api_socket) == socket
+    assert _mount_path(agent, "spiffe-workload-api") == _mount_path(app, "spiffe-workload-api")
+    assert socket.startswith(_mount_path(app, "spiffe-workload-api") + "/")
+    volume = next(v for v in pod["volumes"] if v["name"] == "spiffe-workload-api")
+    assert "emptyDir" in volume
+    # The app sees the Workload API socket and nothing else of the agent's.
+    assert {m["name"] for m in app["volumeMounts"]} == {"spiffe-workload-api"}
+    assert not str(config.sds_socket).startswith(_mount_path(app, "spiffe-workload-api"))
+    # The app runs as another user in the agent's group: a 0660 socket lets it (only) connect.
+    assert app["securityContext"]["runAsUser"] != agent["securityContext"]["runAsUser"]
+    assert app["securityContext"]["runAsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert config.workload_api_socket_mode == 0o660
+    assert agent["restartPolicy"] == "Always", "the agent is a native sidecar"
+
+
+def test_node_agent_workload_api_overlay_attests_on_the_host_pid_namespace() -> None:
+    objects = render(DEPLOY_DIR / "overlays" / "node-agent-workload-api")
+    (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True, "SO_PEERCRED pids are the callers' only in the host's PID ns"
+    agent = _container(pod, "node-agent")
+    config = _agent_config(agent)
+    assert config.node_mode and not config.static_identities
+    assert config.workload_api_socket_mode == 0o666
+    directory = _mount_path(agent, "spiffe-workload-api")
+    volume = next(v for v in pod["volumes"] if v["name"] == "spiffe-workload-api")
+    assert volume["hostPath"]["path"] == directory
+    assert config.workload_api_socket.parent == Path(directory)
+    owner = _container(pod, "socket-dir-owner")
+    assert directory in owner["command"] and _mount_path(owner, "spiffe-workload-api") == directory
+    # Everything the base DaemonSet had survives the patch (the SDS socket, the token).
+    assert str(config.sds_socket) == "/var/run/meshca/socket"
+    assert _mount_path(agent, "istio-token") == "/var/run/secrets/tokens"
+    assert any(o["kind"] == "Deployment" for o in objects), "the CA comes with the overlay"
+    # The application side mounts that same host directory, read-only, and finds the socket.
+    app_pod = _pod_spec(find("Deployment", "node-spiffe-app", "examples/workload-api-node"))
+    app = _container(app_pod, "app")
+    (app_volume,) = app_pod["volumes"]
+    assert app_volume["hostPath"]["path"] == directory
+    assert _spiffe_endpoint(app) == str(config.workload_api_socket).replace(
+        directory, _mount_path(app, app_volume["name"])
+    )
+    assert next(m for m in app["volumeMounts"] if m["name"] == app_volume["name"])["readOnly"]
 
 
 def test_sidecar_shares_the_sds_socket_with_envoy() -> None:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from . import prometheus_operator
-from .manifests import DEPLOY_DIR, find, manifests, render
+from .manifests import DEPLOY_DIR, find, manifests, patch_files, render
 
 MONITORING = DEPLOY_DIR / "monitoring"
 ALERTS = MONITORING / "rules" / "alerts.yaml"
@@ -118,10 +118,11 @@ def test_pod_monitor_scrapes_the_agents_status_port() -> None:
     endpoint = find("PodMonitor", "meshca-agents", under="monitoring").doc["spec"][
         "podMetricsEndpoints"
     ][0]
+    patches = patch_files()
     agents = [
         container
         for manifest in manifests()
-        if manifest.kind in {"Deployment", "DaemonSet"}
+        if manifest.kind in {"Deployment", "DaemonSet"} and manifest.path.resolve() not in patches
         for container in [
             *manifest.doc["spec"]["template"]["spec"].get("initContainers", []),
             *manifest.doc["spec"]["template"]["spec"]["containers"],

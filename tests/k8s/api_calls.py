@@ -24,6 +24,8 @@ from tests.deploy.rbac import Rule, required_rule
 from tests.support.kube_api import RequestRecord
 
 CA_NAMESPACE = "istio-system"
+# Where an xdist worker hands the rules its Kubernetes tests needed to the controller.
+RBAC_NEEDED_KEY = "meshca_k8s_rbac_needed"
 
 CA_RBAC: frozenset[Rule] = frozenset(
     [

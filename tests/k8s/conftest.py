@@ -15,7 +15,13 @@ import pytest
 
 from certs import SpiffeId, build_csr, generate_private_key, load_certs, verify_chain
 from tests.deploy.rbac import Rule, is_allowed
-from tests.k8s.api_calls import CA_NAMESPACE, CA_RBAC, describe, required_rules
+from tests.k8s.api_calls import (
+    CA_NAMESPACE,
+    CA_RBAC,
+    RBAC_NEEDED_KEY,
+    describe,
+    required_rules,
+)
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
@@ -37,9 +43,16 @@ def _ran_all_kubernetes_tests(session: pytest.Session) -> bool:
 
 @pytest.fixture(scope="session", autouse=True)
 def _every_granted_rule_is_used(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a full run: nothing in `CA_RBAC` (so nothing `deploy/` grants) went unused."""
+    """After a full run: nothing in `CA_RBAC` (so nothing `deploy/` grants) went unused.
+
+    Under pytest-xdist each worker runs only part of tests/k8s, so a worker hands what its tests
+    needed to the controller (`tests/conftest.py` takes the union and checks it there)."""
     yield
-    if _ran_all_kubernetes_tests(request.session):
+    full_run = _ran_all_kubernetes_tests(request.session)
+    worker_output = getattr(request.config, "workeroutput", None)
+    if worker_output is not None:
+        worker_output[RBAC_NEEDED_KEY] = {"full_run": full_run, "rules": [list(r) for r in _NEEDED]}
+    elif full_run:
         unused = CA_RBAC - _NEEDED
         assert not unused, f"granted but never needed: {describe(unused)}"
 

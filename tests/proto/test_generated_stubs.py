@@ -21,6 +21,8 @@ STUBS = [
     "report_pb2.py",
     "report_pb2_grpc.py",
     "report_pb2.pyi",
+    "workload_pb2.py",
+    "workload_pb2.pyi",
 ]
 
 
@@ -78,6 +80,31 @@ def test_response_field() -> None:
     assert cert_chain.number == 1
     assert cert_chain.type == FieldDescriptor.TYPE_STRING
     assert cert_chain.is_repeated
+
+
+def test_workload_api_messages_match_the_spiffe_specification() -> None:
+    """Field names, numbers and types of the SPIFFE Workload API, as py-spiffe's own stubs
+    (the real client's) carry them: a mismatch would make every SPIFFE client misread."""
+    from spiffe._proto import workload_pb2 as spiffe_pb2
+
+    from meshca_proto import workload_pb2
+
+    ours, theirs = workload_pb2.DESCRIPTOR, spiffe_pb2.DESCRIPTOR
+    assert set(ours.message_types_by_name) == set(theirs.message_types_by_name)
+    for name, message in theirs.message_types_by_name.items():
+        fields = {f.name: (f.number, f.type, f.is_repeated) for f in message.fields}
+        mine = ours.message_types_by_name[name]
+        assert {f.name: (f.number, f.type, f.is_repeated) for f in mine.fields} == fields, name
+    (service,) = theirs.services_by_name.values()
+    mine_service = ours.services_by_name[service.name]
+    assert service.full_name == "SpiffeWorkloadAPI"  # unpackaged: it is the gRPC path
+    for method in service.methods:
+        other = mine_service.methods_by_name[method.name]
+        assert (other.input_type.name, other.output_type.name, other.server_streaming) == (
+            method.input_type.name,
+            method.output_type.name,
+            method.server_streaming,
+        )
 
 
 def test_wire_encoding_round_trip() -> None:

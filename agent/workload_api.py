@@ -1,0 +1,610 @@
+"""The SPIFFE Workload API server: the agent's identities for SPIFFE-aware applications.
+
+go-spiffe, py-spiffe, java-spiffe, spiffe-helper and the proxies built on them ask for their
+identity over `SpiffeWorkloadAPI` (gRPC on a Unix socket, `SPIFFE_ENDPOINT_SOCKET`), as SPIRE's
+agent serves it. meshca serves it beside SDS from the *same* `SecretCache` the scheduler fills
+and SDS and the files read: no second source of truth, no extra CSR. A rotation, or a bundle
+change from `agent.trust_bundle`, reaches Envoy, the files and the Workload API from one publish.
+
+What is served (messages: `meshca_proto/workload.proto`, the SPIFFE specification's):
+
+- `FetchX509SVID` (server stream): one response at once (as soon as the caller's certificate
+  exists), then one whenever its leaf or the trust bundle changes. The SVID carries the chain
+  as concatenated DER (leaf first), the key as unencrypted PKCS#8 DER, and the trust domain's
+  bundle (the served `ROOTCA`) as concatenated DER.
+- `FetchX509Bundles` (server stream): the bundle keyed by trust domain ID
+  (`spiffe://<td>`), at once and on every change; a bundle change needs no new leaf.
+- `FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`: UNIMPLEMENTED, saying so.
+
+Every call must carry the metadata `workload.spiffe.io: true` (the specification's guard against
+a browser or SSRF relaying a request to the socket); without it: INVALID_ARGUMENT "security
+header missing from request", the specification's wording.
+
+Who is asking is a `CallerResolver`'s business, decided once at construction (`agent.main`):
+a pod agent's socket is private to its pod, so every caller gets the pod's identity
+(`PodCaller`, the `default` resource); a node agent attests each caller
+(`agent.workload_attestor.NodeCaller`, from the peer credentials `agent.peer_relay` took when the
+connection was accepted). A caller that cannot be placed gets PERMISSION_DENIED and nothing
+else; a stream only ever reads the one resource its caller was resolved to.
+
+Refusals are counted by reason (`REFUSAL_REASONS`) in `meshca_agent_workload_api_refusals_total`;
+open streams and responses sent are in `/metrics` and in `meshca status` (`summary()`).
+
+Concurrency: one asyncio loop (grpc.aio), like `agent.sds`: each stream is one coroutine
+waiting on the cache; no thread per stream. The DER encodings of a secret are computed once per
+version (`_Encodings`), not once per stream. Keys never reach a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+from cryptography.hazmat.primitives import serialization
+from google.protobuf.message import DecodeError
+
+from agent.config import MAX_UNIX_SOCKET_PATH
+from agent.errors import CallerNotAttested
+from agent.metrics import CounterChild, LabeledCounter
+from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
+from certs import certs_to_der, describe_certificate, load_certs, load_private_key
+from meshca_proto import workload_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "SpiffeWorkloadAPI"  # the specification's, unpackaged: it is in the gRPC path
+SECURITY_HEADER = "workload.spiffe.io"
+DEFAULT_MAX_STREAMS = 1024
+ENCODING_MEMO = 4096  # names (identities + ROOTCA), beyond a large node's
+
+FETCH_X509_SVID = "FetchX509SVID"
+FETCH_X509_BUNDLES = "FetchX509Bundles"
+STREAM_RPCS = (FETCH_X509_SVID, FETCH_X509_BUNDLES)
+
+REFUSED_NO_HEADER = "missing_security_header"
+REFUSED_NOT_ATTESTED = "caller_not_attested"
+REFUSED_UNDECODABLE = "undecodable_request"
+REFUSED_TOO_MANY_STREAMS = "too_many_streams"
+REFUSED_JWT = "jwt_not_served"
+REFUSAL_REASONS = (
+    REFUSED_NO_HEADER,
+    REFUSED_NOT_ATTESTED,
+    REFUSED_UNDECODABLE,
+    REFUSED_TOO_MANY_STREAMS,
+    REFUSED_JWT,
+)
+JWT_NOT_SERVED = (
+    "this meshca agent serves X.509-SVIDs only: JWT-SVIDs are not issued, so there is no "
+    "JWT-SVID, JWT bundle or JWT validation here (docs/workload-api.md)"
+)
+
+
+# --- what the server needs -------------------------------------------------------------------
+
+
+class GaugeChild(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
+class LabeledGauge(Protocol):
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> GaugeChild: ...
+
+
+class WorkloadApiMetrics(Protocol):
+    """The part of `agent.metrics.AgentMetrics` the Workload API writes."""
+
+    @property
+    def workload_api_streams(self) -> LabeledGauge: ...
+
+    @property
+    def workload_api_responses(self) -> LabeledCounter: ...
+
+    @property
+    def workload_api_refusals(self) -> LabeledCounter: ...
+
+
+class SecretUpdates(Protocol):
+    """The agent's `SecretCache`: a name's current secret once it exists, then each change."""
+
+    def updates(self, name: str) -> AsyncIterator[Secret]: ...
+
+
+class CallerResolver(Protocol):
+    """Which cache resource holds the identity of the caller behind `peer` (grpc's
+    `context.peer()`); raises `CallerNotAttested` for a caller it cannot place."""
+
+    def resource_for(self, peer: str) -> str: ...
+
+    def describe(self) -> str: ...
+
+
+class PodCaller:
+    """A pod agent: its socket is reachable only from its pod, every caller is the pod."""
+
+    def resource_for(self, peer: str) -> str:
+        return DEFAULT_RESOURCE
+
+    def describe(self) -> str:
+        return "the pod's identity to every caller (pod agent)"
+
+
+# --- encoding --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Svid:
+    spiffe_id: str
+    chain_der: bytes
+    key_der: bytes
+
+    def __repr__(self) -> str:  # the key stays out of any log or traceback
+        return f"_Svid({self.spiffe_id!r}, {len(self.chain_der)} bytes of chain)"
+
+
+class _Encodings:
+    """The Workload API's DER forms of cached secrets, computed once per version and shared
+    by every stream. Only the latest version of each name is kept (a rotated-out key is
+    dropped as soon as its successor is encoded), for at most `limit` names (least recently
+    used first out): a node agent's identities, not its history."""
+
+    def __init__(self, limit: int = ENCODING_MEMO) -> None:
+        self._limit = limit
+        self._memo: OrderedDict[str, tuple[str, _Svid | bytes]] = OrderedDict()
+
+    def svid(self, secret: TlsSecret) -> _Svid:
+        found = self._get(secret)
+        if isinstance(found, _Svid):
+            return found
+        chain = load_certs(secret.cert_chain_pem)
+        spiffe_id = describe_certificate(chain[0]).identity or ""
+        key = load_private_key(secret.private_key_pem)
+        encoded = _Svid(
+            spiffe_id,
+            certs_to_der(chain),
+            key.private_bytes(
+                serialization.Encoding.DER,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+        )
+        self._put(secret, encoded)
+        return encoded
+
+    def bundle(self, secret: RootSecret) -> bytes:
+        found = self._get(secret)
+        if isinstance(found, bytes):
+            return found
+        encoded = certs_to_der(load_certs(secret.trusted_ca_pem))
+        self._put(secret, encoded)
+        return encoded
+
+    def _get(self, secret: Secret) -> _Svid | bytes | None:
+        found = self._memo.get(secret.name)
+        if found is None or found[0] != secret.version:
+            return None
+        self._memo.move_to_end(secret.name)
+        return found[1]
+
+    def _put(self, secret: Secret, encoded: _Svid | bytes) -> None:
+        self._memo[secret.name] = (secret.version, encoded)
+        self._memo.move_to_end(secret.name)
+        while len(self._memo) > self._limit:
+            self._memo.popitem(last=False)
+
+
+async def latest_pairs(
+    first: AsyncIterator[Secret], second: AsyncIterator[Secret]
+) -> AsyncIterator[tuple[Secret, Secret]]:
+    """(latest of `first`, latest of `second`) once both have a value, then after every change
+    of either; changes that arrive together are yielded once."""
+    sources = (first, second)
+    current: list[Secret | None] = [None, None]
+    pending: dict[asyncio.Future[Secret], int] = {
+        asyncio.ensure_future(anext(source)): index for index, source in enumerate(sources)
+    }
+    try:
+        while True:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                index = pending.pop(future)
+                current[index] = future.result()
+                pending[asyncio.ensure_future(anext(sources[index]))] = index
+            a, b = current
+            if a is not None and b is not None:
+                yield a, b
+    finally:
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for source in sources:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    problem: str
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+        self.message = message
+
+
+def _lenient(message_class: Any) -> Callable[[bytes], Any]:
+    type_name = message_class.DESCRIPTOR.name
+
+    def decode(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError:
+            return _Undecodable(
+                f"a Workload API request ({len(data)} bytes) does not decode as {type_name}; "
+                "the client is not speaking the SPIFFE Workload API"
+            )
+
+    return decode
+
+
+# --- the servicer ----------------------------------------------------------------------------
+
+
+class _Servicer:
+    def __init__(self, server: WorkloadApiServer) -> None:
+        self._server = server
+
+    def _check(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        metadata = context.invocation_metadata() or ()
+        if not any(key == SECURITY_HEADER and value == "true" for key, value in metadata):
+            # The specification's exact wording (SPIRE's too), so clients recognise it.
+            raise _Refused(
+                REFUSED_NO_HEADER,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "security header missing from request",
+            )
+        if isinstance(request, _Undecodable):
+            raise _Refused(REFUSED_UNDECODABLE, grpc.StatusCode.INVALID_ARGUMENT, request.problem)
+
+    def _resource(self, context: grpc.aio.ServicerContext) -> str:
+        try:
+            return self._server.callers.resource_for(context.peer() or "")
+        except CallerNotAttested as exc:
+            raise _Refused(
+                REFUSED_NOT_ATTESTED, grpc.StatusCode.PERMISSION_DENIED, str(exc)
+            ) from None
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, refusal: _Refused) -> None:
+        self._server.count_refusal(refusal.reason)
+        log.warning("Workload API call refused (%s): %s", refusal.reason, refusal.message)
+        await context.abort(refusal.code, refusal.message)
+
+    async def FetchX509SVID(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        try:
+            self._check(request, context)
+            name = self._resource(context)
+            with self._server.stream(FETCH_X509_SVID, name):
+                await self._stream_svids(name, context)
+        except _Refused as refusal:
+            await self._refuse(context, refusal)
+
+    async def _stream_svids(self, name: str, context: grpc.aio.ServicerContext) -> None:
+        cache, encodings = self._server.cache, self._server.encodings
+        pairs = latest_pairs(cache.updates(name), cache.updates(ROOT_RESOURCE))
+        async for leaf, bundle in pairs:
+            if not isinstance(leaf, TlsSecret) or not isinstance(bundle, RootSecret):
+                continue  # the names always hold these kinds; anything else is not served
+            svid = encodings.svid(leaf)
+            response = workload_pb2.X509SVIDResponse(
+                svids=[
+                    workload_pb2.X509SVID(
+                        spiffe_id=svid.spiffe_id,
+                        x509_svid=svid.chain_der,
+                        x509_svid_key=svid.key_der,
+                        bundle=encodings.bundle(bundle),
+                    )
+                ]
+            )
+            await context.write(response)
+            self._server.count_response(FETCH_X509_SVID)
+            log.debug("Workload API: pushed %s (leaf %s)", svid.spiffe_id, leaf.version)
+
+    async def FetchX509Bundles(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        try:
+            self._check(request, context)
+            # The bundle is public, but only to callers we can place (and it counts for them).
+            name = self._resource(context)
+            with self._server.stream(FETCH_X509_BUNDLES, name):
+                updates = self._server.cache.updates(ROOT_RESOURCE)
+                try:
+                    async for bundle in updates:
+                        if not isinstance(bundle, RootSecret):
+                            continue
+                        response = workload_pb2.X509BundlesResponse(
+                            bundles={
+                                self._server.trust_domain_id: self._server.encodings.bundle(bundle)
+                            }
+                        )
+                        await context.write(response)
+                        self._server.count_response(FETCH_X509_BUNDLES)
+                finally:
+                    aclose = getattr(updates, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+        except _Refused as refusal:
+            await self._refuse(context, refusal)
+
+    async def _jwt(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            self._check(request, context)
+        except _Refused as refusal:
+            await self._refuse(context, refusal)
+        await self._refuse(
+            context, _Refused(REFUSED_JWT, grpc.StatusCode.UNIMPLEMENTED, JWT_NOT_SERVED)
+        )
+
+    FetchJWTSVID = _jwt
+    FetchJWTBundles = _jwt
+    ValidateJWTSVID = _jwt
+
+
+def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
+    pb = workload_pb2
+
+    def stream(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_stream_rpc_method_handler(
+            method, _lenient(request), response.SerializeToString
+        )
+
+    def unary(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            method, _lenient(request), response.SerializeToString
+        )
+
+    return {
+        FETCH_X509_SVID: stream(servicer.FetchX509SVID, pb.X509SVIDRequest, pb.X509SVIDResponse),
+        FETCH_X509_BUNDLES: stream(
+            servicer.FetchX509Bundles, pb.X509BundlesRequest, pb.X509BundlesResponse
+        ),
+        "FetchJWTSVID": unary(servicer.FetchJWTSVID, pb.JWTSVIDRequest, pb.JWTSVIDResponse),
+        "FetchJWTBundles": stream(
+            servicer.FetchJWTBundles, pb.JWTBundlesRequest, pb.JWTBundlesResponse
+        ),
+        "ValidateJWTSVID": unary(
+            servicer.ValidateJWTSVID, pb.ValidateJWTSVIDRequest, pb.ValidateJWTSVIDResponse
+        ),
+    }
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+class Listener(Protocol):
+    """Where the gRPC server listens and how callers reach it: the public socket itself (pod
+    agent), or a private socket behind `agent.peer_relay` (node agent)."""
+
+    @property
+    def grpc_address(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class WorkloadApiServer:
+    """Serves `SpiffeWorkloadAPI` for `callers` from `cache` on `socket_path`.
+
+    `await start()` binds (a stale socket is replaced, the parent created 0700 if missing, the
+    socket's mode set to `socket_mode`, as the SDS socket); `await stop(grace)` ends the streams
+    and removes the socket. With `relay` (node mode) the public socket is the relay's and the
+    gRPC server listens on the relay's private socket.
+    """
+
+    def __init__(
+        self,
+        cache: SecretUpdates,
+        socket_path: str | os.PathLike[str],
+        *,
+        trust_domain: str,
+        callers: CallerResolver | None = None,
+        metrics: WorkloadApiMetrics | None = None,
+        socket_mode: int = 0o600,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        max_streams_per_caller: int | None = None,
+        relay: Listener | None = None,
+    ) -> None:
+        self.cache = cache
+        self.socket_path = Path(socket_path)
+        if len(os.fsencode(self.socket_path)) > MAX_UNIX_SOCKET_PATH:
+            raise ValueError(
+                f"Workload API socket path {str(self.socket_path)!r} is longer than "
+                f"{MAX_UNIX_SOCKET_PATH} bytes, the Unix socket limit; choose a shorter path"
+            )
+        self.trust_domain_id = f"spiffe://{trust_domain}"
+        self.callers: CallerResolver = callers or PodCaller()
+        self.metrics = metrics
+        self.socket_mode = socket_mode
+        self.max_streams = max_streams
+        # Node mode: one pod cannot take every stream slot from the node's other pods.
+        self.max_streams_per_caller = max_streams_per_caller
+        self._streams_of: dict[str, int] = {}
+        self.encodings = _Encodings()
+        self.relay = relay
+        self.open_streams = dict.fromkeys(STREAM_RPCS, 0)
+        self.responses = dict.fromkeys(STREAM_RPCS, 0)
+        self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
+        self._server: grpc.aio.Server | None = None
+        if metrics is not None:  # every series at 0 from the start, for increase()
+            for rpc in STREAM_RPCS:
+                metrics.workload_api_streams.labels(rpc=rpc)
+                metrics.workload_api_responses.labels(rpc=rpc)
+            for reason in REFUSAL_REASONS:
+                metrics.workload_api_refusals.labels(reason=reason)
+
+    @property
+    def address(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    @property
+    def stream_count(self) -> int:
+        return sum(self.open_streams.values())
+
+    @contextlib.contextmanager
+    def stream(self, rpc: str, caller: str) -> Any:
+        """Counts one open stream of `rpc` for `caller` (its resource name) while the block
+        runs; refuses past `max_streams` in all, or past `max_streams_per_caller` for one."""
+        if self.stream_count >= self.max_streams:
+            raise _Refused(
+                REFUSED_TOO_MANY_STREAMS,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the agent already serves {self.max_streams} Workload API streams; close "
+                "unused clients (one X509Source per process is enough) and retry",
+            )
+        held = self._streams_of.get(caller, 0)
+        if self.max_streams_per_caller is not None and held >= self.max_streams_per_caller:
+            raise _Refused(
+                REFUSED_TOO_MANY_STREAMS,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{caller} already holds {held} Workload API streams, the most one workload "
+                "may; close unused clients (one X509Source per process is enough) and retry",
+            )
+        self._streams_of[caller] = held + 1
+        self.open_streams[rpc] += 1
+        gauge = self.metrics.workload_api_streams.labels(rpc=rpc) if self.metrics else None
+        if gauge is not None:
+            gauge.inc()
+        try:
+            yield
+        finally:
+            self.open_streams[rpc] -= 1
+            remaining = self._streams_of[caller] - 1
+            if remaining:
+                self._streams_of[caller] = remaining
+            else:
+                del self._streams_of[caller]
+            if gauge is not None:
+                gauge.dec()
+
+    def count_response(self, rpc: str) -> None:
+        self.responses[rpc] += 1
+        self._counter("workload_api_responses", rpc=rpc).inc()
+
+    def count_refusal(self, reason: str) -> None:
+        self.refusals[reason] += 1
+        self._counter("workload_api_refusals", reason=reason).inc()
+
+    def _counter(self, name: str, **labels: str) -> CounterChild:
+        if self.metrics is None:
+            return _NoCounter()
+        family: LabeledCounter = getattr(self.metrics, name)
+        return family.labels(**labels)
+
+    def summary(self) -> dict[str, Any]:
+        """What `meshca status` shows of the Workload API (a snapshot of plain values)."""
+        return {
+            "socket": str(self.socket_path),
+            "serves": self.callers.describe(),
+            "streams_open": dict(self.open_streams),
+            "responses": dict(self.responses),
+            "refusals": {reason: n for reason, n in self.refusals.items() if n},
+        }
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("Workload API server already started")
+        if self.relay is None:
+            prepare_socket_path(self.socket_path)
+            address = self.address
+        else:
+            address = self.relay.grpc_address
+        server = grpc.aio.server()
+        handlers = _handlers(_Servicer(self))
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
+        )
+        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        if server.add_insecure_port(address) == 0:
+            raise OSError(f"could not listen on {address}")
+        await server.start()
+        self._server = server
+        if self.relay is None:
+            os.chmod(self.socket_path, self.socket_mode)
+        else:
+            await self.relay.start()
+        log.info(
+            "SPIFFE Workload API on %s (mode %o): %s",
+            self.address,
+            self.socket_mode,
+            self.callers.describe(),
+        )
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Ends the streams and removes the socket, if `start` got as far as serving on it (a
+        socket another process serves on is never removed)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self.relay is not None:
+            await self.relay.stop()
+        await server.stop(grace)
+        if self.relay is None:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
+                    os.unlink(self.socket_path)
+
+
+class _NoCounter:
+    def inc(self, amount: float = 1) -> None:
+        return None
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Like the SDS socket: create the parent 0700 if missing, replace a stale socket, never
+    replace anything else. A socket something still answers on is not stale: the variable the
+    agent reads (SPIFFE_ENDPOINT_SOCKET) may name a SPIRE agent's live socket, which must not
+    be taken over."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+    if _answers(path):
+        raise FileExistsError(
+            f"{path} is a socket another process is serving on (a SPIRE agent, another meshca "
+            "agent?); refusing to take it over: give --workload-api-socket a path of its own"
+        )
+    log.info("removing stale Workload API socket %s", path)
+    os.unlink(path)
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(str(path))
+    except OSError:  # ECONNREFUSED: nobody listens (stale); anything else: not ours to judge
+        return False
+    finally:
+        probe.close()
+    return True

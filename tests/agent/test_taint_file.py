@@ -1,0 +1,318 @@
+"""The taint notice beside the root file (`agent.taint_file`) feeds the scheduler's one taint
+path (`agent.taints`, `CertificateScheduler.taints_learned`), as the report answer does.
+
+Real files in the kubelet's ConfigMap layout (`..data` swapped per generation, both keys of
+`istio-ca-root-cert` side by side), followed by the real `PolledFile` on the real clock with
+short intervals; the scheduler is a node agent's on a fake clock with a fake signer (its
+pacing is the subject of tests/agent/test_taint_resign.py). What it shows: a notice's taint
+re-signs every leaf of the authority, paced over the window, each once across both sources; a
+notice that lags behind, vanishes or is malformed un-taints nothing and cancels nothing; a
+malformed or oversized one is one WARNING and a count; a future taint time counts from now; a
+taint known before a previous run's leaf is restored re-signs it too; and a CA that keeps
+answering with a tainted authority gets no CSR loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from agent.ca_client import SignedCertificate
+from agent.cert_state import RestoredCertificate
+from agent.config import AgentConfig
+from agent.errors import NoPreviousCertificate
+from agent.metrics import AgentMetrics
+from agent.scheduler import CertificateScheduler, StartHook
+from agent.secrets import SecretCache
+from agent.taint_file import TaintFileWatch, taint_notice_beside
+from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
+from ca_server.authority_slots import authority_id
+from certs import SpiffeId
+from meshca.clock import FakeClock, SystemClock
+from meshca.taint_notice import MAX_NOTICE_BYTES, TAINT_NOTICE_NAME, encode_taint_notice
+from tests.agent.test_taint_resign import (
+    IDENTITIES,
+    START,
+    TTL,
+    WINDOW,
+    SwitchableSigner,
+    report_taint,
+)
+from tests.agent.test_trust_bundle_distribution import kubelet_project
+from tests.agent.wiring import advance_settled, until
+from tests.support.pki import TestCa
+
+POLL = 0.02  # the watch's stat interval here (the agent's default is 1 s)
+ROOT_PEM = "-----BEGIN CERTIFICATE-----\n(the bundle; not read here)\n-----END CERTIFICATE-----\n"
+
+
+@pytest.fixture
+def mount() -> Iterator[Path]:
+    """A ConfigMap volume's directory (short path, removed after)."""
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="tn-"))
+    yield path / "istio"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def project(mount: Path, notice: str | None) -> None:
+    """The kubelet projecting `istio-ca-root-cert`: the bundle, and the notice key if any."""
+    files = {"root-cert.pem": ROOT_PEM}
+    if notice is not None:
+        files[TAINT_NOTICE_NAME] = notice
+    kubelet_project(mount, files)
+
+
+@dataclass
+class Rig:
+    scheduler: CertificateScheduler
+    signer: SwitchableSigner
+    clock: FakeClock
+    metrics: AgentMetrics
+    watch: TaintFileWatch
+
+    def due_offsets(self) -> dict[SpiffeId, float]:
+        """Seconds from now to each identity's pending timer."""
+        now = self.clock.now()
+        return {
+            s.identity: (s.due_at - now).total_seconds()
+            for s in self.scheduler.states.values()
+            if s.due_at is not None
+        }
+
+
+@contextlib.asynccontextmanager
+async def rig(
+    mount: Path,
+    identities: frozenset[SpiffeId] = IDENTITIES,
+    start_hook: StartHook | None = None,
+) -> AsyncIterator[Rig]:
+    """A node scheduler whose identities all hold a leaf of `signer.pki`, and the taint file
+    beside `mount/root-cert.pem` followed into it."""
+    clock = FakeClock(START)
+    signer = SwitchableSigner(TestCa(START), clock)
+    config = AgentConfig(
+        secret_ttl=TTL, node_mode=True, identities=(("ns", "static"),), taint_resign_window=WINDOW
+    )
+    metrics = AgentMetrics(clock)
+    scheduler = CertificateScheduler.from_config(
+        config,
+        signer,
+        SecretCache(),
+        clock,
+        metrics=metrics,
+        rng=random.Random(5),
+        start_hook=start_hook,
+    )
+    path = taint_notice_beside(mount / "root-cert.pem")
+    assert path == mount / TAINT_NOTICE_NAME
+    watch = TaintFileWatch(path, scheduler.taints_learned, SystemClock(), metrics, interval=POLL)
+    await watch.start()
+    task = asyncio.create_task(scheduler.run())
+    try:
+        scheduler.set_identities(identities)
+        await until(lambda: scheduler.installs >= len(identities))
+        yield Rig(scheduler, signer, clock, metrics, watch)
+    finally:
+        await watch.stop()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await scheduler.aclose()
+
+
+def resigns(metrics: AgentMetrics) -> float:
+    return metrics.taint_resigns._value.get()
+
+
+def refusals(metrics: AgentMetrics) -> float:
+    return metrics.taint_notice_refused._value.get()
+
+
+def test_a_taint_in_the_configmap_mount_resigns_every_leaf_once_across_both_sources(
+    mount: Path,
+) -> None:
+    async def main() -> None:
+        project(mount, encode_taint_notice({}))
+        async with rig(mount) as r:
+            old = authority_id(r.signer.pki.cert)
+            renewal = r.due_offsets()
+            assert min(renewal.values()) > WINDOW.total_seconds()  # nothing due in the window
+            assert r.watch.accepted == 1 and resigns(r.metrics) == 0
+
+            r.signer.pki = TestCa(START)  # activation, then the taint, just now
+            project(mount, encode_taint_notice({old: START}))
+            await until(lambda: resigns(r.metrics) == len(IDENTITIES))
+            drawn = r.due_offsets()
+            assert all(0 < d <= WINDOW.total_seconds() for d in drawn.values()), drawn
+            assert max(drawn.values()) - min(drawn.values()) > WINDOW.total_seconds() / 3
+
+            # The notice lags behind (a CA process one poll late) or loses its key: the taint
+            # stays known and every scheduled re-sign stays as it was.
+            project(mount, encode_taint_notice({}))
+            await until(lambda: r.watch.accepted == 3)
+            project(mount, None)
+            await asyncio.sleep(10 * POLL)
+            assert r.due_offsets() == drawn
+            assert old in r.scheduler.taints
+            # The report then names the same taint: nothing moves twice.
+            assert report_taint(r.scheduler, r.clock, {old: 0.0}) == 0
+            assert r.due_offsets() == drawn
+
+            before = len(r.signer.calls)
+            await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
+            assert sorted(i for i, _ in r.signer.calls[before:]) == sorted(IDENTITIES)
+            new = authority_id(r.signer.pki.cert)
+            assert r.scheduler.leaf_authorities() == {new}
+            assert resigns(r.metrics) == len(IDENTITIES)
+
+    asyncio.run(main())
+
+
+def test_a_taint_the_report_brought_first_is_not_moved_by_the_notice(mount: Path) -> None:
+    async def main() -> None:
+        async with rig(mount) as r:  # no notice yet: a CA that has not published one
+            old = authority_id(r.signer.pki.cert)
+            assert report_taint(r.scheduler, r.clock, {old: 0.0}) == len(IDENTITIES)
+            drawn = r.due_offsets()
+            project(mount, encode_taint_notice({old: START - timedelta(seconds=30)}))
+            await until(lambda: r.watch.accepted == 1)
+            assert r.due_offsets() == drawn
+            assert resigns(r.metrics) == len(IDENTITIES)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ('{"version": 1, "tainted": [{"authority": "AB"}]}', "missing ['tainted_at']"),
+        ("-----BEGIN CERTIFICATE-----\n", "not a JSON document"),
+        (" " * (MAX_NOTICE_BYTES + 1), f"the limit is {MAX_NOTICE_BYTES}"),
+    ],
+)
+def test_a_malformed_or_oversized_notice_is_one_warning_and_untaints_nothing(
+    mount: Path, content: str, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        old_at = START  # nobody is due at once: every re-sign is pending while the test looks
+        async with rig(mount) as r:
+            old = authority_id(r.signer.pki.cert)
+            r.signer.pki = TestCa(START)
+            project(mount, encode_taint_notice({old: old_at}))
+            await until(lambda: resigns(r.metrics) == len(IDENTITIES))
+            drawn = r.due_offsets()
+            with caplog.at_level(logging.WARNING, logger="agent.taint_file"):
+                project(mount, content)
+                await until(lambda: refusals(r.metrics) == 1)
+                await asyncio.sleep(20 * POLL)  # polls of the same bad version say nothing
+            warnings = [
+                rec.getMessage() for rec in caplog.records if rec.name == "agent.taint_file"
+            ]
+            assert len(warnings) == 1, warnings
+            assert said in warnings[0] and "taints already known stay" in warnings[0]
+            assert refusals(r.metrics) == 1
+            assert r.scheduler.taints.get(old) == old_at and r.due_offsets() == drawn
+            # A good notice after it is read again; an authority that signed none of the
+            # agent's leaves moves nothing.
+            project(mount, encode_taint_notice({old: old_at, "cd" * 20: START}))
+            await until(lambda: "cd" * 20 in r.scheduler.taints)
+            assert resigns(r.metrics) == len(IDENTITIES) and r.due_offsets() == drawn
+
+    asyncio.run(main())
+
+
+def test_a_missing_notice_is_said_once_at_info_and_read_when_it_appears(
+    mount: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        project(mount, None)  # Istio's CA, or an older meshca: no notice key
+        with caplog.at_level(logging.INFO, logger="agent.taint_file"):
+            async with rig(mount) as r:
+                await asyncio.sleep(10 * POLL)
+                said = [(x.levelno, x.getMessage()) for x in caplog.records]
+                assert [level for level, _ in said] == [logging.INFO], said
+                assert "no taint notice at" in said[0][1]
+                assert refusals(r.metrics) == 0
+                old = authority_id(r.signer.pki.cert)
+                project(mount, encode_taint_notice({old: START}))
+                await until(lambda: resigns(r.metrics) == len(IDENTITIES))
+
+    asyncio.run(main())
+
+
+def test_a_taint_time_ahead_of_the_agent_clock_counts_from_now(
+    mount: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with rig(mount) as r:
+            old = authority_id(r.signer.pki.cert)
+            with caplog.at_level(logging.WARNING, logger="agent.taints"):
+                project(mount, encode_taint_notice({old: START + timedelta(days=1)}))
+                await until(lambda: resigns(r.metrics) == len(IDENTITIES))
+            assert "86400 s ahead of this agent's clock; counting the taint from now" in caplog.text
+            assert r.scheduler.taints.get(old) == START
+            drawn = r.due_offsets()
+            assert all(0 <= d <= WINDOW.total_seconds() for d in drawn.values()), drawn
+            assert max(drawn.values()) > WINDOW.total_seconds() / 2  # from now, the whole window
+
+    asyncio.run(main())
+
+
+def test_a_taint_known_before_a_previous_runs_leaf_is_restored_resigns_it(mount: Path) -> None:
+    """The notice is read before the identities start (`CaCertificateSource.start`): a leaf a
+    previous run left, signed by an authority tainted since, is re-signed within the window."""
+    previous = TestCa(START - timedelta(days=1))
+    (only,) = sorted(IDENTITIES)[:1]
+    project(mount, encode_taint_notice({authority_id(previous.cert): START - timedelta(hours=1)}))
+
+    def restore(identity: SpiffeId, name: str, now: datetime) -> RestoredCertificate:
+        if identity != only:
+            raise NoPreviousCertificate("none")
+        issued = previous.issue(identity, ttl=TTL, now=now - timedelta(seconds=60))
+        signed = SignedCertificate(issued.cert_pem, previous.root_pem, issued.cert, now)
+        return RestoredCertificate(signed, issued.key_pem, mount)
+
+    async def main() -> None:
+        async with rig(mount, frozenset({only}), start_hook=restore) as r:
+            # Tainted an hour ago, window long over: re-signed at once, by the current CA.
+            await until(lambda: r.scheduler.installs == 2)
+            state = r.scheduler.states[only]
+            assert not state.restored and state.authority == authority_id(r.signer.pki.cert)
+            assert resigns(r.metrics) == 1
+            assert [identity for identity, _ in r.signer.calls] == [only]
+
+    asyncio.run(main())
+
+
+def test_a_ca_still_answering_with_a_tainted_authority_gets_no_csr_loop(
+    mount: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with rig(mount) as r:
+            old = authority_id(r.signer.pki.cert)  # the signer keeps signing with it
+            project(mount, encode_taint_notice({old: START - timedelta(hours=1)}))
+            before = len(r.signer.calls)
+            await until(lambda: len(r.signer.calls) == before + len(IDENTITIES))
+            await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
+            assert len(r.signer.calls) == before + len(IDENTITIES)  # once each, not again
+            assert "which it has tainted (a CA process that has not caught up yet?)" in caplog.text
+
+    asyncio.run(main())
+
+
+def test_known_taints_stay_bounded() -> None:
+    known = KnownTaints()
+    for n in range(MAX_KNOWN_TAINTS + 10):
+        known.learn({f"{n:040x}": START - timedelta(seconds=n)}, SOURCE_TAINT_NOTICE, START)
+    assert len(known) == MAX_KNOWN_TAINTS
+    assert f"{0:040x}" in known and f"{MAX_KNOWN_TAINTS:040x}" not in known  # the oldest go

@@ -1,0 +1,145 @@
+"""The agent's real `WorkloadApiServer` on a real Unix socket, hosted on a background loop so
+synchronous clients (py-spiffe, grpc's sync stubs, client subprocesses) can drive it.
+
+A pod-mode server (`pod_server`) serves `default` + `ROOTCA` from a `SecretCache` seeded from
+a `TestCa`; a node-mode one (`node_server`) puts the real `PeerRelay` on the socket and attests
+with the real `NodeAttestor`, whose two lookups are injected: `/proc` is a directory the test
+writes (`<pid>/cgroup`) and the pods are a dict by UID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from agent.metrics import AgentMetrics
+from agent.peer_relay import PeerRelay
+from agent.secrets import Secret, SecretCache, TlsSecret
+from agent.workload_api import WorkloadApiServer
+from agent.workload_attestor import NodeAttestor, NodeCaller, ProcessCgroups
+from meshca.clock import SystemClock
+from meshca.pods import PodInfo
+from tests.support.loop import LoopThread
+from tests.support.metrics import sample_value
+from tests.support.pki import Issued, TestCa
+
+
+class PodsByUid:
+    """The injected pod informer: `PodDirectory` over a dict the test fills."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodInfo] = {}
+
+    def add(self, uid: str, namespace: str, service_account: str, phase: str = "Running") -> None:
+        self.pods[uid] = PodInfo(namespace, f"{service_account}-pod", uid, service_account,
+                                 "node-1", phase)  # fmt: skip
+
+    def pod_by_uid(self, uid: str) -> PodInfo | None:
+        return self.pods.get(uid)
+
+
+def pod_cgroup(pod_uid: str) -> str:
+    """What the kubelet's systemd driver (cgroup v2) makes a container's /proc/<pid>/cgroup."""
+    slice_uid = pod_uid.replace("-", "_")
+    return (
+        "0::/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{slice_uid}.slice/cri-containerd-0123abcd.scope\n"
+    )
+
+
+class Hosted:
+    """A started server, its cache and metrics, and the loop they run on."""
+
+    def __init__(
+        self,
+        loop: LoopThread,
+        server: WorkloadApiServer,
+        cache: SecretCache,
+        metrics: AgentMetrics,
+    ) -> None:
+        self.loop = loop
+        self.server = server
+        self.cache = cache
+        self.metrics = metrics
+
+    def metric(self, name: str, **labels: str) -> float:
+        return sample_value(generate_latest(self.metrics.registry).decode(), name, labels)
+
+    @property
+    def socket(self) -> Path:
+        return self.server.socket_path
+
+    def publish(self, secret: Secret) -> None:
+        self.loop.run(self.cache.publish(secret))
+
+    def stream_count(self) -> int:
+        async def read() -> int:
+            return self.server.stream_count
+
+        return self.loop.run(read())
+
+
+@contextmanager
+def _hosted(
+    server: WorkloadApiServer, cache: SecretCache, metrics: AgentMetrics
+) -> Iterator[Hosted]:
+    with LoopThread() as loop:
+        loop.run(server.start())
+        try:
+            yield Hosted(loop, server, cache, metrics)
+        finally:
+            loop.run(server.stop(0.5))
+
+
+@contextmanager
+def pod_server(
+    socket: Path, ca: TestCa, issued: Issued, *, max_streams: int = 1024
+) -> Iterator[Hosted]:
+    """A pod agent's Workload API serving `issued` as `default` and `ca`'s root."""
+    cache = SecretCache()
+    metrics = AgentMetrics(SystemClock())
+
+    server = WorkloadApiServer(
+        cache, socket, trust_domain=ca.trust_domain, metrics=metrics, max_streams=max_streams
+    )
+    with _hosted(server, cache, metrics) as hosted:
+        hosted.publish(ca.root_secret())
+        hosted.publish(issued.tls_secret())
+        yield hosted
+
+
+@contextmanager
+def node_server(
+    socket: Path,
+    ca: TestCa,
+    issued: dict[str, Issued],
+    pods: PodsByUid,
+    proc_root: Path,
+    *,
+    max_streams_per_caller: int | None = None,
+) -> Iterator[Hosted]:
+    """A node agent's Workload API: each of `issued` published under its SPIFFE ID, callers
+    attested through the relay against `pods` and the cgroup files under `proc_root`."""
+    cache = SecretCache()
+    metrics = AgentMetrics(SystemClock())
+
+    attestor = NodeAttestor(pods, ca.trust_domain, ProcessCgroups(proc_root))
+    relay = PeerRelay(socket, attestor.pod_uid_of, socket_mode=0o666)
+    server = WorkloadApiServer(
+        cache,
+        socket,
+        trust_domain=ca.trust_domain,
+        callers=NodeCaller(relay, attestor),
+        metrics=metrics,
+        socket_mode=0o666,
+        max_streams_per_caller=max_streams_per_caller,
+        relay=relay,
+    )
+    with _hosted(server, cache, metrics) as hosted:
+        hosted.publish(ca.root_secret())
+        for spiffe_id, cert in issued.items():
+            hosted.publish(TlsSecret(spiffe_id, cert.cert_pem, cert.key_pem))
+        yield hosted
