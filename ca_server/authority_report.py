@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from ca_server.agent_reports import Coverage, FleetReports, coverage
+from ca_server.agent_stragglers import STATUS_LIMIT, agents_section
 from ca_server.authority_slots import AuthorityState, Slot, gate_waiting
 
 UNKNOWN = "unknown"
@@ -51,7 +52,17 @@ def _row(slot: Slot, live: dict[str, int] | None, agents: Coverage | None) -> di
         "agents_reporting": agents.reporting if agents is not None else UNKNOWN,
         # Reporting agents that still serve a leaf it signed: revoking it breaks those.
         "agents_serving": agents.serving.get(slot.id, 0) if agents is not None else UNKNOWN,
+        # Reports the CA processes could not publish or read: not trusting, maybe serving.
+        "agents_unseen": _unseen(agents),
     }
+
+
+def _unseen(agents: Coverage | None) -> int | str:
+    """Reports nobody could see; "unknown" when a snapshot could not be read at all (how many
+    agents it held, nobody knows)."""
+    if agents is None or agents.unreadable:
+        return UNKNOWN
+    return agents.unseen
 
 
 def fleet_coverage(state: AuthorityState, fleet: FleetReports | None) -> Coverage | None:
@@ -86,31 +97,36 @@ def activation_gate(state: AuthorityState, agents: Coverage | None) -> dict[str,
         "reason": event.reason,
         "agents_trusting": agents.trusting.get(event.authority, 0) if agents else UNKNOWN,
         "agents_reporting": agents.reporting if agents is not None else UNKNOWN,
+        "agents_unseen": _unseen(agents),
     }
 
 
 def coverage_summary(state: AuthorityState, agents: Coverage | None) -> dict[str, Any]:
     """How far each authority has spread over the agents that report, as a fraction, and how
-    much the count leaves out (callers without a report; reports a process could not publish,
-    which make every fraction a lower bound)."""
+    much the count leaves out (callers without a report; reports a process could not publish
+    or a reader could not read, counted as not trusting, so every fraction is a lower bound)."""
     if agents is None:
         return {
             "agents_reporting": UNKNOWN,
             "agents_unknown": UNKNOWN,
             "reports_left_out": UNKNOWN,
+            "reports_unreadable": UNKNOWN,
             "authorities": [],
         }
     return {
         "agents_reporting": agents.reporting,
         "agents_unknown": agents.unknown,
         "reports_left_out": agents.dropped,
+        "reports_unreadable": agents.unreadable,
         "authorities": [
             {
                 "id": slot.id,
                 "state": slot.phase.value,
                 "agents_trusting": agents.trusting.get(slot.id, 0),
                 "fraction": (
-                    agents.trusting.get(slot.id, 0) / agents.reporting if agents.reporting else None
+                    agents.trusting.get(slot.id, 0) / (agents.reporting + agents.unseen)
+                    if agents.reporting + agents.unseen
+                    else None
                 ),
             }
             for slot in state.ranked()
@@ -121,9 +137,14 @@ def coverage_summary(state: AuthorityState, agents: Coverage | None) -> dict[str
 def status_section(
     state: AuthorityState, live: dict[str, int] | None, fleet: FleetReports | None
 ) -> dict[str, Any]:
-    """The slots for `meshca status`: `show_document`'s fields plus `coverage_summary`."""
+    """The slots for `meshca status`: `show_document`'s fields plus `coverage_summary` and the
+    pods a prepared or tainted authority waits on (`ca_server.agent_stragglers`)."""
     agents = fleet_coverage(state, fleet)
-    return {**show_document(state, live, agents), "coverage": coverage_summary(state, agents)}
+    return {
+        **show_document(state, live, agents),
+        "coverage": coverage_summary(state, agents),
+        "agents": agents_section(state, fleet, limit=STATUS_LIMIT),
+    }
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ async def set_up_authority(
         signer = await rotator.start()
         log.info("signing with self-signed authority slots (trust domain %s)", config.trust_domain)
         ttl = cap_leaf_lifetimes(config.ttl, rotator.policy)
-        rotator.ledger.agents.expire_after = 2 * ttl.maximum
+        rotator.ledger.agents.pods = kube.report_pods() if kube is not None else None
         return AuthoritySetup(signer, ttl, rotator, agent_reports=rotator.ledger.agents)
     authority = await asyncio.to_thread(source.load, clock.now())
     publish_root_bundle(config.data_dir, authority, {})  # a plugged-in CA has no taints
@@ -105,9 +105,13 @@ async def set_up_authority(
     record_expiry(metrics, authority)
     ledger = LeafLedger()
     guard = PluggedChangeGuard(
-        ledger, ledger_sink_for(config, kube), switch_at_coverage=config.activate_at_coverage
+        ledger,
+        ledger_sink_for(config, kube),
+        switch_at_coverage=config.activate_at_coverage,
+        deadline_share=config.activate_deadline,
+        on_deadline=metrics.plugged_switch_deadline.inc,
     )
-    ledger.agents.expire_after = 2 * config.ttl.maximum
+    ledger.agents.pods = kube.report_pods() if kube is not None else None
     return AuthoritySetup(
         RecordingSigner(authority, ledger, clock),
         config.ttl,

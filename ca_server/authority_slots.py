@@ -353,19 +353,34 @@ GATE_DEADLINE_REASON = "gate deadline passed"
 
 @dataclass(frozen=True)
 class AgentCoverage:
-    """For the activation gate: agents whose bundle holds the prepared authority / reporting."""
+    """For the activation gate (and the plugged-in guard): agents whose bundle holds the new
+    authority, agents that reported, and what could not be seen — reports a CA process cut or
+    evicted (`unseen`) and snapshots that could not be read (`unreadable`). Conservative by
+    construction: an unseen agent counts as not trusting, and an unreadable snapshot (how many
+    agents it holds, nobody knows) holds the decision until it can be read or the deadline."""
 
     trusting: int
     reporting: int
+    unseen: int = 0
+    unreadable: int = 0
 
     def reaches(self, fraction: float) -> bool:
-        """Covered when no agent reports (nothing is known to be stranded) or at `fraction`."""
-        return self.reporting == 0 or self.trusting >= fraction * self.reporting
+        """Covered when nothing is known to be stranded (no agent reports, nothing unseen or
+        unreadable) or when `fraction` of the reporting and unseen agents trust it."""
+        if self.unreadable:
+            return False
+        counted = self.reporting + self.unseen
+        return counted == 0 or self.trusting >= fraction * counted
 
     def __str__(self) -> str:
-        if self.reporting == 0:
-            return "no agent reports"
-        return f"{self.trusting}/{self.reporting} reporting agents trust it"
+        blind = ""
+        if self.unseen:
+            blind += f", {self.unseen} unseen counted as not trusting"
+        if self.unreadable:
+            blind += f", {self.unreadable} report(s) unreadable"
+        if self.reporting + self.unseen == 0:
+            return f"no agent reports{blind}"
+        return f"{self.trusting}/{self.reporting + self.unseen} reporting agents trust it{blind}"
 
 
 def gate_waiting(state: AuthorityState) -> HistoryEvent | None:

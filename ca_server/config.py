@@ -438,7 +438,9 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
         metavar="SHARE",
         help="with --activate-at-coverage: activate anyway (with a WARNING) once this share of "
         "the time between the 5/6 point and the active authority's expiry has passed; leaves "
-        "signed meanwhile get at least (1 - SHARE) of the maximum TTL [0.5]",
+        "signed meanwhile get at least (1 - SHARE) of the maximum TTL. Plugged-in CA: take a "
+        "held-back change to another root anyway (with a WARNING) once this share of the "
+        "current signing certificate's remaining life has passed since it was first held [0.5]",
     )
     ca.add_argument(
         "--ca-reload-interval",

@@ -145,12 +145,13 @@ class DirectoryLedgerSink:
         self._own = f"{instance}.json"
 
     def save(self, ledger: LeafLedger, now: datetime) -> None:
+        ledger.agents.prune(now)
         try:
             if ledger.changed:
                 ensure_dir(self._directory)
                 atomic_write(self._directory / self._own, ledger.snapshot_json(now))
                 self._sweep(self._directory, is_spent, now)
-            if ledger.agents.changed:
+            if ledger.agents.due(now):
                 ensure_dir(self._agents_directory)
                 atomic_write(self._agents_directory / self._own, ledger.agents.snapshot_json(now))
                 self._sweep(self._agents_directory, agents_spent, now)

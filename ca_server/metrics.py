@@ -203,6 +203,21 @@ class CaMetrics:
             ["outcome"],
             registry=r,
         )
+        # Bounded: `AgentReports.caller_label` names at most MAX_CALLERS identities, then
+        # "(other)", so one workload sending far more reports than its pod needs stands out.
+        self.agent_reports_by_caller = Counter(
+            "meshca_ca_agent_reports_by_caller",
+            "Agent reports recorded (periodic reports and CSR report headers), by the SPIFFE "
+            "identity the caller's credential proved",
+            ["identity"],
+            registry=r,
+        )
+        self.plugged_switch_deadline = Counter(
+            "meshca_ca_plugged_switch_deadline",
+            "Plugged-in CA changes to another root taken at the --activate-deadline, below the "
+            "coverage --activate-at-coverage asked for",
+            registry=r,
+        )
         counters = {
             counter._name: counter
             for counter in (self.csr_requests, self.authn_failures, self.sign_errors, self.issued)

@@ -14,8 +14,13 @@ CA uses it:
   of the reporting agents (`ca_server.agent_reports`, the same figure the self-signed gate
   reads) serve a bundle holding it: "published" is not "received", and a leaf under a root
   its peers do not hold yet fails their handshakes. An intermediate swap under the same root
-  is not gated. There is no deadline here: the operator made the change and can take it
-  back, or restart the CA to take it as it is.
+  is not gated. What the reports could not see counts as not trusting (`AgentCoverage`).
+  The wait has a deadline like the self-signed gate's: `--activate-deadline` (a share, 0.5 by
+  default) of the current signing certificate's remaining life, counted from when this process
+  first refused the change for coverage. Past it the change is taken anyway, said loudly (a
+  WARNING, an `authority-switch-deadline` audit line, `meshca_ca_plugged_switch_deadline_total`):
+  waiting longer would let the current signing material expire. The operator can also take it
+  back, or restart the CA to take it at once.
 
 A refused change is logged (once) with what to do, the current authority kept, and the change
 checked again at every poll, so it is taken as soon as it becomes safe. A restart accepts
@@ -28,6 +33,7 @@ publishes it so CA processes sharing the state see each other's leaves.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from cryptography import x509
@@ -95,12 +101,21 @@ def _anchor_id(authority: SigningAuthority) -> str | None:
 
 class PluggedChangeGuard:
     def __init__(
-        self, ledger: LeafLedger, sink: LedgerSink, switch_at_coverage: float | None = None
+        self,
+        ledger: LeafLedger,
+        sink: LedgerSink,
+        switch_at_coverage: float | None = None,
+        deadline_share: float = 0.5,
+        on_deadline: Callable[[], None] = lambda: None,
     ) -> None:
         self._ledger = ledger
         self._sink = sink
         self._switch_at_coverage = switch_at_coverage
+        self._deadline_share = deadline_share
+        self._on_deadline = on_deadline  # counts the switches taken at the deadline
         self._last_refusal: tuple[str, str] | None = None
+        # (root the signer would move to, when this process first held that move back)
+        self._waiting: tuple[str, datetime] | None = None
 
     def first_refusal(self, fingerprint: str, reason: str) -> bool:
         """True the first time this change is refused for this reason (log once, not at
@@ -158,15 +173,44 @@ class PluggedChangeGuard:
         bundle = [(authority_id(root), root) for root in current.roots]
         counted = coverage(bundle, self._sink.agents(now))
         root_id = authority_id(anchor)
-        covered = AgentCoverage(counted.trusting.get(root_id, 0), counted.reporting)
-        if not covered.reaches(fraction):
-            raise StrandingChangeError(
-                "signer-not-trusted-yet",
-                f"signing would move to root {root_id}, but only {covered} (--activate-at-"
-                f"coverage wants {fraction:.0%}); keep root-cert.pem holding both roots and "
-                "wait until the agents have the new bundle (the change is taken as soon as they "
-                "do), or restart the CA to take it now",
+        covered = AgentCoverage(
+            counted.trusting.get(root_id, 0), counted.reporting, counted.unseen, counted.unreadable
+        )
+        if covered.reaches(fraction):
+            self._waiting = None
+            return
+        if self._waiting is None or self._waiting[0] != root_id:
+            self._waiting = (root_id, now)
+        since = self._waiting[1]
+        deadline = since + (current.cert.not_valid_after_utc - since) * self._deadline_share
+        if now >= deadline:
+            self._waiting = None
+            self._on_deadline()
+            log.warning(
+                "moving signing to root %s without the wanted coverage: only %s (--activate-at-"
+                "coverage wants %.0f%%), held back since %s and the --activate-deadline has "
+                "passed. Agents that do not trust it yet fail to verify its leaves until they get "
+                "the new bundle: check their root-cert.pem source",
+                root_id,
+                covered,
+                fraction * 100,
+                since.isoformat(),
             )
+            audit(
+                "authority-switch-deadline",
+                outcome="switched",
+                root=root_id,
+                coverage=str(covered),
+                waiting_since=since.isoformat(),
+            )
+            return
+        raise StrandingChangeError(
+            "signer-not-trusted-yet",
+            f"signing would move to root {root_id}, but only {covered} (--activate-at-"
+            f"coverage wants {fraction:.0%}); keep root-cert.pem holding both roots and "
+            "wait until the agents have the new bundle (the change is taken as soon as they "
+            f"do, or anyway at {deadline.isoformat()}), or restart the CA to take it now",
+        )
 
 
 def audit_reload(authority: SigningAuthority) -> None:

@@ -20,7 +20,11 @@ TokenReview gets one only from the spare API budget, else it is shed the same wa
 Authenticated exactly like CreateCertificate (the same authenticator chain: a token, or a
 client certificate on the mTLS port); it never signs anything and never touches Istio's wire
 (`istio.v1.auth`). Refusals: `UNAUTHENTICATED` (as CreateCertificate), `INVALID_ARGUMENT` for
-a missing or malformed agent id; the message says what to fix. Concurrency: runs on the CA's
+a missing or malformed agent id, and for a report larger than any an agent sends: more than
+`MAX_REPORT_BYTES` on the wire (refused before it is even parsed), or a field or list beyond its
+cap (`check_report_size`, before any element is looked at); the message says what to fix.
+The report counts for the pod the caller's credential proves, never for its agent id
+(`ca_server.agent_reports`). Concurrency: runs on the CA's
 `grpc.aio` event loop; recording takes a lock for a dictionary update.
 """
 
@@ -36,7 +40,14 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission
-from ca_server.agent_reports import AgentReports
+from ca_server.agent_reports import (
+    MAX_AGENT_ID,
+    MAX_AUTHORITY,
+    MAX_DIGEST,
+    MAX_REPORTED_AUTHORITIES,
+    AgentReports,
+    valid_agent_id,
+)
 from ca_server.authn import AuthenticatorChain
 from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
@@ -47,6 +58,9 @@ from meshca_proto import report_pb2, report_pb2_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = report_pb2.DESCRIPTOR.services_by_name["AgentReportService"].full_name
+# An agent's report is well under 2 KiB (an id, a digest, up to 8 authority IDs); four times
+# that is refused before protobuf parses it.
+MAX_REPORT_BYTES = 8 * 1024
 
 TaintedSince = Callable[[], Mapping[str, datetime]]
 """The tainted authorities of the state this process signs under, and when each was tainted
@@ -97,24 +111,31 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
     ) -> report_pb2.AgentReportResponse:
         try:
             # Advisory: refused rather than queued for the API budget CSRs need.
-            await self._authenticators.authenticate(replace(authn_request(context), advisory=True))
-            if isinstance(request, UndecodableReport):
-                raise InvalidRequestError("request-malformed", request.problem)
-            recorded = self._reports.record_periodic(
-                request.agent_id,
-                request.trust_bundle_sha256,
-                request.leaf_authorities,
-                self._clock.now(),
+            caller = await self._authenticators.authenticate(
+                replace(authn_request(context), advisory=True)
             )
-            if not recorded:
+            if isinstance(request, UndecodableReport):
+                raise InvalidRequestError(request.reason, request.problem)
+            check_report_size(request)
+            if valid_agent_id(request.agent_id) is None:
                 raise InvalidRequestError(
                     "agent-id-invalid",
                     f"agent_id {clip(request.agent_id)!r} is not a valid agent id: send 1-253 "
                     "letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
                 )
+            self._reports.record_report(
+                caller,
+                request.agent_id,
+                request.trust_bundle_sha256,
+                list(request.leaf_authorities),
+                self._clock.now(),
+            )
         except RequestError as exc:
             await self._refuse(context, exc)
         self._metrics.agent_reports.labels("recorded").inc()
+        self._metrics.agent_reports_by_caller.labels(
+            self._reports.caller_label(caller.identity.uri)
+        ).inc()
         now = self._clock.now()
         return report_pb2.AgentReportResponse(
             tainted=[
@@ -134,6 +155,30 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         raise AssertionError("unreachable: context.abort raises")
 
 
+def check_report_size(request: report_pb2.AgentReportRequest) -> None:
+    """Refuses a report with a field or list longer than any valid one, looking only at
+    lengths: nothing of a too-large report is walked or matched."""
+    caps = (
+        ("agent_id", len(request.agent_id), MAX_AGENT_ID),
+        ("trust_bundle_sha256", len(request.trust_bundle_sha256), MAX_DIGEST),
+        ("leaf_authorities", len(request.leaf_authorities), MAX_REPORTED_AUTHORITIES),
+    )
+    for name, size, cap in caps:
+        if size > cap:
+            raise InvalidRequestError(
+                "report-too-large",
+                f"{name} holds {size} {'entries' if name == 'leaf_authorities' else 'characters'}"
+                f", at most {cap} are accepted: send the agent's own report",
+            )
+    longest = max((len(a) for a in request.leaf_authorities), default=0)  # at most 8 lengths
+    if longest > MAX_AUTHORITY:
+        raise InvalidRequestError(
+            "report-too-large",
+            f"a leaf_authorities entry holds {longest} characters, at most {MAX_AUTHORITY} "
+            "(an authority ID in hex) are accepted",
+        )
+
+
 @dataclass(frozen=True)
 class UndecodableReport:
     """Request bytes that are not an `AgentReportRequest` (a string field that is not UTF-8,
@@ -141,9 +186,17 @@ class UndecodableReport:
     failing inside grpc with a traceback and an `INTERNAL` the client cannot act on."""
 
     problem: str
+    reason: str = "request-malformed"
 
 
 def decode_report(data: bytes) -> report_pb2.AgentReportRequest | UndecodableReport:
+    if len(data) > MAX_REPORT_BYTES:  # not parsed at all: a report is small
+        return UndecodableReport(
+            f"the report is {len(data)} bytes, at most {MAX_REPORT_BYTES} are accepted: send "
+            "the agent's own report (an id, a digest and at most "
+            f"{MAX_REPORTED_AUTHORITIES} authority IDs)",
+            "report-too-large",
+        )
     try:
         return report_pb2.AgentReportRequest.FromString(data)
     except DecodeError:

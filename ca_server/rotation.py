@@ -167,6 +167,12 @@ class AuthorityGauges:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.unseen = Gauge(
+            "meshca_ca_agents_unseen",
+            "Agent reports the CA could not see (cut to fit a published report, evicted, or in "
+            "a replica report that cannot be read): counted as not trusting and maybe serving",
+            registry=r,
+        )
         self.gate_deadline = Counter(
             "meshca_ca_activation_gate_deadline",
             "Activations this CA process saw made at the gate's deadline, below the coverage "
@@ -201,6 +207,7 @@ class AuthorityGauges:
                 self.trusting.labels(slot.id).set(counted.trusting.get(slot.id, 0))
                 self.serving.labels(slot.id).set(counted.serving.get(slot.id, 0))
         self.reporting.set(counted.reporting)
+        self.unseen.set(counted.unseen + counted.unreadable)
 
 
 def audit_events(events: tuple[HistoryEvent, ...], source: str) -> None:
@@ -322,7 +329,9 @@ class AuthorityRotator:
         merge and rule as `meshca authority show`)."""
         fleet = self._settings.ledger_sink.agents(now)
         counted = coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
-        return AgentCoverage(counted.trusting.get(ident, 0), counted.reporting)
+        return AgentCoverage(
+            counted.trusting.get(ident, 0), counted.reporting, counted.unseen, counted.unreadable
+        )
 
     def _converge(self, state: AuthorityState) -> None:
         digest = state_digest(encode_state(state))

@@ -16,7 +16,7 @@ from cryptography import x509
 from google.protobuf import struct_pb2
 
 from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
-from ca_server.agent_reports import REPORT_HEADERS, AgentReports
+from ca_server.agent_reports import MAX_AGENT_ID, REPORT_HEADERS, AgentReports
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
 from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
@@ -44,6 +44,7 @@ IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
 # The request's headers as gRPC hands them over: (key, value) pairs, binary values as bytes.
 Metadata = tuple[tuple[str, str | bytes], ...]
 CERT_SIGNER = "CertSigner"
+MAX_REPORT_HEADER = MAX_AGENT_ID  # the longest valid report header value (an agent id)
 
 
 class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
@@ -105,10 +106,8 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.csr_requests.inc()
         caller: Caller | None = None
         peer = context.peer()
-        reported: dict[str, str] | None = None
         try:
             caller = await self._authenticators.authenticate(authn_request(context, metadata))
-            reported = self._record_report(metadata, caller)
             if isinstance(request, UndecodableRequest):
                 reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
                 raise InvalidRequestError(reason, request.problem)
@@ -136,14 +135,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.issued.inc()
         self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
-        # Only for callers that sent report headers (meshca agents): nothing extra per request
-        # for Istio's agents.
-        issued_by = issuer_key_id(issued.leaf) if reported else None
         serial = format(issued.leaf.serial_number, "x")
         not_after = issued.leaf.not_valid_after_utc
-        if reported and issued_by is not None and self._agent_reports is not None:
-            sole_leaf = identity == caller.identity  # not a node agent impersonating a pod
-            self._agent_reports.record_issued(reported, issued_by, sole_leaf=sole_leaf)
+        self._record_report(metadata, caller, identity, issued.leaf)
         self._metrics.leaves.record(IssuedLeaf(identity.uri, serial, self._clock.now(), not_after))
         audit(
             "issued",
@@ -162,19 +156,34 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         )
         return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
 
-    def _record_report(self, metadata: Metadata, caller: Caller) -> dict[str, str] | None:
-        """Notes what an authenticated agent says it trusts (`ca_server.agent_reports`): only
-        after authentication, so an anonymous client cannot fill the table; never refuses.
-        Returns the report headers it read (None when reports are not kept)."""
+    def _record_report(
+        self, metadata: Metadata, caller: Caller, identity: SpiffeId, leaf: x509.Certificate
+    ) -> None:
+        """Notes what an agent says it trusts (`ca_server.agent_reports`), only once its
+        request was authenticated, authorized and signed: a refused request records nothing,
+        and the entry is the caller's own pod whatever its headers say. Never refuses; a value
+        longer than any valid one is dropped before it is looked at."""
         if self._agent_reports is None:
-            return None
+            return
         headers = {
             key.lower(): value
             for key, value in metadata
-            if isinstance(value, str) and key.lower() in REPORT_HEADERS
+            if isinstance(value, str)
+            and len(value) <= MAX_REPORT_HEADER
+            and key.lower() in REPORT_HEADERS
         }
-        self._agent_reports.record(headers, caller.identity.uri, self._clock.now())
-        return headers
+        issued_by = issuer_key_id(leaf) if headers else None
+        now = self._clock.now()
+        self._agent_reports.record_csr(
+            caller,
+            headers,
+            issued_by or "",
+            sole_leaf=identity == caller.identity,  # not a node agent impersonating a pod
+            now=now,
+        )
+        self._metrics.agent_reports_by_caller.labels(
+            self._agent_reports.caller_label(caller.identity.uri)
+        ).inc()
 
     async def _identity_for(self, caller: Caller, metadata: struct_pb2.Struct) -> SpiffeId:
         """The caller's own identity, or the one a trusted node agent impersonates."""

@@ -16,7 +16,7 @@ from cryptography import x509
 from ca_server.issued_leaves import IssuedLeaves
 
 SOONEST_LEAVES = 10
-SLOT_KEYS = ("authorities", "agents_unknown", "coverage")  # `status_section`'s keys
+SLOT_KEYS = ("authorities", "agents_unknown", "coverage", "agents")  # `status_section`'s keys
 
 
 class SigningChain(Protocol):

@@ -31,7 +31,8 @@ from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.kube.ratelimit import AsyncTokenBucket
-from ca_server.kube.replica_reports import ConfigMapLedgerSink
+from ca_server.kube.replica_reports import ConfigMapLedgerSink, ReplicaReportsWatch
+from ca_server.kube.report_pods import InformerPodWatch
 from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.service_account_cache import ServiceAccountCache
@@ -69,6 +70,8 @@ class KubernetesMode:
         self._accounts = ServiceAccountCache(self.clients.local, metrics) if offline else None
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
+        # Every replica's reports, watched: the rotator reads them every round.
+        self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
         if kube.publish_root:
             self._elector = LeaseElector(
@@ -98,7 +101,20 @@ class KubernetesMode:
 
     def ledger_sink(self, instance: str) -> ConfigMapLedgerSink:
         """This replica's leaf-ledger report, a ConfigMap in the CA's namespace."""
-        return ConfigMapLedgerSink(self.clients.local, self.kube.namespace, instance)
+        return ConfigMapLedgerSink(
+            self.clients.local,
+            self.kube.namespace,
+            instance,
+            pods=self.report_pods(),
+            watch=self._replica_reports,
+        )
+
+    def report_pods(self) -> InformerPodWatch | None:
+        """Whether a report's pod still exists (`ca_server.kube.report_pods`); `None` without
+        a pod informer (TokenReview without node agents): reports then live until they expire."""
+        if self._pods is None:
+            return None
+        return InformerPodWatch(self._pods, self.kube.cluster_id)
 
     def token_review_authenticator(self) -> TokenReviewAuthenticator:
         return TokenReviewAuthenticator(
@@ -154,6 +170,7 @@ class KubernetesMode:
         self._tainted_since = tainted_since
         if self._issuer_keys is not None:
             await asyncio.to_thread(self._issuer_keys.load)
+        self._replica_reports.start()  # until it has synced, readers list
         if self._secret_store is not None:
             self._secret_store.start_watch()
         if self._publisher is not None and self._elector is not None:
@@ -188,6 +205,7 @@ class KubernetesMode:
         return encode_taint_notice(self._tainted_since())
 
     async def stop(self) -> None:
+        self._replica_reports.stop()
         if self._publisher is not None:
             self._publisher.stop()
         if self._pods is not None:

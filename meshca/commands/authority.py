@@ -9,7 +9,6 @@ interval. Refusals (`AuthorityCommandError`) say why and what to do; nothing is 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +19,7 @@ from ca_server.authority_state import AuthorityStateStore, SlotFactory
 from ca_server.root_store import CaSetupError
 from ca_server.rotation import audit_events
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
+from meshca.commands.authority_agents import agents_listing, render_shown
 from meshca.commands.authority_view import (
     Target,
     add_target_arguments,
@@ -27,7 +27,6 @@ from meshca.commands.authority_view import (
     open_target,
     read_fleet,
     read_live_leaves,
-    render_authorities,
 )
 from meshca.durations import parse_duration
 from meshca.logs import configure_logging
@@ -61,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "authority must outlive the longest workload certificate: docs/rotate-the-ca.md)",
     )
     parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
+    parser.add_argument(
+        "--agents",
+        action="store_true",
+        help="show ID: also list the pods that do not trust it yet and those still serving a "
+        "leaf it signed (namespace/name, identity, node, last report)",
+    )
     parser.add_argument(
         "--force",
         action="store_true",
@@ -96,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
                     _refuse_revoke_while_served(args.id, target, name)
                 state = _change(args, target.store, factory, lifetime, max_ttl, name)
             live = read_live_leaves(target.ledgers, name)
-            agents = fleet_coverage(state, read_fleet(target.ledgers, name))
+            fleet = read_fleet(target.ledgers, name)
+            agents = fleet_coverage(state, fleet)
+            listing = agents_listing(args, state, fleet)
     except AuthorityCommandError as exc:
         print(f"{name}: refused: {exc}", file=sys.stderr)
         return 3
@@ -104,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     shown = show_document(state, live, agents)
-    print(json.dumps(shown, indent=2) if args.output == "json" else render_authorities(shown))
+    print(render_shown(args, shown, listing))
     return 0
 
 
@@ -127,8 +134,12 @@ def _refuse_revoke_while_served(ident: str | None, target: Target, name: str) ->
     state = target.store.read()
     slot = state.find(ident)
     agents = fleet_coverage(state, read_fleet(target.ledgers, name))
-    if agents is None or agents.dropped:
-        why = "cannot read the agents' reports" if agents is None else "some reports were left out"
+    if agents is None or agents.dropped or agents.unreadable:
+        why = (
+            "cannot read the agents' reports"
+            if agents is None
+            else "some reports were left out or cannot be read"
+        )
         raise AuthorityCommandError(
             f"{why}, so cannot tell whether any agent still serves a leaf {slot.id} signed; "
             "fix that, or pass --force"

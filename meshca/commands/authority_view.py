@@ -124,6 +124,12 @@ def read_fleet(ledgers: LedgerSink, name: str) -> FleetReports | None:
             "reports (size limit) and are not counted: coverage is a lower bound",
             file=sys.stderr,
         )
+    if fleet.unreadable:
+        print(
+            f"{name}: {fleet.unreadable} CA process report(s) cannot be read: their agents count "
+            "as not trusting and maybe serving",
+            file=sys.stderr,
+        )
     return fleet
 
 

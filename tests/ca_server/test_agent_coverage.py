@@ -45,8 +45,7 @@ def test_show_reports_which_authorities_the_agents_trust(tmp_path: Path) -> None
         a_id = authority_id(a)
         for n in range(4):  # renewed, holding {A, B}
             reporting_csr(ca, report_headers(f"new-{n}", both, a_id))
-        for n in range(3):  # held back: still {A}
-            reporting_csr(ca, report_headers(f"held-{n}", old_only))
+        held = [reporting_csr(ca, report_headers(f"held-{n}", old_only)) for n in range(3)]
         # A malformed digest is ignored, not refused: reporting, trusting nothing.
         reporting_csr(ca, report_headers("garbled", "not-a-digest"))
         reporting_csr(ca, [], account="istio-style")  # Istio's agent: no report at all
@@ -66,8 +65,9 @@ def test_show_reports_which_authorities_the_agents_trust(tmp_path: Path) -> None
 
         wait_for(lambda: serving_gauges() == [8, 0], 10, "the agents_serving gauges")
 
-        # One held-back agent sees the new root: the same agent counts once, with its latest.
-        reporting_csr(ca, report_headers("held-0", both))
+        # One held-back agent sees the new root: the same pod counts once, with its latest
+        # (even after an agent restart: a new agent id from the same pod).
+        reporting_csr(ca, report_headers("held-0-restarted", both), token=held[0])
         expected = {a_id: (7, 8), authority_id(b): (5, 8)}
         wait_for(lambda: _fractions(_show(ca.data_dir)) == expected, 20, f"coverage {expected}")
 

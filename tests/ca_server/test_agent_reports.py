@@ -1,7 +1,10 @@
-"""The CA's per-process table of agent reports and the coverage rule (`ca_server.agent_reports`)."""
+"""The CA's per-process table of agent reports and the coverage rule (`ca_server.agent_reports`):
+keyed on the pod the credential proves, expiring by the stated rule, conservative about what it
+cannot see. Time is injected (`now`): nothing here sleeps."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -10,17 +13,25 @@ from cryptography import x509
 from agent import trust_bundle
 from ca_server.agent_reports import (
     AGENT_ID_HEADER,
+    EXPIRE_AFTER,
     LEAF_AUTHORITY_HEADER,
+    REPUBLISH_EVERY,
+    STALE_AFTER,
     TRUST_BUNDLE_HEADER,
     AgentReports,
     FleetReports,
+    Instance,
+    PodVerdict,
+    SnapshotCache,
     bundle_digest,
     coverage,
     is_spent,
     merge_snapshots,
 )
+from ca_server.authn import Caller
 from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
-from certs import KeySpec, new_self_signed_authority
+from certs import KeySpec, SpiffeId, new_self_signed_authority
+from meshca.report_headers import MAX_REPORT_INTERVAL
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
 DIGEST = "ab" * 32
@@ -32,11 +43,25 @@ def _root() -> x509.Certificate:
     ).roots[0]
 
 
-def _report(agent: str, digest: str | None = DIGEST) -> dict[str, str]:
+def _caller(pod: str | None = "pod-1", uid: str = "uid-1", account: str = "sleep") -> Caller:
+    return Caller(
+        SpiffeId("cluster.local", "default", account),
+        "jwt",
+        subject=f"system:serviceaccount:default:{account}",
+        pod_name=pod,
+        pod_uid=uid if pod is not None else None,
+    )
+
+
+def _headers(agent: str, digest: str | None = DIGEST) -> dict[str, str]:
     headers = {AGENT_ID_HEADER: agent}
     if digest is not None:
         headers[TRUST_BUNDLE_HEADER] = digest
     return headers
+
+
+def _fleet(reports: AgentReports, now: datetime = NOW) -> FleetReports:
+    return merge_snapshots([("own", reports.snapshot_json(now))], now)
 
 
 def test_the_digest_is_the_agents_own() -> None:
@@ -44,81 +69,199 @@ def test_the_digest_is_the_agents_own() -> None:
     assert bundle_digest is trust_bundle.bundle_digest
 
 
-def test_malformed_headers_are_ignored_and_a_missing_id_is_an_unknown_caller() -> None:
+def test_the_expiry_rule_is_a_few_report_intervals() -> None:
+    """The documented rule: four of the longest report interval; a gone process's snapshot stops
+    counting after one interval (with jitter) plus one republication."""
+    assert EXPIRE_AFTER == 4 * MAX_REPORT_INTERVAL == timedelta(minutes=40)
+    assert STALE_AFTER == MAX_REPORT_INTERVAL * 1.2 + REPUBLISH_EVERY
+
+
+def test_a_report_counts_for_the_pod_its_credential_proves_not_its_agent_id() -> None:
+    """Inflate: 100 made-up agent ids from one token are one entry (the pod), the last label
+    winning; a caller whose credential proves no pod is one unknown identity."""
     reports = AgentReports()
-    reports.record(_report("pod-1", "NOT-HEX"), "spiffe://x/ns/a/sa/a", NOW)
-    reports.record({**_report("pod-2"), LEAF_AUTHORITY_HEADER: "zz"}, "spiffe://x/ns/a/sa/a", NOW)
-    reports.record({AGENT_ID_HEADER: "bad id with spaces"}, "spiffe://x/ns/a/sa/b", NOW)
-    reports.record({AGENT_ID_HEADER: "x" * 300}, "spiffe://x/ns/a/sa/c", NOW)
-    reports.record({}, "spiffe://x/ns/a/sa/b", NOW)
-    fleet = merge_snapshots([("own", reports.snapshot_json(NOW))], NOW)
-    assert fleet.bundles == {"pod-1": None, "pod-2": DIGEST}
-    assert fleet.unknown == {"spiffe://x/ns/a/sa/b", "spiffe://x/ns/a/sa/c"}
+    for n in range(100):
+        reports.record_report(_caller("evil-0", "evil-uid"), f"forged-{n}", DIGEST, [], NOW)
+    reports.record_report(_caller(None, account="istio"), "agent-x", DIGEST, [], NOW)
+    reports.record_report(_caller(None, account="istio"), "agent-y", DIGEST, [], NOW)
+    fleet = _fleet(reports)
+    assert list(fleet.bundles) == ["/default/evil-0/evil-uid"]
+    (entry,) = fleet.entries.values()
+    assert entry.label == "forged-99" and entry.pod == "default/evil-0"
+    assert fleet.unknown == {"spiffe://cluster.local/ns/default/sa/istio"}
+    # ...and the outlier is visible: 100 reports, 99 label changes, under its identity.
+    evil = fleet.callers["spiffe://cluster.local/ns/default/sa/sleep"]
+    assert evil == (100, 99)
 
 
-def test_the_table_is_bounded_and_entries_expire() -> None:
-    reports = AgentReports(expire_after=timedelta(minutes=10), capacity=3)
-    for n in range(5):
-        reports.record(_report(f"pod-{n}"), "caller", NOW + timedelta(minutes=n))
-    later = NOW + timedelta(minutes=12, seconds=30)  # pod-0..2 seen > 10 min before
-    fleet = merge_snapshots([("own", reports.snapshot_json(later))], later)
-    assert set(fleet.bundles) == {"pod-3", "pod-4"}  # pod-0, pod-1 evicted; pod-2 expired
-    assert not is_spent(reports.snapshot_json(later), later)
-    assert is_spent(reports.snapshot_json(later), NOW + timedelta(hours=1))
+def test_malformed_values_are_ignored_and_a_csr_without_headers_is_unknown() -> None:
+    reports = AgentReports()
+    reports.record_csr(_caller("p1"), _headers("a1", "NOT-HEX"), "cc" * 20, sole_leaf=True, now=NOW)
+    reports.record_csr(
+        _caller("p2", "u2"),
+        {**_headers("a2"), LEAF_AUTHORITY_HEADER: "zz"},
+        "cc" * 20,
+        sole_leaf=True,
+        now=NOW,
+    )
+    reports.record_csr(
+        _caller("p3", "u3", account="b"),
+        {AGENT_ID_HEADER: "bad id"},
+        "cc" * 20,
+        sole_leaf=True,
+        now=NOW,
+    )
+    reports.record_csr(_caller("p4", "u4", account="c"), {}, "cc" * 20, sole_leaf=True, now=NOW)
+    fleet = _fleet(reports)
+    assert fleet.bundles == {"/default/p1/uid-1": None, "/default/p2/u2": DIGEST}
+    assert fleet.unknown == {
+        "spiffe://cluster.local/ns/default/sa/b",
+        "spiffe://cluster.local/ns/default/sa/c",
+    }
 
 
-def test_merging_keeps_each_agents_latest_report_and_skips_garbage() -> None:
+def test_an_agent_restart_in_the_same_pod_replaces_its_entry_and_gone_pods_expire() -> None:
+    """Done means 2 (local mode): 100 agent restarts in one pod are one entry at once; 100
+    pods each restarted once (new tokens) leave nothing once the stated expiry has passed."""
+    reports = AgentReports()
+    for n in range(100):
+        reports.record_report(_caller("web-0", "uid-web"), f"run-{n}", DIGEST, ["aa" * 20], NOW)
+    assert len(_fleet(reports).entries) == 1
+    for n in range(100):
+        at = NOW + timedelta(seconds=n)
+        reports.record_report(_caller(f"web-{n}", f"old-{n}"), "a", DIGEST, [], at)
+        reports.record_report(_caller(f"web-{n}", f"new-{n}"), "b", DIGEST, [], at)
+    assert len(_fleet(reports).entries) == 201
+    # The new pods keep reporting; the old ones do not.
+    later = NOW + EXPIRE_AFTER + timedelta(minutes=2)
+    for n in range(100):
+        reports.record_report(_caller(f"web-{n}", f"new-{n}"), "b", DIGEST, [], later)
+    reports.prune(later)
+    assert len(reports) == 100
+    fleet = _fleet(reports, later)
+    assert {e.key.rsplit("/", 1)[1] for e in fleet.entries.values()} == {
+        f"new-{n}" for n in range(100)
+    }
+
+
+class _Pods:
+    """A `PodWatch` holding the live pods' (name, uid)."""
+
+    def __init__(self, live: set[tuple[str, str]]) -> None:
+        self.live = live
+
+    def verdict(self, instance: Instance) -> PodVerdict:
+        return PodVerdict((instance.pod, instance.uid) in self.live, "node-a")
+
+
+def test_a_gone_pod_stops_counting_at_once_and_records_nothing() -> None:
+    pods = _Pods({("a", "1"), ("b", "2")})
+    reports = AgentReports(pods=pods)
+    reports.record_report(_caller("a", "1"), "x", DIGEST, [], NOW)
+    reports.record_report(_caller("b", "2"), "y", DIGEST, [], NOW)
+    reports.record_report(_caller("c", "3"), "z", DIGEST, [], NOW)  # not (or no longer) a pod
+    assert len(reports) == 2
+    assert {e.node for e in _fleet(reports).entries.values()} == {"node-a"}
+    pods.live.discard(("a", "1"))
+    assert reports.prune(NOW) == 1 and reports.changed
+    assert [e.pod for e in _fleet(reports).entries.values()] == ["default/b"]
+    # A reader with the informer drops another replica's entry of a gone pod too.
+    other = AgentReports()
+    other.record_report(_caller("a", "1"), "x", DIGEST, [], NOW)
+    merged = merge_snapshots([("other", other.snapshot_json(NOW))], NOW, pods)
+    assert merged.entries == {}
+
+
+def test_merging_keeps_each_pods_latest_report_and_says_what_it_could_not_read() -> None:
     old, new = AgentReports(), AgentReports()
-    old.record(_report("pod-1", "11" * 32), "caller", NOW)
-    new.record(_report("pod-1", "22" * 32), "caller", NOW + timedelta(seconds=5))
+    old.record_report(_caller(), "a", "11" * 32, [], NOW)
+    new.record_report(_caller(), "a", "22" * 32, [], NOW + timedelta(seconds=5))
     snapshots = [("new", new.snapshot_json(NOW)), ("old", old.snapshot_json(NOW)), ("bad", "[")]
     fleet = merge_snapshots(snapshots, NOW)
-    assert fleet.bundles == {"pod-1": "22" * 32}
+    assert fleet.bundles == {"/default/pod-1/uid-1": "22" * 32}
+    assert fleet.unreadable == 1
+    counted = coverage([("A", _root())], fleet)
+    assert counted.unreadable == 1
+
+
+def test_a_gone_processs_snapshot_stops_counting_and_is_swept() -> None:
+    gone = AgentReports()
+    gone.record_report(_caller(), "a", DIGEST, [], NOW)
+    text = gone.snapshot_json(NOW)
+    just_before = NOW + STALE_AFTER - timedelta(seconds=1)
+    assert len(merge_snapshots([("gone", text)], just_before).entries) == 1
+    after = NOW + STALE_AFTER
+    fleet = merge_snapshots([("gone", text)], after)
+    assert (len(fleet.entries), fleet.stale) == (0, 1)
+    assert not is_spent(text, just_before) and is_spent(text, after)
+    # A live process republishes before that, even when nothing changed.
+    assert not gone.due(NOW + REPUBLISH_EVERY - timedelta(seconds=1))
+    assert gone.due(NOW + REPUBLISH_EVERY)
+    # An older CA version's snapshot (keyed on caller-chosen ids) never counts.
+    legacy = json.dumps({"agents": {"forged": [DIGEST, None, 9e12]}, "unknown": {}})
+    assert merge_snapshots([("legacy", legacy)], NOW).entries == {}
+    assert is_spent(legacy, NOW)
 
 
 def test_coverage_counts_an_agent_only_for_the_authorities_its_bundle_holds() -> None:
     a, b = _root(), _root()
-    fleet = FleetReports(
-        {
-            "new": bundle_digest([a, b]),
-            "held": bundle_digest([a]),
-            "stranger": bundle_digest([_root()]),  # a bundle the CA knows nothing of
-            "empty": None,
-        },
-        frozenset({"istio"}),
-    )
-    result = coverage([("A", a), ("B", b)], fleet)
+    reports = AgentReports()
+    bundles = {
+        "new": bundle_digest([a, b]),
+        "held": bundle_digest([a]),
+        "stranger": bundle_digest([_root()]),  # a bundle the CA knows nothing of
+        "empty": "",
+    }
+    for n, (pod, digest) in enumerate(bundles.items()):
+        reports.record_report(_caller(pod, f"u{n}"), pod, digest, [], NOW)
+    reports.record_csr(_caller(None, account="istio"), {}, "cc" * 20, sole_leaf=True, now=NOW)
+    result = coverage([("A", a), ("B", b)], _fleet(reports))
     assert result.trusting == {"A": 2, "B": 1}
     assert (result.reporting, result.unknown) == (4, 1)
 
 
 def test_the_directory_sink_publishes_reports_beside_the_ledger(tmp_path: Path) -> None:
     mine, gone = LeafLedger(), LeafLedger()
-    mine.agents.record(_report("pod-1"), "caller", NOW)
+    mine.agents.record_report(_caller("p1", "u1"), "a", DIGEST, [], NOW)
     gone.agents.expire_after = timedelta(seconds=1)
-    gone.agents.record(_report("pod-2"), "caller", NOW)
+    gone.agents.record_report(_caller("p2", "u2"), "b", DIGEST, [], NOW)
     DirectoryLedgerSink(tmp_path, "gone").save(gone, NOW)
     sink = DirectoryLedgerSink(tmp_path, "mine")
     sink.save(mine, NOW)
-    assert set(sink.agents(NOW).bundles) == {"pod-1", "pod-2"}
+    assert {e.pod for e in sink.agents(NOW).entries.values()} == {"default/p1", "default/p2"}
     assert not mine.agents.changed
     later = NOW + timedelta(minutes=1)
-    mine.agents.record(_report("pod-3"), "caller", later)
+    mine.agents.record_report(_caller("p3", "u3"), "c", DIGEST, [], later)
     sink.save(mine, later)  # sweeps the gone process's spent report
     assert sorted(p.name for p in (tmp_path / "agents").iterdir()) == ["mine.json"]
-    assert set(sink.agents(later).bundles) == {"pod-1", "pod-3"}
+    assert {e.pod for e in sink.agents(later).entries.values()} == {"default/p1", "default/p3"}
 
 
-def test_a_size_limited_snapshot_keeps_the_most_recent_and_counts_the_rest() -> None:
+def test_a_size_limited_snapshot_keeps_the_most_recent_and_counts_the_rest_as_unseen() -> None:
     reports = AgentReports()
     for n in range(100):
-        reports.record(_report(f"pod-{n:03}"), "caller", NOW + timedelta(seconds=n))
-    text = reports.snapshot_json(NOW, max_bytes=4096)
-    assert len(text) <= 4096 + 100
+        at = NOW + timedelta(seconds=n)
+        reports.record_report(_caller(f"pod-{n:03}", f"u{n}"), "a", DIGEST, [], at)
+    text = reports.snapshot_json(NOW, max_bytes=8192)
+    assert len(text) <= 8192 + 200
     fleet = merge_snapshots([("own", text)], NOW)
-    assert 0 < len(fleet.bundles) < 100 and fleet.dropped == 100 - len(fleet.bundles)
-    assert "pod-099" in fleet.bundles and "pod-000" not in fleet.bundles
+    assert 0 < len(fleet.entries) < 100 and fleet.dropped == 100 - len(fleet.entries)
+    pods = {e.pod for e in fleet.entries.values()}
+    assert "default/pod-099" in pods and "default/pod-000" not in pods
+    counted = coverage([("A", _root())], fleet)
+    assert counted.unseen == fleet.dropped
     assert merge_snapshots([("own", reports.snapshot_json(NOW))], NOW).dropped == 0
+
+
+def test_evicted_entries_count_as_unseen_until_they_would_have_expired() -> None:
+    reports = AgentReports(capacity=3)
+    for n in range(5):
+        reports.record_report(_caller(f"p{n}", f"u{n}"), "a", DIGEST, [], NOW)
+    fleet = _fleet(reports)
+    assert (len(fleet.entries), fleet.dropped) == (3, 2)
+    later = NOW + EXPIRE_AFTER
+    reports.prune(later)
+    assert _fleet(reports, later).dropped == 0
 
 
 def test_serving_follows_the_leaves_each_agent_serves_never_undercounting() -> None:
@@ -128,23 +271,47 @@ def test_serving_follows_the_leaves_each_agent_serves_never_undercounting() -> N
     old, new = "aa" * 20, "bb" * 20
     roots = [(old, _root()), (new, _root())]
     reports = AgentReports()
-    reports.record_periodic("pod", DIGEST, [old], NOW)
-    reports.record_periodic("node", DIGEST, [old], NOW)
-    for agent in ("pod", "node"):
-        reports.record({**_report(agent), LEAF_AUTHORITY_HEADER: old}, "spiffe://x", NOW)
+    pod, node = _caller("pod", "u1"), _caller("node", "u2", account="ztunnel")
+    reports.record_report(pod, "pod-agent", DIGEST, [old], NOW)
+    reports.record_report(node, "node-agent", DIGEST, [old], NOW)
 
     def serving() -> dict[str, int]:
-        fleet = merge_snapshots([("own", reports.snapshot_json(NOW))], NOW)
-        return coverage(roots, fleet).serving
+        return coverage(roots, _fleet(reports)).serving
 
-    assert serving() == {old: 2, new: 0}  # a CSR names only the renewed leaf: nothing moves yet
-    reports.record_issued({**_report("pod"), LEAF_AUTHORITY_HEADER: old}, new, sole_leaf=True)
-    reports.record_issued({**_report("node"), LEAF_AUTHORITY_HEADER: old}, new, sole_leaf=False)
+    assert serving() == {old: 2, new: 0}
+    renewing = {LEAF_AUTHORITY_HEADER: old}
+    reports.record_csr(pod, {**_headers("pod-agent"), **renewing}, new, sole_leaf=True, now=NOW)
+    reports.record_csr(node, {**_headers("node-agent"), **renewing}, new, sole_leaf=False, now=NOW)
     assert serving() == {old: 1, new: 2}
-    reports.record_periodic("node", DIGEST, [new], NOW)
+    reports.record_report(node, "node-agent", DIGEST, [new], NOW)
     assert serving() == {old: 0, new: 2}
-    # A first CSR (no leaf yet) from an agent never seen, and a caller with no agent id.
-    reports.record(_report("fresh"), "spiffe://y", NOW)
-    reports.record_issued(_report("fresh"), new, sole_leaf=True)
-    reports.record_issued({}, old, sole_leaf=True)
+    # A first CSR (no leaf yet) from a pod never seen, and a caller with no report headers.
+    reports.record_csr(_caller("fresh", "u3"), _headers("fresh"), new, sole_leaf=True, now=NOW)
+    reports.record_csr(_caller("istio", "u4"), {}, old, sole_leaf=True, now=NOW)
     assert serving() == {old: 0, new: 3}
+
+
+def test_a_merge_with_nothing_changed_reuses_the_last_one_until_something_expires() -> None:
+    """What keeps a rotator round cheap at 100,000 agents: the same snapshots (by digest) give
+    the same merge, until the soonest expiry in it; a changed snapshot is merged again."""
+    reports = AgentReports()
+    reports.record_report(_caller("p1", "u1"), "a", DIGEST, [], NOW)
+    reports.record_report(_caller("p2", "u2"), "b", DIGEST, [], NOW + timedelta(minutes=1))
+    text = reports.snapshot_json(NOW + timedelta(minutes=1))
+    cache = SnapshotCache()
+    first = merge_snapshots([("own", text)], NOW + timedelta(minutes=1), cache=cache)
+    again = merge_snapshots([("own", text)], NOW + timedelta(minutes=2), cache=cache)
+    assert again is first
+    # p1's entry expires before the snapshot turns stale: the merge is redone then.
+    assert STALE_AFTER < EXPIRE_AFTER
+    reports.record_report(_caller("p3", "u3"), "c", DIGEST, [], NOW + timedelta(minutes=2))
+    changed = reports.snapshot_json(NOW + timedelta(minutes=2))
+    third = merge_snapshots([("own", changed)], NOW + timedelta(minutes=2), cache=cache)
+    assert third is not first and len(third.entries) == 3
+    later = NOW + EXPIRE_AFTER + timedelta(seconds=1)
+    republished = reports.snapshot_json(later)
+    assert len(merge_snapshots([("own", republished)], later, cache=cache).entries) == 2
+    stale = merge_snapshots(
+        [("own", changed)], NOW + timedelta(minutes=2) + STALE_AFTER, cache=cache
+    )
+    assert stale.entries == {} and stale.stale == 1

@@ -125,9 +125,15 @@ def test_root_change_in_steps_refuses_what_would_strand_workloads(tmp_path: Path
         ca.stop()
 
 
-def _report_by_csr(ca: CaProcess, agent_id: str, bundle: list[TestCa]) -> None:
-    """A CSR carrying the headers a meshca agent sends: its id and the bundle it serves."""
-    token = ca.mint_token("default", "sleep")
+def _report_by_csr(
+    ca: CaProcess, agent_id: str, bundle: list[TestCa], tokens: dict[str, str]
+) -> None:
+    """A CSR carrying the headers a meshca agent sends: its id and the bundle it serves. Each
+    agent is its own pod, with one token (`tokens`, by agent id): a report counts for the pod
+    the token is bound to."""
+    token = tokens.get(agent_id) or tokens.setdefault(
+        agent_id, ca.mint_token("default", "sleep", pod_name=agent_id)
+    )
     headers = [
         (AGENT_ID_HEADER, agent_id),
         (TRUST_BUNDLE_HEADER, bundle_digest(root.cert for root in bundle)),
@@ -161,15 +167,16 @@ def test_with_a_coverage_gate_signing_moves_to_a_new_root_once_the_agents_trust_
     try:
         ia.write_cacerts(cacerts, [a, b])  # step 1 is not gated: the signer stays under A
         wait_for(lambda: published(ca) == {authority_id(a.cert), authority_id(b.cert)}, 10, "A+B")
-        _report_by_csr(ca, "agent-1", [a, b])
-        _report_by_csr(ca, "agent-2", [a])  # has not received the new bundle yet
+        tokens: dict[str, str] = {}
+        _report_by_csr(ca, "agent-1", [a, b], tokens)
+        _report_by_csr(ca, "agent-2", [a], tokens)  # has not received the new bundle yet
 
         ib.write_cacerts(cacerts, [a, b])
         wait_for(lambda: "only 1/2 reporting agents trust it" in ca.log(), 10, "the gate")
         assert signed_by(ca, ia), "the CA keeps signing under A while the gate holds"
         assert "or restart the CA to take it now" in ca.log()
 
-        _report_by_csr(ca, "agent-2", [a, b])
+        _report_by_csr(ca, "agent-2", [a, b], tokens)
         wait_for(lambda: signed_by(ca, ib), 10, "signing under B once both agents trust it")
         audit = [json.loads(line) for line in ca.log().splitlines() if line.startswith("{")]
         changes = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.agent_reports import FleetReports
+from ca_server.agent_reports import FleetEntry, FleetReports
 from ca_server.authority_report import AuthorityReport, status_section
 from ca_server.authority_slots import AuthorityState, Phase
 from ca_server.authority_state import SlotFactory
@@ -155,7 +155,8 @@ def test_the_publisher_writes_again_when_the_slots_change(tmp_path: Path):
     path = tmp_path / "debug-ca-0.json"
     state = _state(Phase.ACTIVE, Phase.PREPARED)
     active = state.active.id
-    fleet = FleetReports({"agent-1": None}, frozenset())
+    agent = FleetEntry("/default/agent-1/u1", "spiffe://x", None, None, frozenset(), None, 0.0)
+    fleet = FleetReports({agent.key: agent}, frozenset())
     report = AuthorityReport()
     report.update(state, {}, fleet, NOW)
     signer = LocalSigner(state.signing_authority())

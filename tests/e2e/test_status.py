@@ -315,6 +315,7 @@ def test_status_of_a_ca_shows_its_authorities_and_coverage(short_dir: Path) -> N
             "agents_trusting": 5,
             "agents_reporting": 5,
             "agents_serving": 5,  # each reporting agent's leaf was just signed by A
+            "agents_unseen": 0,
         }
         assert prepared == {
             "id": b_id,
@@ -327,16 +328,23 @@ def test_status_of_a_ca_shows_its_authorities_and_coverage(short_dir: Path) -> N
             "agents_trusting": 3,
             "agents_reporting": 5,
             "agents_serving": 0,
+            "agents_unseen": 0,
         }
         assert document["coverage"] == {
             "agents_reporting": 5,
             "agents_unknown": 1,
             "reports_left_out": 0,
+            "reports_unreadable": 0,
             "authorities": [
                 {"id": a_id, "state": "active", "agents_trusting": 5, "fraction": 1.0},
                 {"id": b_id, "state": "prepared", "agents_trusting": 3, "fraction": 0.6},
             ],
         }
+        # Who the prepared authority waits on: the two held-back pods, by their agent ids.
+        (waiting,) = document["agents"]["authorities"]
+        assert waiting["id"] == b_id and waiting["not_trusting"]["count"] == 2
+        held = {row["agent_id"] for row in waiting["not_trusting"]["pods"]}
+        assert held == {"held-0", "held-1"}
         assert document["rates"]["issued"]["total"] == 6
         assert document["rates"]["refusals"] == []
         identities = {leaf["identity"] for leaf in document["soonest_expiring_leaves"]}

@@ -1,6 +1,7 @@
 """Coverage across replicas (issue #9): each replica publishes the agent reports it received in
 its `meshca-ca-replica-<instance>` ConfigMap (`agents.json`), and `meshca authority show` merges
-them — an agent that renewed through both replicas counts once, with its latest bundle."""
+them — a pod that renewed through both replicas counts once, with its latest bundle. Each
+report counts for the pod its token is bound to (TokenReview's `extra`)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,15 @@ def _coverage(kubeconfig: Path) -> tuple[dict[str, tuple[int, int]], Any]:
 def test_show_merges_the_agent_reports_of_every_replica(
     tmp_path: Path, kube_api: KubeApiServer, kube_ca: CaFactory
 ) -> None:
-    kube_api.add_service_account_token("cart-token", "default", "cart", audiences=["istio-ca"])
+    for pod in ("pod-a", "pod-b", "pod-c"):
+        kube_api.add_service_account_token(
+            f"token-{pod}",
+            "default",
+            "cart",
+            audiences=["istio-ca"],
+            pod_name=pod,
+            pod_uid=f"uid-{pod}",
+        )
     kube_api.add_service_account_token("istio-token", "default", "istio", audiences=["istio-ca"])
     replicas = [kube_ca(f"ca-{i}", "--ca-reload-interval", "200ms", start=False) for i in range(2)]
     for ca in replicas:
@@ -56,9 +65,9 @@ def test_show_merges_the_agent_reports_of_every_replica(
     both, old_only = bundle_digest(roots.values()), bundle_digest([roots[old]])
     cart = spiffe("default", "cart")
 
-    def report(replica: int, agent: str, digest: str) -> None:
-        headers = ((AGENT_ID_HEADER, agent), (TRUST_BUNDLE_HEADER, digest))
-        issue(replicas[replica], "cart-token", cart, headers=headers)
+    def report(replica: int, pod: str, digest: str) -> None:
+        headers = ((AGENT_ID_HEADER, f"agent-{replica}"), (TRUST_BUNDLE_HEADER, digest))
+        issue(replicas[replica], f"token-{pod}", cart, headers=headers)
 
     report(0, "pod-a", old_only)
     report(1, "pod-b", both)

@@ -3,11 +3,17 @@ rotator round reads, and what it costs the API server."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
-from ca_server.kube.replica_reports import ConfigMapLedgerSink
+import pytest
+
+from ca_server.agent_reports import REPUBLISH_EVERY
+from ca_server.kube import replica_reports
+from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
 from ca_server.leaf_ledger import LeafLedger
 from tests.k8s.conftest import CA_NAMESPACE
+from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer
 
 
@@ -17,7 +23,9 @@ def test_a_round_reads_leaves_and_agents_with_one_list_call(kube_api: KubeApiSer
         ledger = LeafLedger()
         for _ in range(leaves):
             ledger.record("aa" * 20, now + timedelta(hours=1), now)
-        ledger.agents.record_periodic(f"agent-{replica}", "ab" * 32, ["aa" * 20], now)
+        ledger.agents.record_report(
+            pod_caller(f"agent-{replica}"), "agent", "ab" * 32, ["aa" * 20], now
+        )
         ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, replica).save(ledger, now)
     sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "reader")
 
@@ -26,4 +34,51 @@ def test_a_round_reads_leaves_and_agents_with_one_list_call(kube_api: KubeApiSer
     assert kube_api.count("list", "configmaps") == before + 1
     assert live == sink.live(now) == {"aa" * 20: 5}
     assert fleet == sink.agents(now)
-    assert set(fleet.bundles) == {"agent-ca-0", "agent-ca-1"}
+    assert {e.pod for e in fleet.entries.values()} == {"default/agent-ca-0", "default/agent-ca-1"}
+
+
+def test_agent_reports_are_sharded_exactly_and_rewritten_only_when_they_change(
+    kube_api: KubeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #17 scale: every object under its size limit (here 64 KiB, to need a few shards),
+    every pod counted (nothing dropped), an unchanged shard not written again until it is due
+    for republication, one changed pod rewriting one shard, and shards no longer needed
+    deleted."""
+    monkeypatch.setattr(replica_reports, "AGENTS_SHARD_BYTES", 64 * 1024)
+    now = datetime.now(UTC)
+    ledger = LeafLedger()
+    for n in range(2000):
+        ledger.agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, ["aa" * 20], now)
+    sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "ca-0")
+    sink.save(ledger, now)
+    objects = kube_api.list("configmaps", namespace=CA_NAMESPACE)
+    sizes = [len(json.dumps(cm["data"])) for cm in objects]
+    assert len(objects) >= 8 and max(sizes) < 64 * 1024 + 4096
+    fleet = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "reader").agents(now)
+    assert (len(fleet.entries), fleet.dropped, fleet.unreadable) == (2000, 0, 0)
+
+    def writes() -> int:
+        return kube_api.count("create", "configmaps") + kube_api.count("update", "configmaps")
+
+    before = writes()
+    later = now + timedelta(seconds=10)
+    for n in range(2000):  # every pod refreshes, nothing a decision reads changes
+        ledger.agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, ["aa" * 20], later)
+    sink.save(ledger, later)
+    assert writes() == before
+    ledger.agents.record_report(pod_caller("web-7"), "a", "cd" * 32, ["aa" * 20], later)
+    sink.save(ledger, later)
+    assert writes() == before + 1
+    sink.save(ledger, later + REPUBLISH_EVERY)  # due: every shard republished
+    assert writes() == before + 1 + len(objects)
+
+    small = LeafLedger()
+    for n in range(100):
+        small.agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, [], later)
+    # A restart with a smaller fleet: fewer shards, the others deleted.
+    sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "ca-0")
+    sink.save(small, later)
+    assert [
+        cm["metadata"]["name"] for cm in kube_api.list("configmaps", namespace=CA_NAMESPACE)
+    ] == [report_name("ca-0")]
+    assert len(sink.agents(later).entries) == 100

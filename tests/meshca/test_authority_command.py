@@ -14,6 +14,7 @@ from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, Slot
 from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
+from tests.support.agent_reports import pod_caller
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 
 FIELDS = {
@@ -27,6 +28,7 @@ FIELDS = {
     "agents_trusting",
     "agents_reporting",
     "agents_serving",
+    "agents_unseen",
 }
 
 
@@ -113,7 +115,9 @@ def test_forced_rotation_prepare_activate_taint_revoke(tmp_path: Path):
     # An agent reports it still serves a leaf of the tainted one: revoke would break it.
     def agent_serving(authority: str) -> None:
         ledger = LeafLedger()
-        ledger.agents.record_periodic("pod-1", "ab" * 32, [authority], datetime.now(UTC))
+        ledger.agents.record_report(
+            pod_caller("pod-1"), "agent", "ab" * 32, [authority], datetime.now(UTC)
+        )
         DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
 
     agent_serving(first)
@@ -137,9 +141,34 @@ def test_revoke_force_overrides_agents_still_serving(tmp_path: Path):
     assert run(tmp_path, "activate", prepared).returncode == 0
     assert run(tmp_path, "taint", first).returncode == 0
     ledger = LeafLedger()
-    ledger.agents.record_periodic("pod-1", "ab" * 32, [first], datetime.now(UTC))
+    ledger.agents.record_report(pod_caller("pod-1"), "agent", "ab" * 32, [first], datetime.now(UTC))
     DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
     assert run(tmp_path, "revoke", first).returncode == 3
     forced = run(tmp_path, "revoke", first, "--force")
     assert forced.returncode == 0, forced.stderr
     assert [r["id"] for r in rows(tmp_path)] == [prepared]
+
+
+def test_show_agents_lists_the_pods_behind_the_figures(tmp_path: Path):
+    """`show ID --agents`: the pods not trusting ID and those serving its leaves, from every
+    process's reports; an unreadable report is said, not hidden; without an ID, one line
+    saying what to type."""
+    active = _ca_state(tmp_path)
+    now = datetime.now(UTC)
+    ledger = LeafLedger()
+    ledger.agents.record_report(pod_caller("web-0"), "agent-a", "ab" * 32, [active], now)
+    DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, now)
+    shown = json.loads(run(tmp_path, "show", active[:10], "--agents", "-o", "json").stdout)
+    (slot,) = shown["agents"]["authorities"]
+    assert slot["id"] == active
+    assert [p["pod"] for p in slot["not_trusting"]["pods"]] == ["default/web-0"]  # a stranger
+    assert [p["agent_id"] for p in slot["serving"]["pods"]] == ["agent-a"]
+    (tmp_path / "agents" / "ca-2.json").write_text("{broken")
+    text = run(tmp_path, "show", active, "--agents")
+    assert text.returncode == 0, text.stderr
+    assert "1 pod(s) do not trust" in text.stdout and "default/web-0" in text.stdout
+    assert "1 replica report(s) unreadable" in text.stdout
+    assert "cannot be read" in text.stderr
+    missing = run(tmp_path, "show", "--agents")
+    assert missing.returncode == 3 and "show ID --agents" in missing.stderr
+    assert "Traceback" not in missing.stderr

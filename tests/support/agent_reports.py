@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ca_server.authn import Caller
 from certs import SpiffeId, build_csr, generate_private_key
 from meshca.report_headers import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from tests.support.ca_client import ca_stub, create_certificate
@@ -24,11 +25,29 @@ def report_headers(
 
 
 def reporting_csr(
-    ca: CaProcess, headers: Sequence[tuple[str, str]], account: str = "sleep"
-) -> None:
+    ca: CaProcess,
+    headers: Sequence[tuple[str, str]],
+    account: str = "sleep",
+    token: str | None = None,
+    namespace: str = "default",
+) -> str:
     """One `CreateCertificate` for `default/account` with `headers` (none: an Istio-style
-    caller, counted as unknown); raises `grpc.RpcError` if refused."""
-    token = ca.mint_token("default", account)
+    caller, counted as unknown); raises `grpc.RpcError` if refused. Without `token`, a fresh
+    one — a new pod as far as reports go; returns the token, to report again as that pod."""
+    token = token or ca.mint_token(namespace, account)
     with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
-        csr = build_csr(generate_private_key(), SpiffeId("cluster.local", "default", account))
+        csr = build_csr(generate_private_key(), SpiffeId("cluster.local", namespace, account))
         create_certificate(stub, csr, token=token, headers=headers)
+    return token
+
+
+def pod_caller(pod: str, uid: str | None = None, account: str = "sleep") -> Caller:
+    """What an authenticator hands over for a token bound to pod `default/<pod>`: for tests
+    that fill a CA's report table in process (`AgentReports.record_report`)."""
+    return Caller(
+        SpiffeId("cluster.local", "default", account),
+        "test",
+        subject=f"system:serviceaccount:default:{account}",
+        pod_name=pod,
+        pod_uid=uid or f"uid-{pod}",
+    )

@@ -83,10 +83,20 @@ class CaProcess(MeshcaProcess):
         return http_text(f"{self.monitoring_url}/metrics")
 
     def mint_token(
-        self, namespace: str, service_account: str, *, ttl: str = "1h", audience: str = "istio-ca"
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        ttl: str = "1h",
+        audience: str = "istio-ca",
+        pod_name: str | None = None,
     ) -> str:
-        """A development token (shaped like a Kubernetes projected SA token) the CA trusts."""
-        return mint_token(self.data_dir, namespace, service_account, ttl=ttl, audience=audience)
+        """A development token (shaped like a Kubernetes projected SA token) the CA trusts,
+        bound to a pod (`pod_name`, default `<account>-dev`) with a fresh uid: each call is a
+        new pod as far as agent reports go."""
+        return mint_token(
+            self.data_dir, namespace, service_account, ttl=ttl, audience=audience, pod_name=pod_name
+        )
 
 
 def mint_token(
@@ -96,7 +106,9 @@ def mint_token(
     *,
     ttl: str = "1h",
     audience: str = "istio-ca",
+    pod_name: str | None = None,
 ) -> str:
+    pod = ["--pod-name", pod_name] if pod_name is not None else []
     out = subprocess.run(
         [
             sys.executable,
@@ -113,6 +125,7 @@ def mint_token(
             ttl,
             "--audience",
             audience,
+            *pod,
         ],
         env=child_env(),
         check=True,
