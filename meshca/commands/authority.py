@@ -92,10 +92,13 @@ def run(args: argparse.Namespace) -> int:
             if not target.exists:
                 print(f"{name}: {no_authorities_message(target)}", file=sys.stderr)
                 return 2
+            shown_state = None
             if args.verb == "show":
                 state = target.store.read()
                 if args.id is not None:
-                    state = state.only(args.id)
+                    # Coverage is computed over every authority (an agent's digest names a
+                    # subset of all of them); only what is printed is narrowed.
+                    shown_state = state.only(args.id)
             else:
                 if args.verb == "revoke" and not args.force:
                     _refuse_revoke_while_served(args.id, target, name)
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except CaSetupError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    shown = show_document(state, live, agents)
+    shown = show_document(shown_state or state, live, agents)
     print(render_shown(args, shown, listing))
     return 0
 
