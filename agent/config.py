@@ -22,6 +22,7 @@ from pathlib import Path
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
+from meshca.listen import parse_listen
 
 DEFAULT_CA_ADDR = "istiod.istio-system.svc:15012"
 DEFAULT_CA_ROOT_CA = "./var/run/secrets/istio/root-cert.pem"
@@ -43,6 +44,7 @@ MAX_REPORT_INTERVAL = timedelta(hours=1)
 # one CA replica's rate, while a compromised authority's leaves are gone within minutes.
 DEFAULT_TAINT_RESIGN_WINDOW = timedelta(minutes=5)
 CA_HEADER_PREFIX = "CA_HEADER_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class ConfigError(ValueError):
@@ -113,6 +115,10 @@ class AgentConfig:
             raise ConfigError(
                 f"SECRET_GRACE_PERIOD_RATIO_JITTER={self.grace_period_ratio_jitter} must be "
                 "non-negative and keep the ratio inside (0, 1)"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"--log-level {self.log_level!r} is not a log level; use {', '.join(LOG_LEVELS)}"
             )
         if self.secret_ttl <= timedelta(0):
             raise ConfigError("SECRET_TTL must be positive, e.g. 24h")
@@ -434,7 +440,7 @@ def _octal_mode(text: str) -> int:
 
 
 def _parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--status-listen={text!r}: expected HOST:PORT, e.g. 127.0.0.1:15020")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    try:
+        return parse_listen("--status-listen", text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

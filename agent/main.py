@@ -47,6 +47,7 @@ from agent.secrets import SecretCache
 from agent.status import build_status_server
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
+from meshca.listen import ListenError
 from meshca.logs import configure_logging
 from meshca.loop_heartbeat import LoopHeartbeat
 
@@ -196,7 +197,7 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    except AgentFailed as exc:
+    except (AgentFailed, ListenError) as exc:
         log.error("%s", exc)
         return 1
     return 0

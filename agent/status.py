@@ -119,4 +119,5 @@ def build_status_server(
             SECRETS_PATH: secrets,
         },
         name="agent",
+        flag="--status-listen",
     )

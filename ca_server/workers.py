@@ -48,6 +48,7 @@ from prometheus_client import multiprocess
 from ca_server.config import CaConfig, WorkerRole
 from ca_server.metrics import aggregated_registry
 from ca_server.worker_status import merged_document
+from meshca.listen import ListenError
 from meshca.status_http import (
     Response,
     StatusServer,
@@ -122,15 +123,24 @@ class PortReservation:
     def __init__(self) -> None:
         self._sockets: list[socket.socket] = []
 
-    def resolve(self, listen: str) -> str:
+    def resolve(self, flag: str, listen: str) -> str:
+        """`listen` with a concrete port; a port another process holds, or an address that is
+        not this host's, is a `ListenError` naming `flag` (before any worker starts)."""
         host, port = split_host_port(listen)
-        if port != 0:
-            return listen
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, 0))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise ListenError(
+                f"{flag} {listen}: cannot listen there: {exc.strerror or exc} (stop what holds "
+                "the port or pick another one)"
+            ) from None
         self._sockets.append(sock)
+        if port != 0:
+            return listen
         chosen = sock.getsockname()[1]
         return f"[{host}]:{chosen}" if family == socket.AF_INET6 else f"{host}:{chosen}"
 
@@ -208,30 +218,48 @@ class WorkerSupervisor:
         self._stop.set()
 
     def run(self) -> int:
+        servers: list[StatusServer] = []
         try:
             overrides = self._resolved_listen_flags()
-            monitoring = StatusServer(
-                self._config.monitoring_listen,
-                {
-                    "/metrics": metrics_route(aggregated_registry(self._metrics_dir)),
-                    "/healthz": lambda: text(200, "ok\n"),
-                    "/ready": lambda: (
-                        text(200, "ready\n") if self.ready() else text(503, "starting\n")
-                    ),
-                    "/debug/ca": self.debug_ca,
-                },
+            metrics = metrics_route(aggregated_registry(self._metrics_dir))
+            servers.append(
+                StatusServer(
+                    self._config.monitoring_listen,
+                    {
+                        "/metrics": metrics,
+                        "/healthz": lambda: text(200, "ok\n"),
+                        "/ready": lambda: (
+                            text(200, "ready\n") if self.ready() else text(503, "starting\n")
+                        ),
+                    },
+                )
             )
+            if self._config.debug_listen is not None:
+                servers.append(
+                    StatusServer(
+                        self._config.debug_listen,
+                        {"/metrics": metrics, "/debug/ca": self.debug_ca},
+                        name="debug",
+                        flag="--debug-listen",
+                    )
+                )
         except BaseException:
+            for server in servers:
+                server.stop()
             self._cleanup()
             raise
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.request_stop)
-        monitoring.start()
+        for server in servers:
+            server.start()
         log.info(
-            "supervising %d CA workers on %s; monitoring on %s",
+            "supervising %d CA workers on %s; monitoring on %s%s",
             self._count,
             " and ".join(o for o in overrides if not o.startswith("--")),
             self._config.monitoring_listen,
+            f"; debug (/debug/ca) on {self._config.debug_listen}"
+            if self._config.debug_listen
+            else "",
         )
         try:
             for slot in self._slots:
@@ -239,13 +267,15 @@ class WorkerSupervisor:
             return self._supervise(overrides)
         finally:
             self._stop_all()
-            monitoring.stop()
+            for server in servers:
+                server.stop()
             self._cleanup()
 
     def _resolved_listen_flags(self) -> list[str]:
-        flags = ["--listen", self._ports.resolve(self._config.listen)]
+        flags = ["--listen", self._ports.resolve("--listen", self._config.listen)]
         if self._config.mtls_listen:
-            flags += ["--mtls-listen", self._ports.resolve(self._config.mtls_listen)]
+            mtls = self._ports.resolve("--mtls-listen", self._config.mtls_listen)
+            flags += ["--mtls-listen", mtls]
         return flags
 
     def _start(self, slot: _Slot, overrides: Sequence[str]) -> None:
