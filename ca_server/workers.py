@@ -12,12 +12,12 @@ What each side does:
   prometheus-client's multiprocess directory (`PROMETHEUS_MULTIPROC_DIR`, one per run).
 - The supervisor (this module) owns the monitoring port: `/metrics` summed over the workers
   (`ca_server.metrics.aggregated_registry`), `/healthz`, `/ready` (200 once every worker has
-  created its ready file and is alive), and `/debug/ca` merged from the parts the live workers
-  publish in the run directory (`ca_server.worker_status`, about 1 s fresh). It restarts a
-  worker that dies, after a backoff that grows while workers keep dying, and on SIGTERM/SIGINT
-  stops them all (SIGTERM, then SIGKILL after the shutdown grace plus a margin). A worker that
-  fails before any worker was ever ready is a configuration problem, not a crash: the
-  supervisor stops and exits with its status.
+  created its ready file and is alive), and on `--debug-listen` `/debug/ca` merged from the
+  parts the live workers publish in the run directory (`ca_server.worker_status`, about 1 s
+  fresh). It restarts a worker that dies, after a backoff that grows while workers keep
+  dying, and on SIGTERM/SIGINT stops them all (SIGTERM, then SIGKILL after the shutdown grace
+  plus a margin). A worker that fails before any worker was ever ready is a configuration
+  problem, not a crash: the supervisor stops and exits with its status.
 - Port 0 means "pick one": the supervisor reserves a concrete port with a bound, non-listening
   `SO_REUSEPORT` socket and hands it to every worker, so they all share the same one.
 

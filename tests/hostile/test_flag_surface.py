@@ -234,6 +234,22 @@ CASES: dict[str, tuple[list[str], dict[str, str], int, str]] = {
         USAGE,
         "--ttl",
     ),
+    "token --ttl 0s": (
+        [
+            "token",
+            "--data-dir",
+            "{dir}",
+            "--namespace",
+            "a",
+            "--service-account",
+            "b",
+            "--ttl",
+            "0s",
+        ],
+        {},
+        USAGE,
+        "--ttl",
+    ),
     "token without --namespace": (
         ["token", "--data-dir", "{dir}", "--service-account", "b"],
         {},
