@@ -14,6 +14,7 @@ still select the other kinds: `ECC_SIGNATURE_ALGORITHM=ECDSA` with `ECC_CURVE`, 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,6 +45,8 @@ MAX_REPORT_INTERVAL = timedelta(hours=1)
 # one CA replica's rate, while a compromised authority's leaves are gone within minutes.
 DEFAULT_TAINT_RESIGN_WINDOW = timedelta(minutes=5)
 CA_HEADER_PREFIX = "CA_HEADER_"
+# sun_path is 108 bytes with its NUL (`agent.sds.MAX_UNIX_SOCKET_PATH`, not imported: grpc).
+MAX_SOCKET_PATH_BYTES = 107
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -115,6 +118,11 @@ class AgentConfig:
             raise ConfigError(
                 f"SECRET_GRACE_PERIOD_RATIO_JITTER={self.grace_period_ratio_jitter} must be "
                 "non-negative and keep the ratio inside (0, 1)"
+            )
+        if len(os.fsencode(self.sds_socket)) > MAX_SOCKET_PATH_BYTES:
+            raise ConfigError(
+                f"--sds-socket {str(self.sds_socket)[:40]}...: longer than "
+                f"{MAX_SOCKET_PATH_BYTES} bytes, the Unix socket limit; choose a shorter path"
             )
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(

@@ -107,13 +107,27 @@ class Agent:
         self._failed = asyncio.Event()
 
     async def start(self) -> None:
-        ensure_dir(self.config.sds_socket.parent, 0o700)
+        """Starts every part; a directory or socket that cannot be made is `AgentFailed`
+        naming the flag (one line for the operator, not a traceback)."""
+        directories = [("--sds-socket", self.config.sds_socket.parent)]
         if self.config.output_certs is not None:
-            ensure_dir(self.config.output_certs, 0o700)
+            directories.append(("--output-dir", self.config.output_certs))
+        for flag, directory in directories:
+            try:
+                ensure_dir(directory, 0o700)
+            except OSError as exc:
+                raise AgentFailed(
+                    f"{flag}: cannot create the directory {directory}: {exc.strerror or exc}"
+                ) from None
         self._heartbeat_task = asyncio.create_task(self.heartbeat.run(), name="loop-heartbeat")
         self.status.start()
         log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
-        await self.sds.start()
+        try:
+            await self.sds.start()
+        except OSError as exc:
+            raise AgentFailed(
+                f"--sds-socket {self.config.sds_socket}: cannot listen there: {exc.strerror or exc}"
+            ) from None
         self._worker = asyncio.create_task(self.certificates.run(), name=CERTIFICATE_WORKER)
         self._worker.add_done_callback(self._on_worker_done)
         await self.certificates.start()

@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from agent.config import AgentConfig, ConfigError
-from agent.main import Agent
+from agent.main import Agent, AgentFailed
 from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.files import atomic_write, ensure_dir
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_can_listen("--status-listen", f"{config.status_host}:{config.status_port}")
         asyncio.run(_up(config))
-    except (ListenError, UpFailed, ConfigError) as exc:
+    except (ListenError, UpFailed, ConfigError, AgentFailed) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:

@@ -197,6 +197,24 @@ CASES: dict[str, tuple[list[str], dict[str, str], int, str]] = {
         USAGE,
         "FILE_MOUNTED_CERTS",
     ),
+    "agent --sds-socket too long": (
+        _agent("--sds-socket", "/tmp/" + "s" * 120),
+        {},
+        USAGE,
+        "--sds-socket",
+    ),
+    "agent --sds-socket under a file": (
+        _agent("--sds-socket", "{dir}/file/sds.sock"),
+        {},
+        RUNTIME,
+        "--sds-socket",
+    ),
+    "agent --output-dir is a file": (
+        _agent("--output-dir", "{dir}/file"),
+        {},
+        RUNTIME,
+        "--output-dir",
+    ),
     # meshca up
     "up --status-listen garbage": (
         ["up", "--dir", "{dir}/up", "--status-listen", "x"],
