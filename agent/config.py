@@ -23,6 +23,7 @@ from pathlib import Path
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
+from meshca.listen import parse_listen
 from meshca.report_headers import MAX_REPORT_INTERVAL
 
 DEFAULT_CA_ADDR = "istiod.istio-system.svc:15012"
@@ -48,7 +49,9 @@ MIN_REPORT_INTERVAL = timedelta(seconds=1)
 # one CA replica's rate, while a compromised authority's leaves are gone within minutes.
 DEFAULT_TAINT_RESIGN_WINDOW = timedelta(minutes=5)
 CA_HEADER_PREFIX = "CA_HEADER_"
-MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+# sun_path is 108 bytes with its NUL (`agent.sds.MAX_SOCKET_PATH_BYTES`, not imported: grpc).
+MAX_SOCKET_PATH_BYTES = 107
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class ConfigError(ValueError):
@@ -122,6 +125,15 @@ class AgentConfig:
             raise ConfigError(
                 f"SECRET_GRACE_PERIOD_RATIO_JITTER={self.grace_period_ratio_jitter} must be "
                 "non-negative and keep the ratio inside (0, 1)"
+            )
+        if len(os.fsencode(self.sds_socket)) > MAX_SOCKET_PATH_BYTES:
+            raise ConfigError(
+                f"--sds-socket {str(self.sds_socket)[:40]}...: longer than "
+                f"{MAX_SOCKET_PATH_BYTES} bytes, the Unix socket limit; choose a shorter path"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"--log-level {self.log_level!r} is not a log level; use {', '.join(LOG_LEVELS)}"
             )
         if self.secret_ttl <= timedelta(0):
             raise ConfigError("SECRET_TTL must be positive, e.g. 24h")
@@ -490,16 +502,16 @@ def _socket_path(text: str | None) -> Path | None:
         )
     if not value:
         raise ConfigError(f"--workload-api-socket={text!r}: no path given")
-    if len(os.fsencode(value)) > MAX_UNIX_SOCKET_PATH:
+    if len(os.fsencode(value)) > MAX_SOCKET_PATH_BYTES:
         raise ConfigError(
-            f"--workload-api-socket={text!r} is longer than {MAX_UNIX_SOCKET_PATH} bytes, the "
+            f"--workload-api-socket={text!r} is longer than {MAX_SOCKET_PATH_BYTES} bytes, the "
             "Unix socket limit; choose a shorter path"
         )
     return Path(value)
 
 
 def _parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--status-listen={text!r}: expected HOST:PORT, e.g. 127.0.0.1:15020")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    try:
+        return parse_listen("--status-listen", text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -138,5 +138,6 @@ class CallerNotAttested(AgentError):
 
 
 class AgentFailed(AgentError):
-    """A background worker (certificate rotation) died: the agent can no longer keep its
-    certificates fresh, so it stops and exits non-zero for its supervisor to restart it."""
+    """A background worker (certificate rotation) died, or a part could not start (a socket
+    or directory that cannot be made): the agent cannot keep its certificates fresh, so it
+    stops and exits non-zero for its supervisor to restart it."""

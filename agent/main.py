@@ -50,6 +50,7 @@ from agent.status import build_status_server
 from agent.workload_api import WorkloadApiServer
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
+from meshca.listen import ListenError
 from meshca.logs import configure_logging
 from meshca.loop_heartbeat import LoopHeartbeat
 
@@ -115,13 +116,27 @@ class Agent:
         self._failed = asyncio.Event()
 
     async def start(self) -> None:
-        ensure_dir(self.config.sds_socket.parent, 0o700)
+        """Starts every part; a directory or socket that cannot be made is `AgentFailed`
+        naming the flag (one line for the operator, not a traceback)."""
+        directories = [("--sds-socket", self.config.sds_socket.parent)]
         if self.config.output_certs is not None:
-            ensure_dir(self.config.output_certs, 0o700)
+            directories.append(("--output-dir", self.config.output_certs))
+        for flag, directory in directories:
+            try:
+                ensure_dir(directory, 0o700)
+            except OSError as exc:
+                raise AgentFailed(
+                    f"{flag}: cannot create the directory {directory}: {exc.strerror or exc}"
+                ) from None
         self._heartbeat_task = asyncio.create_task(self.heartbeat.run(), name="loop-heartbeat")
         self.status.start()
         log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
-        await self.sds.start()
+        try:
+            await self.sds.start()
+        except OSError as exc:
+            raise AgentFailed(
+                f"--sds-socket {self.config.sds_socket}: cannot listen there: {exc.strerror or exc}"
+            ) from None
         if self.workload_api is not None:
             await self.workload_api.start()
         self._worker = asyncio.create_task(self.certificates.run(), name=CERTIFICATE_WORKER)
@@ -259,7 +274,7 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    except AgentFailed as exc:
+    except (AgentFailed, ListenError) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload_api)

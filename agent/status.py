@@ -1,8 +1,9 @@
 """The agent's HTTP status endpoint: `/healthz/ready` for the kubelet, `/metrics` for Prometheus,
 `/debug/secrets` (JSON, one entry per served secret) for `meshca status`.
 
-Concurrency: `meshca.status_http.StatusServer`, a stdlib HTTP server on its own daemon
-thread, so a slow scrape never stalls the event loop that serves SDS and rotates certificates.
+Concurrency: `meshca.status_http.StatusServer`, a bounded HTTP server with its own loop on its
+own daemon thread, so a slow scrape never stalls the event loop that serves SDS and rotates
+certificates, and idle clients cost no threads.
 Handlers only read: the readiness source's attributes are immutable snapshots replaced by single
 assignments, and prometheus_client is thread-safe.
 
@@ -129,4 +130,5 @@ def build_status_server(
             SECRETS_PATH: secrets,
         },
         name="agent",
+        flag="--status-listen",
     )

@@ -53,7 +53,7 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 from google.protobuf.message import DecodeError
 
-from agent.config import MAX_UNIX_SOCKET_PATH
+from agent.config import MAX_SOCKET_PATH_BYTES
 from agent.errors import CallerNotAttested
 from agent.metrics import CounterChild, LabeledCounter
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
@@ -433,10 +433,10 @@ class WorkloadApiServer:
     ) -> None:
         self.cache = cache
         self.socket_path = Path(socket_path)
-        if len(os.fsencode(self.socket_path)) > MAX_UNIX_SOCKET_PATH:
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH_BYTES:
             raise ValueError(
                 f"Workload API socket path {str(self.socket_path)!r} is longer than "
-                f"{MAX_UNIX_SOCKET_PATH} bytes, the Unix socket limit; choose a shorter path"
+                f"{MAX_SOCKET_PATH_BYTES} bytes, the Unix socket limit; choose a shorter path"
             )
         self.trust_domain_id = f"spiffe://{trust_domain}"
         self.callers: CallerResolver = callers or PodCaller()

@@ -9,7 +9,9 @@ below reads `os.environ` and tests can pass a dict — the same shape as `agent.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,9 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 from ca_server.cpu_scheduling import CPU_SCHEDULING_CHOICES
-from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, format_duration
+from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, SpiffeId, format_duration
+from certs.errors import SpiffeIdError
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
+from meshca.listen import parse_listen
 
 DEFAULT_AUDIENCE = "istio-ca"
 DEFAULT_SERVING_HOSTS = ("localhost", "127.0.0.1", "istiod.istio-system.svc")
@@ -29,6 +33,9 @@ DEFAULT_CLUSTER_ID = "Kubernetes"
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 TokenValidation = Literal["tokenreview", "offline"]
 TOKEN_VALIDATIONS: tuple[TokenValidation, ...] = ("tokenreview", "offline")
+_DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
+_SERVING_HOST = re.compile(rf"(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class ConfigError(ValueError):
@@ -147,6 +154,8 @@ class CaConfig:
     listen: str = "127.0.0.1:15012"
     mtls_listen: str | None = None
     monitoring_listen: str = "127.0.0.1:15014"
+    # `/debug/ca` (identities and serials) and `/metrics` for `meshca status`; off when None.
+    debug_listen: str | None = None
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     cacerts_dir: Path | None = None
     jwt_issuers: tuple[JwtIssuerConfig, ...] = ()
@@ -171,6 +180,16 @@ class CaConfig:
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     cpu_scheduling: str = "batch"  # `ca_server.cpu_scheduling`
     worker: WorkerRole | None = None
+
+    def listen_addresses(self) -> list[tuple[str, str]]:
+        """(flag, address) of every port this CA listens on."""
+        addresses = {
+            "--listen": self.listen,
+            "--mtls-listen": self.mtls_listen,
+            "--monitoring-listen": self.monitoring_listen,
+            "--debug-listen": self.debug_listen,
+        }
+        return [(flag, address) for flag, address in addresses.items() if address is not None]
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> CaConfig:
@@ -202,6 +221,7 @@ class CaConfig:
             listen=args.listen,
             mtls_listen=args.mtls_listen,
             monitoring_listen=args.monitoring_listen,
+            debug_listen=args.debug_listen,
             trust_domain=args.trust_domain,
             cacerts_dir=args.cacerts_dir,
             jwt_issuers=issuers,
@@ -222,6 +242,17 @@ class CaConfig:
         )
         if args.serving_host:
             config = replace(config, serving_hosts=tuple(args.serving_host))
+        _check_addresses(config)
+        _check_names(config)
+        if config.data_dir.exists() and not config.data_dir.is_dir():
+            raise ConfigError(f"--data-dir {config.data_dir}: is not a directory; give a directory")
+        if config.plugged_ca_poll_interval <= timedelta(0):
+            raise ConfigError("--ca-reload-interval must be positive, e.g. 5s")
+        if config.root_lifetime <= timedelta(0):
+            raise ConfigError(
+                f"--root-ttl {format_duration(config.root_lifetime)}: an authority must live "
+                "longer than that; give e.g. 3650d (or 1h to try rotation)"
+            )
         if config.activate_at_coverage is not None and not 0 < config.activate_at_coverage <= 1:
             raise ConfigError(
                 f"--activate-at-coverage {config.activate_at_coverage} must be a fraction in "
@@ -245,10 +276,59 @@ class CaConfig:
         return config
 
 
+def _check_addresses(config: CaConfig) -> None:
+    """Each address flag is HOST:PORT, and no two of them name the same port."""
+    seen: dict[tuple[str, int], str] = {}
+    for flag, address in config.listen_addresses():
+        try:
+            host, port = parse_listen(flag, address)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if port and (host, port) in seen:
+            raise ConfigError(
+                f"{flag} {address}: {seen[host, port]} already uses that port; give each its own"
+            )
+        seen[host, port] = flag
+
+
+def _check_names(config: CaConfig) -> None:
+    try:
+        SpiffeId(config.trust_domain, "ns", "sa")
+    except SpiffeIdError as exc:
+        raise ConfigError(f"--trust-domain: {exc}") from None
+    for host in config.serving_hosts:
+        if not _SERVING_HOST.fullmatch(host):
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ConfigError(
+                    f"--serving-host {host!r}: give a DNS name (e.g. meshca.istio-system.svc) or "
+                    "an IP address"
+                ) from None
+
+
 def _admission(args: argparse.Namespace) -> AdmissionPolicy:
+    """The limits as given; a renewals or reports level above the one it must stay under is
+    refused (cutting it silently would leave the operator believing in a limit that is not)."""
+    if args.max_in_flight_renewals is not None and args.max_in_flight_renewals > args.max_in_flight:
+        raise ConfigError(
+            f"--max-in-flight-renewals {args.max_in_flight_renewals} is above --max-in-flight "
+            f"{args.max_in_flight}: renewals are refused at a level within it; lower it or raise "
+            "--max-in-flight"
+        )
     renewals = args.max_in_flight_renewals or max(1, args.max_in_flight // 2)
-    renewals = min(renewals, args.max_in_flight)
-    reports = args.max_in_flight_reports and min(args.max_in_flight_reports, renewals)
+    reports = args.max_in_flight_reports
+    if reports is not None and reports > renewals:
+        given = (
+            "--max-in-flight-renewals"
+            if args.max_in_flight_renewals
+            else "its default, half of --max-in-flight"
+        )
+        raise ConfigError(
+            f"--max-in-flight-reports {reports} is above the renewals' level {renewals} "
+            f"({given}): reports are refused before renewals; lower it or raise "
+            "--max-in-flight-renewals"
+        )
     try:
         return AdmissionPolicy(args.max_in_flight, renewals, reports)
     except ValueError as exc:
@@ -313,6 +393,15 @@ def duration_argument(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def log_level_argument(text: str) -> str:
+    """An argparse type: one of Python's logging level names, any case."""
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        choices = ", ".join(LOG_LEVELS)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level; use {choices}")
+    return level
+
+
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     """An argparse type: a number of `kind` that must be above zero."""
 
@@ -353,7 +442,14 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
     ca.add_argument(
         "--monitoring-listen",
         default="127.0.0.1:15014",
-        help="HTTP address for /metrics, /healthz, /ready",
+        help="HTTP address for /metrics, /healthz, /ready (no identities: see --debug-listen)",
+    )
+    ca.add_argument(
+        "--debug-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="HTTP address for /debug/ca (identities, serials, authorities) and /metrics, what "
+        "`meshca status` reads of a CA; off unless given; keep it on loopback (127.0.0.1:15015)",
     )
     ca.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
     ca.add_argument(
@@ -458,7 +554,9 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
     )
     _add_kubernetes_flags(ca)
     _add_capacity_flags(ca)
-    ca.add_argument("--log-level", default="INFO")
+    ca.add_argument(
+        "--log-level", type=log_level_argument, default="INFO", help="DEBUG, INFO, WARNING, ERROR"
+    )
 
 
 def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:

@@ -13,8 +13,9 @@ Kubernetes mode adds its own threads (see `ca_server.kube`).
 
 As worker `slot` of `meshca ca --workers N` (`CaConfig.worker` set; see `ca_server.workers`)
 the same assembly serves the same ports as its siblings (`SO_REUSEPORT`: the kernel spreads
-connections across the workers), leaves `/metrics`, `/ready` and `/debug/ca` to the supervisor
-(publishing its part of `/debug/ca`: `ca_server.worker_status`), and tells it that it is serving
+connections across the workers), leaves `/metrics`, `/ready` and `/debug/ca` (on
+`--debug-listen`) to the supervisor (publishing its part of `/debug/ca`:
+`ca_server.worker_status`), and tells it that it is serving
 by creating its ready file. A worker dies with its supervisor.
 """
 
@@ -75,6 +76,7 @@ from ca_server.workers import die_with_parent
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import atomic_write, ensure_dir
+from meshca.listen import ListenError
 from meshca.status_http import StatusServer, json_response, metrics_route, text
 from meshca.waiting import cancel_and_wait
 from meshca_proto import ca_pb2
@@ -283,14 +285,16 @@ async def _serve(
     # Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets
     # its own port (`--mtls-listen`) where the certificate is required and verified.
     tls = ServingTls(config, signer, clock, require_client_cert=False)
-    server.add_secure_port(config.listen, tls.credentials())
+    add_listening_port(server, "--listen", config.listen, tls.credentials())
     if config.mtls_listen:
         mtls = ServingTls(config, signer, clock, require_client_cert=True)
-        server.add_secure_port(config.mtls_listen, mtls.credentials())
+        add_listening_port(server, "--mtls-listen", config.mtls_listen, mtls.credentials())
     report = setup.rotator.report if setup.rotator is not None else None
-    monitoring = _monitoring(config, metrics, state, signer, started, clock, report)
-    if monitoring is not None:
-        monitoring.start()
+    monitoring = _monitoring(config, metrics, state)
+    debug = _debug(config, metrics, signer, started, clock, report)
+    for http in (monitoring, debug):
+        if http is not None:
+            http.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -314,10 +318,11 @@ async def _serve(
         atomic_write(ready_file, ready_file_text(None))
         state.signing.on_change = lambda problem: atomic_write(ready_file, ready_file_text(problem))
     log.info(
-        "CA serving on %s%s; monitoring on %s",
+        "CA serving on %s%s; monitoring on %s%s",
         config.listen,
         f" and mTLS on {config.mtls_listen}" if config.mtls_listen else "",
         config.monitoring_listen,
+        f"; debug (/debug/ca) on {config.debug_listen}" if config.debug_listen else "",
     )
     on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
     validity = asyncio.create_task(state.signing.watch(config.plugged_ca_poll_interval))
@@ -343,8 +348,9 @@ async def _serve(
             publisher.remove()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(config.shutdown_grace.total_seconds())
-        if monitoring is not None:
-            monitoring.stop()
+        for http in (monitoring, debug):
+            if http is not None:
+                http.stop()
 
 
 def ready_file_text(problem: str | None) -> bytes:
@@ -361,17 +367,9 @@ def server_options(config: CaConfig) -> list[tuple[str, int]]:
     ]
 
 
-def _monitoring(
-    config: CaConfig,
-    metrics: CaMetrics,
-    state: CaState,
-    signer: LocalSigner,
-    started: datetime,
-    clock: Clock,
-    report: AuthorityReport | None = None,
-) -> StatusServer | None:
-    """`/metrics`, `/healthz`, `/ready` and `/debug/ca` of a single CA; a worker's are served by
-    its supervisor. `report` holds the authority slots (self-signed slots only)."""
+def _monitoring(config: CaConfig, metrics: CaMetrics, state: CaState) -> StatusServer | None:
+    """`/metrics`, `/healthz` and `/ready` of a single CA; a worker's are served by its
+    supervisor. No identities or serials here: those are on the debug address only."""
     if config.worker is not None:
         return None
     return StatusServer(
@@ -380,10 +378,46 @@ def _monitoring(
             "/metrics": metrics_route(metrics.registry),
             "/healthz": lambda: text(200, "ok\n"),
             "/ready": lambda: text(*state.readiness()),
+        },
+    )
+
+
+def _debug(
+    config: CaConfig,
+    metrics: CaMetrics,
+    signer: LocalSigner,
+    started: datetime,
+    clock: Clock,
+    report: AuthorityReport | None = None,
+) -> StatusServer | None:
+    """`/debug/ca` (workload identities and serials, what `meshca status` reads) and `/metrics`
+    (its rates) on `--debug-listen`, only when given; a worker's are served by its supervisor.
+    `report` holds the authority slots (self-signed slots only)."""
+    if config.worker is not None or config.debug_listen is None:
+        return None
+    return StatusServer(
+        config.debug_listen,
+        {
+            "/metrics": metrics_route(metrics.registry),
             "/debug/ca": lambda: json_response(
                 ca_document(
                     signer.authority, metrics.leaves, started, clock.now(), report_section(report)
                 )
             ),
         },
+        name="debug",
+        flag="--debug-listen",
     )
+
+
+def add_listening_port(
+    server: grpc.aio.Server, flag: str, address: str, credentials: grpc.ServerCredentials
+) -> None:
+    """`add_secure_port`, with a failure to bind said as one line naming the flag."""
+    try:
+        server.add_secure_port(address, credentials)
+    except RuntimeError:
+        raise ListenError(
+            f"{flag} {address}: cannot listen there (the port is in use, or not an address of "
+            "this host): stop what holds it or pick another port"
+        ) from None

@@ -12,12 +12,12 @@ What each side does:
   prometheus-client's multiprocess directory (`PROMETHEUS_MULTIPROC_DIR`, one per run).
 - The supervisor (this module) owns the monitoring port: `/metrics` summed over the workers
   (`ca_server.metrics.aggregated_registry`), `/healthz`, `/ready` (200 once every worker has
-  created its ready file and is alive), and `/debug/ca` merged from the parts the live workers
-  publish in the run directory (`ca_server.worker_status`, about 1 s fresh). It restarts a
-  worker that dies, after a backoff that grows while workers keep dying, and on SIGTERM/SIGINT
-  stops them all (SIGTERM, then SIGKILL after the shutdown grace plus a margin). A worker that
-  fails before any worker was ever ready is a configuration problem, not a crash: the
-  supervisor stops and exits with its status.
+  created its ready file and is alive), and on `--debug-listen` `/debug/ca` merged from the
+  parts the live workers publish in the run directory (`ca_server.worker_status`, about 1 s
+  fresh). It restarts a worker that dies, after a backoff that grows while workers keep
+  dying, and on SIGTERM/SIGINT stops them all (SIGTERM, then SIGKILL after the shutdown grace
+  plus a margin). A worker that fails before any worker was ever ready is a configuration
+  problem, not a crash: the supervisor stops and exits with its status.
 - Port 0 means "pick one": the supervisor reserves a concrete port with a bound, non-listening
   `SO_REUSEPORT` socket and hands it to every worker, so they all share the same one.
 
@@ -48,6 +48,7 @@ from prometheus_client import multiprocess
 from ca_server.config import CaConfig, WorkerRole
 from ca_server.metrics import aggregated_registry
 from ca_server.worker_status import merged_document
+from meshca.listen import ListenError
 from meshca.status_http import (
     Response,
     StatusServer,
@@ -122,15 +123,24 @@ class PortReservation:
     def __init__(self) -> None:
         self._sockets: list[socket.socket] = []
 
-    def resolve(self, listen: str) -> str:
+    def resolve(self, flag: str, listen: str) -> str:
+        """`listen` with a concrete port; a port another process holds, or an address that is
+        not this host's, is a `ListenError` naming `flag` (before any worker starts)."""
         host, port = split_host_port(listen)
-        if port != 0:
-            return listen
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, 0))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise ListenError(
+                f"{flag} {listen}: cannot listen there: {exc.strerror or exc} (stop what holds "
+                "the port or pick another one)"
+            ) from None
         self._sockets.append(sock)
+        if port != 0:
+            return listen
         chosen = sock.getsockname()[1]
         return f"[{host}]:{chosen}" if family == socket.AF_INET6 else f"{host}:{chosen}"
 
@@ -227,28 +237,46 @@ class WorkerSupervisor:
         self._stop.set()
 
     def run(self) -> int:
+        servers: list[StatusServer] = []
         try:
             overrides = self._resolved_listen_flags()
-            monitoring = StatusServer(
-                self._config.monitoring_listen,
-                {
-                    "/metrics": metrics_route(aggregated_registry(self._metrics_dir)),
-                    "/healthz": lambda: text(200, "ok\n"),
-                    "/ready": self.readiness,
-                    "/debug/ca": self.debug_ca,
-                },
+            metrics = metrics_route(aggregated_registry(self._metrics_dir))
+            servers.append(
+                StatusServer(
+                    self._config.monitoring_listen,
+                    {
+                        "/metrics": metrics,
+                        "/healthz": lambda: text(200, "ok\n"),
+                        "/ready": self.readiness,
+                    },
+                )
             )
+            if self._config.debug_listen is not None:
+                servers.append(
+                    StatusServer(
+                        self._config.debug_listen,
+                        {"/metrics": metrics, "/debug/ca": self.debug_ca},
+                        name="debug",
+                        flag="--debug-listen",
+                    )
+                )
         except BaseException:
+            for server in servers:
+                server.stop()
             self._cleanup()
             raise
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.request_stop)
-        monitoring.start()
+        for server in servers:
+            server.start()
         log.info(
-            "supervising %d CA workers on %s; monitoring on %s",
+            "supervising %d CA workers on %s; monitoring on %s%s",
             self._count,
             " and ".join(o for o in overrides if not o.startswith("--")),
             self._config.monitoring_listen,
+            f"; debug (/debug/ca) on {self._config.debug_listen}"
+            if self._config.debug_listen
+            else "",
         )
         try:
             for slot in self._slots:
@@ -256,13 +284,15 @@ class WorkerSupervisor:
             return self._supervise(overrides)
         finally:
             self._stop_all()
-            monitoring.stop()
+            for server in servers:
+                server.stop()
             self._cleanup()
 
     def _resolved_listen_flags(self) -> list[str]:
-        flags = ["--listen", self._ports.resolve(self._config.listen)]
+        flags = ["--listen", self._ports.resolve("--listen", self._config.listen)]
         if self._config.mtls_listen:
-            flags += ["--mtls-listen", self._ports.resolve(self._config.mtls_listen)]
+            mtls = self._ports.resolve("--mtls-listen", self._config.mtls_listen)
+            flags += ["--mtls-listen", mtls]
         return flags
 
     def _start(self, slot: _Slot, overrides: Sequence[str]) -> None:

@@ -52,6 +52,14 @@ def installed_version() -> str:
         return "(not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a usage error is one line: what is wrong and where the
+    help is (the usage dump of a command with forty flags buries the line that matters)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 class _VersionAction(argparse.Action):
     """`--version`, looking the version up only when asked (argparse's own `version` action
     needs the string up front, and every `meshca agent` would pay for the lookup)."""
@@ -67,7 +75,7 @@ class _VersionAction(argparse.Action):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or (`only`) one whose other subcommands have no flags loaded (`""`:
     none, enough for `meshca --help` and `--version`)."""
-    parser = argparse.ArgumentParser(prog="meshca", description=(__doc__ or "").splitlines()[0])
+    parser = _Parser(prog="meshca", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (_, summary) in COMMANDS.items():

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ca_server.config import CaConfig, ConfigError, add_ca_arguments
+from meshca.listen import ListenError, check_can_listen
 from meshca.logs import configure_logging
 
 
@@ -33,16 +34,30 @@ def run(args: argparse.Namespace) -> int:
     except CaSetupError as exc:
         print(f"meshca ca: cannot start: {exc}", file=sys.stderr)
         return 2
+    if config.worker is None:
+        try:
+            for flag, address in config.listen_addresses():
+                check_can_listen(flag, address)
+        except ListenError as exc:
+            print(f"meshca ca: {exc}", file=sys.stderr)
+            return 1
     # Before any thread or worker exists: they inherit it (`ca_server.cpu_scheduling`).
     apply_cpu_scheduling(config.cpu_scheduling)
     workers = args.workers or default_worker_count()
     if workers > 1 and config.worker is None:
         # Workers run `meshca` with this process's own arguments (`meshca.cli.main` keeps them).
         argv = getattr(args, "argv", None) or sys.argv[1:]
-        return WorkerSupervisor(config, workers, worker_argv(argv)).run()
+        try:
+            return WorkerSupervisor(config, workers, worker_argv(argv)).run()
+        except ListenError as exc:
+            print(f"meshca ca: {exc}", file=sys.stderr)
+            return 1
     try:
         asyncio.run(run_ca(config))
     except CaSetupError as exc:
         print(f"meshca ca: cannot start: {exc}", file=sys.stderr)
         return 2
+    except ListenError as exc:
+        print(f"meshca ca: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -10,11 +10,18 @@ Workload API (`FetchX509SVID`, via `meshca.workload_api_fetch`): one row for the
 and one for its trust bundle. An agent's status address also reports what its Workload API
 serves (streams open, responses, refusals by reason) under the secrets.
 
-Pointed at a CA's monitoring address it prints the signing chain and roots with their expiry,
-the authority slots as `meshca authority show` prints them and their coverage (all from
-`/debug/ca`), issuance and refusal rates by reason (from `/metrics`, the counters Prometheus
-scrapes) and the soonest-expiring leaves the CA knows of. Which daemon answers is found by
-asking: an agent answers `/debug/secrets`, a CA `/debug/ca`.
+Pointed at a CA's debug address (`--debug-listen`: its monitoring port shows no identities) it
+prints the signing chain and roots with their expiry, the authority slots as `meshca authority
+show` prints them and their coverage (all from `/debug/ca`), issuance and refusal rates by
+reason (from `/metrics`, the counters Prometheus scrapes) and the soonest-expiring leaves the CA
+knows of. Which daemon answers is found by asking: an agent answers `/debug/secrets`, a CA
+`/debug/ca`.
+
+Whatever answers is not trusted to be a meshca daemon (`meshca.careful_http`): each request
+has one deadline (`--timeout`) and a size cap (`--max-response-mib`), redirects are reported,
+never followed, and anything but the documents a meshca daemon sends ends in one line,
+"ADDRESS did not answer like a meshca agent or CA: ...", exit status 1. With `--watch`, a bad
+round says so in place of the table and the next round tries again.
 
 Rates: a single run divides each counter by the CA's uptime; `--watch` redraws in place every
 `--interval` and shows the rate over the last interval instead. The header line says which.
@@ -35,8 +42,6 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -49,11 +54,17 @@ from ca_server.authority_slots import AuthorityCommandError
 from ca_server.authority_state import SlotFactory
 from ca_server.root_store import CaSetupError
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, format_duration
+from meshca import careful_http
 from meshca.commands import authority_view
 from meshca.durations import parse_duration
 
 AGENT_PATH = "/debug/secrets"
 CA_PATH = "/debug/ca"
+METRICS_PATH = "/metrics"
+METRICS_TYPES = ("text/plain", "application/openmetrics-text")
+DEFAULT_TIMEOUT_SECONDS = 5.0
+# A CA's /debug/ca grows with its fleet (agents' rows); 16 MiB is far above a large one.
+DEFAULT_MAX_RESPONSE_MIB = 16
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 SDS_PREFIX = "unix:"
 SDS_DEFAULT_RESOURCES = ("default", "ROOTCA")
@@ -72,15 +83,55 @@ def _base_url(address: str) -> str:
     return address.rstrip("/") if "://" in address else f"http://{address.rstrip('/')}"
 
 
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
+@dataclass(frozen=True)
+class Limits:
+    """How long one request may take (connect to last byte) and how much it may read."""
+
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
+    max_bytes: int = DEFAULT_MAX_RESPONSE_MIB * 1024 * 1024
+
+
+def _get(base: str, path: str, limits: Limits) -> careful_http.Answer:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return int(response.status), bytes(response.read())
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), b""
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise StatusError(f"cannot reach {url}: {reason}") from None
+        return careful_http.get(base + path, limits.timeout, limits.max_bytes)
+    except careful_http.Unreachable as exc:
+        raise StatusError(f"cannot reach {base}{path}: {exc}") from None
+    except careful_http.FetchError as exc:
+        raise StatusError(f"{_unlike(base)}: {path}: {exc}") from None
+
+
+def _unlike(base: str) -> str:
+    return f"{base} did not answer like a meshca agent or CA"
+
+
+def _document(base: str, path: str, answer: careful_http.Answer, kind: str) -> dict[str, Any]:
+    """The JSON document of a 200 answer, if it is one a meshca daemon of `kind` sends."""
+    where = f"{_unlike(base)}: {path}"
+    if answer.content_type != "application/json":
+        raise StatusError(f"{where} is {answer.content_type or 'untyped'}, not application/json")
+    try:
+        document = json.loads(answer.body)
+    except (ValueError, RecursionError) as exc:
+        raise StatusError(f"{where} is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(document, dict) or document.get("kind") != kind:
+        raise StatusError(f'{where} is JSON, but not a meshca document ("kind": "{kind}")')
+    return document
+
+
+def _refusal(base: str, agent: careful_http.Answer, ca: careful_http.Answer) -> StatusError:
+    """Why neither path gave a document: a redirect (never followed) or some other status."""
+    for path, answer in ((AGENT_PATH, agent), (CA_PATH, ca)):
+        if 300 <= answer.status < 400:
+            return StatusError(
+                f"{_unlike(base)}: {path} answered HTTP {answer.status}, a redirect to "
+                f"{answer.location or '(no Location)'}, which meshca status does not follow: "
+                "give the daemon's own address"
+            )
+    return StatusError(
+        f"{_unlike(base)}: {AGENT_PATH}: HTTP {agent.status}, {CA_PATH}: HTTP {ca.status}; give "
+        "an agent's --status-listen address, or a CA's --debug-listen address (its "
+        "--monitoring-listen shows no identities, so no /debug/ca)"
+    )
 
 
 @dataclass(frozen=True)
@@ -93,26 +144,36 @@ class Snapshot:
     taken_at: float  # time.monotonic(), for rates between two snapshots
 
 
-def fetch(address: str, timeout: float = 5.0, resources: tuple[str, ...] = ()) -> Snapshot:
+def fetch(address: str, limits: Limits | None = None, resources: tuple[str, ...] = ()) -> Snapshot:
+    limits = limits or Limits()
     if address.startswith(SDS_PREFIX):
         socket = address[len(SDS_PREFIX) :]
-        document = sds_document(socket, resources or SDS_DEFAULT_RESOURCES, timeout)
+        document = sds_document(socket, resources or SDS_DEFAULT_RESOURCES, limits.timeout)
         return Snapshot("agent", document, {}, time.monotonic())
     base = _base_url(address)
-    status, body = _get(base + AGENT_PATH, timeout)
-    if status == 200:
-        return Snapshot("agent", json.loads(body), {}, time.monotonic())
-    status_ca, body_ca = _get(base + CA_PATH, timeout)
-    if status_ca != 200:
+    agent = _get(base, AGENT_PATH, limits)
+    if agent.status == 200:
+        document = _document(base, AGENT_PATH, agent, "agent")
+        return Snapshot("agent", document, {}, time.monotonic())
+    ca = _get(base, CA_PATH, limits)
+    if ca.status != 200:
+        raise _refusal(base, agent, ca)
+    document = _document(base, CA_PATH, ca, "ca")
+    metrics = _get(base, METRICS_PATH, limits)
+    if metrics.status != 200:
+        raise StatusError(f"{_unlike(base)}: {METRICS_PATH} answered HTTP {metrics.status}")
+    if metrics.content_type not in METRICS_TYPES:
         raise StatusError(
-            f"{base} is neither a meshca agent ({AGENT_PATH}: HTTP {status}) nor a meshca CA "
-            f"({CA_PATH}: HTTP {status_ca}); give the agent's --status-listen or the CA's "
-            "--monitoring-listen address"
+            f"{_unlike(base)}: {METRICS_PATH} is {metrics.content_type or 'untyped'}, not "
+            "Prometheus text"
         )
-    status_metrics, metrics = _get(base + "/metrics", timeout)
-    if status_metrics != 200:
-        raise StatusError(f"{base}/metrics answered HTTP {status_metrics}")
-    return Snapshot("ca", json.loads(body_ca), parse_counters(metrics.decode()), time.monotonic())
+    try:
+        counters = parse_counters(metrics.body.decode())
+    except (ValueError, TypeError, IndexError) as exc:
+        raise StatusError(
+            f"{_unlike(base)}: {METRICS_PATH} is not Prometheus text ({str(exc)[:80]})"
+        ) from None
+    return Snapshot("ca", document, counters, time.monotonic())
 
 
 def fetch_shared_state(args: argparse.Namespace) -> Snapshot:
@@ -443,14 +504,40 @@ def render(current: Snapshot, previous: Snapshot | None, output: str) -> str:
     return json.dumps(ca, indent=2) if output == "json" else render_ca(ca)
 
 
+def render_checked(current: Snapshot, previous: Snapshot | None, output: str, where: str) -> str:
+    """`render`, with a document that lacks or mangles a field it needs said as one line: the
+    shape was checked only at the top (`kind`), whatever answered may have sent the rest."""
+    try:
+        return render(current, previous, output)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        field = f"field {exc}" if isinstance(exc, KeyError) else f"a field ({str(exc)[:80]})"
+        raise StatusError(f"{_unlike(where)}: its document lacks or mangles {field}") from None
+
+
+def _positive_duration(text: str) -> timedelta:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than 0s, e.g. 2s")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "address",
         nargs="?",
         help="an agent's status address (--status-listen, e.g. 127.0.0.1:15020), its SDS or "
-        "Workload API socket (unix:PATH), or a CA's monitoring address (--monitoring-listen, "
-        "e.g. 127.0.0.1:15014)",
+        "Workload API socket (unix:PATH), or a CA's debug address (--debug-listen, "
+        "e.g. 127.0.0.1:15015)",
     )
     authority_view.add_target_arguments(parser, where)
     parser.add_argument(
@@ -466,9 +553,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval",
-        type=parse_duration,
+        type=_positive_duration,
         default=timedelta(seconds=2),
         help="time between redraws with --watch (default 2s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_duration,
+        default=timedelta(seconds=DEFAULT_TIMEOUT_SECONDS),
+        help="the longest one request to the daemon may take, from connecting to its last "
+        f"byte (default {DEFAULT_TIMEOUT_SECONDS:g}s)",
+    )
+    parser.add_argument(
+        "--max-response-mib",
+        type=_positive_int,
+        default=DEFAULT_MAX_RESPONSE_MIB,
+        help="refuse an answer longer than this many MiB (default %(default)s)",
     )
 
 
@@ -479,17 +579,20 @@ def run(
 ) -> int:
     out = out or sys.stdout
     previous: Snapshot | None = None
+    limits = Limits(args.timeout.total_seconds(), args.max_response_mib * 1024 * 1024)
+    every = format_duration(args.interval)
     try:
         while True:
             current: Snapshot | None = None
             try:
                 current = (
-                    fetch(args.address, resources=tuple(args.resource))
+                    fetch(args.address, limits, tuple(args.resource))
                     if args.address is not None
                     else fetch_shared_state(args)
                 )
-                text = render(current, previous, args.output)
+                text = render_checked(current, previous, args.output, _where(args))
             except StatusError as exc:
+                current = None
                 if not args.watch:
                     print(f"meshca status: {exc}", file=sys.stderr)
                     return 1
@@ -498,7 +601,6 @@ def run(
                 print(text, file=out)
                 return 0
             stamp = datetime.now().astimezone().strftime("%H:%M:%S")
-            every = format_duration(args.interval)
             out.write(f"{CLEAR_SCREEN}meshca status {_what(args)} every {every} - {stamp}\n\n")
             out.write(text + "\n")
             out.flush()
@@ -506,6 +608,14 @@ def run(
             sleep(args.interval.total_seconds())
     except KeyboardInterrupt:
         return 0
+
+
+def _where(args: argparse.Namespace) -> str:
+    """Who answered, as the one-line errors name it."""
+    address = args.address
+    if address is not None and not address.startswith(SDS_PREFIX):
+        return _base_url(address)
+    return _what(args)
 
 
 def _what(args: argparse.Namespace) -> str:

@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from ca_server.dev_issuer import DevIssuerMissing, load_dev_issuer
 
     request = TokenRequest.from_args(args, {})
+    if request.ttl <= timedelta(0):
+        print("meshca token: --ttl must be longer than 0s, e.g. 1h", file=sys.stderr)
+        return 2
     try:
         issuer = load_dev_issuer(request.data_dir)
     except DevIssuerMissing as exc:

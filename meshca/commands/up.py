@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from agent.config import AgentConfig
-from agent.main import Agent
+from agent.config import AgentConfig, ConfigError
+from agent.main import Agent, AgentFailed
 from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.files import atomic_write, ensure_dir
+from meshca.listen import ListenError, check_can_listen, parse_listen
 from meshca.logs import configure_logging
 from meshca.waiting import cancel_and_wait
 
@@ -59,22 +60,30 @@ class UpConfig:
             ttl = parse_duration(args.secret_ttl)
         except ValueError as exc:
             raise UpConfigError(f"--secret-ttl: {exc}") from None
-        host, _, port = args.status_listen.rpartition(":")
-        if not port.isdigit():
-            raise UpConfigError(
-                f"--status-listen={args.status_listen!r}: expected HOST:PORT, e.g. 127.0.0.1:15020"
-            )
+        if ttl <= timedelta(0):
+            raise UpConfigError(f"--secret-ttl {args.secret_ttl}: must be positive, e.g. 30s")
+        try:
+            host, port = parse_listen("--status-listen", args.status_listen)
+        except ValueError as exc:
+            raise UpConfigError(str(exc)) from None
+        directory = Path(args.dir).resolve()
+        if directory.exists() and not directory.is_dir():
+            raise UpConfigError(f"--dir {args.dir}: is not a directory; give a directory")
         return cls(
-            directory=Path(args.dir).resolve(),
+            directory=directory,
             secret_ttl=ttl,
             secret_ttl_text=args.secret_ttl,
-            status_host=host or "127.0.0.1",
-            status_port=int(port),
+            status_host=host,
+            status_port=port,
         )
 
 
 class UpConfigError(ValueError):
     """A `meshca up` flag the command cannot use; the message names it."""
+
+
+class UpFailed(Exception):
+    """The local CA did not come up; the message says where its log is."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +100,15 @@ def run(args: argparse.Namespace) -> int:
     except UpConfigError as exc:
         log.error("%s", exc)
         return 2
-    asyncio.run(_up(config))
+    try:
+        check_can_listen("--status-listen", f"{config.status_host}:{config.status_port}")
+        asyncio.run(_up(config))
+    except (ListenError, UpFailed, ConfigError, AgentFailed) as exc:
+        log.error("%s", exc)
+        return 1
+    except OSError as exc:
+        log.error("meshca up: cannot use --dir %s: %s", config.directory, exc.strerror or exc)
+        return 1
     return 0
 
 
@@ -141,7 +158,7 @@ class LocalCa:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the CA exited early; see {self.data_dir.parent / 'ca.log'}")
+                raise UpFailed(f"the CA exited early; see {self.data_dir.parent / 'ca.log'}")
             try:
                 url = f"http://127.0.0.1:{self.monitoring_port}/ready"
                 with urllib.request.urlopen(url, timeout=1) as response:
@@ -150,7 +167,9 @@ class LocalCa:
             except OSError:
                 pass
             time.sleep(0.1)
-        raise TimeoutError("the CA did not become ready in time")
+        raise UpFailed(
+            f"the CA did not become ready in {timeout:.0f}s; see {self.data_dir.parent / 'ca.log'}"
+        )
 
     def mint_token(self) -> str:
         out = subprocess.run(

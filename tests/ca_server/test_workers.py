@@ -220,7 +220,7 @@ def test_workers_share_a_port_0_and_the_mtls_port(tmp_path: Path):
 
 
 def _debug_ca(ca: CaProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{ca.monitoring_url}/debug/ca", timeout=5) as response:
+    with urllib.request.urlopen(f"{ca.debug_url}/debug/ca", timeout=5) as response:
         document: dict[str, Any] = json.loads(response.read())
     return document
 
@@ -266,7 +266,7 @@ def test_debug_ca_and_meshca_status_cover_every_worker(tmp_path: Path):
         assert not_afters == sorted(not_afters)
 
         status = subprocess.run(
-            [sys.executable, "-m", "meshca", "status", "-o", "json", ca.monitoring_url],
+            [sys.executable, "-m", "meshca", "status", "-o", "json", ca.debug_url],
             env=child_env(),
             capture_output=True,
             text=True,
@@ -289,7 +289,7 @@ def test_debug_ca_and_meshca_status_cover_every_worker(tmp_path: Path):
             20,
             "a replacement worker serving",
         )
-        assert http_status(f"{ca.monitoring_url}/debug/ca") == 200
+        assert http_status(f"{ca.debug_url}/debug/ca") == 200
         more = _issue_for_identities(ca, ["after-restart-0", "after-restart-1"], 3)
         wait_for(
             lambda: more.items() <= _latest_leaves(_debug_ca(ca)).items(),

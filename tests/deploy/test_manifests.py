@@ -588,3 +588,76 @@ def test_rbac_helper_answers_requests() -> None:
 def test_kustomization_files_are_not_kubernetes_objects() -> None:
     for path in kustomization_files():
         assert load_file(path)[0].kind == "Kustomization"
+
+
+# -- network policies --------------------------------------------------------------------------
+
+# Who the shipped NetworkPolicies let reach a metrics port: the Prometheus pods in `monitoring`.
+SCRAPERS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "under", "metrics_port", "open_ports"),
+    [
+        ("Deployment", "meshca", "base", "http-monitoring", {"grpc-tls"}),
+        ("DaemonSet", "meshca-node-agent", "node-agent", "http-status", set()),
+    ],
+    ids=["ca", "node-agent"],
+)
+def test_only_the_scrapers_reach_the_metrics_port(
+    kind: str, name: str, under: str, metrics_port: str, open_ports: set[str]
+) -> None:
+    """One NetworkPolicy selects the pods; it lists every port they expose and no other; the
+    metrics port admits only the scrapers, the gRPC port everyone (agents of every namespace)."""
+    workload = find(kind, name, under)
+    pod = _pod_spec(workload)
+    assert not pod.get("hostNetwork"), "a NetworkPolicy does not apply to host-network pods"
+    labels = workload.doc["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        m
+        for m in manifests(DEPLOY_DIR / under)
+        if m.kind == "NetworkPolicy"
+        and _selects(m.doc["spec"]["podSelector"]["matchLabels"], labels)
+    ]
+    assert len(policies) == 1, policies
+    policy = policies[0]
+    assert policy.path.name in load_kustomization(DEPLOY_DIR / under)["resources"]
+    spec = policy.doc["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    exposed = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
+    opened: dict[str, list[Any]] = {}
+    for rule in spec["ingress"]:
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            opened.setdefault(port["port"], []).append(rule.get("from"))
+    assert set(opened) == exposed == {metrics_port, *open_ports}
+    assert opened[metrics_port] == [[SCRAPERS]]
+    for port in open_ports:
+        assert opened[port] == [None]  # no `from`: every client
+
+
+def test_the_scrapers_scrape_the_ports_the_policies_open_to_them() -> None:
+    service_monitor = find("ServiceMonitor", "meshca-ca", "monitoring")
+    pod_monitor = find("PodMonitor", "meshca-agents", "monitoring")
+    scraped = {
+        e["port"]
+        for monitor in (service_monitor, pod_monitor)
+        for e in monitor.doc["spec"].get(
+            "endpoints", monitor.doc["spec"].get("podMetricsEndpoints", [])
+        )
+    }
+    assert scraped == {"http-monitoring", "http-status"}
+
+
+def test_no_manifest_serves_the_ca_debug_address_beyond_loopback() -> None:
+    """`/debug/ca` lists workload identities: `--debug-listen` stays on loopback if used at all."""
+    for manifest in ALL_MANIFESTS:
+        if manifest.kind not in ("Deployment", "DaemonSet"):
+            continue
+        for container in _all_containers(_pod_spec(manifest)):
+            for arg in container.get("args", []):
+                if arg.startswith("--debug-listen"):
+                    assert arg.split("=", 1)[1].startswith("127.0.0.1:"), f"{manifest}: {arg}"

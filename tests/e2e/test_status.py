@@ -134,7 +134,7 @@ def test_status_of_an_agent_and_of_a_ca(short_dir: Path) -> None:
         token = ca.mint_token("default", "sleep")
         with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub, pytest.raises(grpc.RpcError):
             create_certificate(stub, "not a CSR", token=token)
-        ca_address = f"127.0.0.1:{ca.monitoring_port}"
+        ca_address = ca.debug_address
         result = meshca_status("-o", "json", ca_address)
         assert result.returncode == 0, result.stderr
         document = json.loads(result.stdout)
@@ -274,7 +274,7 @@ def test_status_of_a_ca_shows_its_authorities_and_coverage(short_dir: Path) -> N
     status --data-dir` shows the same slots from the shared state."""
     ca = CaProcess(short_dir / "ca", "--ca-reload-interval", "200ms")
     ca.start()
-    address = f"127.0.0.1:{ca.monitoring_port}"
+    address = ca.debug_address
     try:
         assert meshca_authority(data_dir_target(ca.data_dir), "prepare").returncode == 0
         wait_for(lambda: len(load_certs(ca.root_cert_path.read_bytes())) == 2, 20, "bundle {A, B}")
@@ -401,7 +401,7 @@ def test_watch_shows_a_prepared_authority_appear(short_dir: Path) -> None:
     watch: WatchedStatus | None = None
     try:
         (active,) = authority_rows(data_dir_target(ca.data_dir))
-        watch = WatchedStatus(f"127.0.0.1:{ca.monitoring_port}")
+        watch = WatchedStatus(ca.debug_address)
         watch.read_until(lambda: len(watch.frames()) >= 2, "two redraws")
         first = watch.frames()[0]
         assert _slot_row(first, active["id"])[1] == "active"

@@ -97,7 +97,7 @@ def test_show_merges_the_agent_reports_of_every_replica(
     assert from_cluster["authorities"] == shown["authorities"]
     assert from_cluster["coverage"]["agents_reporting"] == 3
     for ca in replicas:
-        address = f"127.0.0.1:{ca.monitoring_port}"
+        address = ca.debug_address
 
         def merged(address: str = address) -> bool:
             return status_json(address)["authorities"] == shown["authorities"]

@@ -28,6 +28,8 @@ class CaProcess(MeshcaProcess):
         self.data_dir = data_dir
         self.port = free_port()
         self.monitoring_port = free_port()
+        # `/debug/ca` (what `meshca status` reads of a CA) is only on the debug address.
+        self.debug_port = free_port()
         self.extra_args = list(extra_args)
         args = [
             "ca",
@@ -37,6 +39,8 @@ class CaProcess(MeshcaProcess):
             f"127.0.0.1:{self.port}",
             "--monitoring-listen",
             f"127.0.0.1:{self.monitoring_port}",
+            "--debug-listen",
+            f"127.0.0.1:{self.debug_port}",
             "--min-workload-cert-ttl",
             "1s",
             *([] if "--workers" in extra_args else ["--workers", "1"]),
@@ -56,6 +60,15 @@ class CaProcess(MeshcaProcess):
     @property
     def monitoring_url(self) -> str:
         return f"http://127.0.0.1:{self.monitoring_port}"
+
+    @property
+    def debug_address(self) -> str:
+        """`--debug-listen`: `/debug/ca` and `/metrics`, what `meshca status` of a CA reads."""
+        return f"127.0.0.1:{self.debug_port}"
+
+    @property
+    def debug_url(self) -> str:
+        return f"http://{self.debug_address}"
 
     def start(self, timeout: float = 30) -> None:
         super().start()
