@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from ca_server.agent_reports import FleetReports, merge_snapshots
 from ca_server.agent_reports import is_spent as agents_spent
 from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
+from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class ConfigMapLedgerSink:
             self._sweep(now)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             ledger.changed = ledger.agents.changed = True  # try again at the next poll
-            log.warning("could not publish %s/%s: %s", self._namespace, self._name, exc)
+            detail = api_error_text(exc) if isinstance(exc, ApiException) else exc
+            log.warning("could not publish %s/%s: %s", self._namespace, self._name, detail)
 
     def _sweep(self, now: datetime) -> None:
         for name, leaves, agents in self._reports():
