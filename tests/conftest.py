@@ -15,7 +15,9 @@ from types import ModuleType
 import pytest
 
 # Fixtures that start a process or a server (see tests/*/conftest.py).
-PROCESS_FIXTURES = frozenset({"ca", "root_pem", "kube_api", "kube_ca", "kube"})
+PROCESS_FIXTURES = frozenset(
+    {"ca", "root_pem", "kube_api", "kube_ca", "kube", "control_plane", "real_ca"}
+)
 # Modules whose use means a test module starts processes.
 SPAWNING_MODULES = (
     "subprocess",
@@ -24,6 +26,7 @@ SPAWNING_MODULES = (
     "tests.support.authority_cli",
     "tests.support.envoy",
     "tests.support.kube_api",
+    "tests.support.real_kube",
     "tests.support.prometheus",
 )
 

@@ -91,9 +91,11 @@ def versions() -> str:
 
 
 def _go() -> str:
-    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    found = shutil.which("go")
+    if found is None and os.path.exists("/usr/local/go/bin/go"):
+        found = "/usr/local/go/bin/go"  # Go's own tarball layout, often not on PATH
     if found is None:
-        raise SystemExit("the real-binary tests need Go (https://go.dev/dl) on PATH to build their binaries")
+        raise SystemExit("tests/k8s_real needs Go (https://go.dev/dl) on PATH to build binaries")
     return found
 
 
@@ -118,9 +120,15 @@ def main() -> int:
         if wanted.path.is_file():
             print(f"real-binaries: {wanted.name} {wanted.version} already built ({wanted.path})")
             continue
-        print(f"real-binaries: building {wanted.name} from {wanted.module}@{wanted.version} ...", flush=True)
+        print(
+            f"real-binaries: building {wanted.name} from {wanted.module}@{wanted.version} ...",
+            flush=True,
+        )
         seconds = build(wanted)
-        print(f"real-binaries: built {wanted.name} {wanted.version} in {seconds:.0f} s -> {wanted.path}", flush=True)
+        print(
+            f"real-binaries: built {wanted.name} {wanted.version} in {seconds:.0f} s",
+            flush=True,
+        )
     print(f"real-binaries: ready in {time.monotonic() - total:.1f} s (cache {cache_dir()})")
     return 0
 
