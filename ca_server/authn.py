@@ -15,13 +15,21 @@ from typing import Protocol
 from cryptography import x509
 
 from ca_server.errors import AuthenticationError
-from certs import CertsError, SpiffeId, describe_certificate, verify_chain
+from certs import (
+    CertsError,
+    ChainOrderError,
+    ForeignCertificateError,
+    SpiffeId,
+    build_path,
+    describe_certificate,
+)
 from meshca.clock import Clock
 
 
 @dataclass(frozen=True)
 class AuthnRequest:
-    """What an authenticator may look at: request headers and the verified TLS peer chain.
+    """What an authenticator may look at: request headers and the verified TLS peer chain
+    (the client's leaf first, then what it sent after it).
     `advisory`: the request may be refused rather than wait for a budget certificate requests
     share (an agent report: the TokenReview rate limit, `ca_server.kube.ratelimit`)."""
 
@@ -98,8 +106,12 @@ class AuthenticatorChain:
 class ClientCertificateAuthenticator:
     """Renewal over mTLS: the identity is the SPIFFE URI of the verified client certificate.
 
-    gRPC has already verified the chain during the handshake; it is checked again here against the
-    CA's current roots so a certificate from a retired root stops working without a restart.
+    `AuthnRequest.peer_chain` is the client's leaf followed by whatever it sent after it (Istio's
+    agent sends its `cert-chain.pem`: leaf, intermediates, then its whole root bundle). gRPC
+    has already verified the handshake; the path is built again here from the leaf to the CA's
+    current roots, with the rest as candidates (`certs.build_path`), so a certificate from a
+    retired root stops working without a restart and a malformed chain is refused with what to
+    fix. Only the leaf's identity counts.
     """
 
     name = "client-certificate"
@@ -117,9 +129,17 @@ class ClientCertificateAuthenticator:
     async def authenticate(self, request: AuthnRequest) -> Caller | None:
         if not request.peer_chain:
             return None
-        leaf = request.peer_chain[0]
+        leaf, *presented = request.peer_chain
         try:
-            verify_chain(list(request.peer_chain), self._roots(), now=self._clock.now())
+            build_path(leaf, presented, self._roots(), now=self._clock.now())
+        except ChainOrderError as exc:
+            raise AuthenticationError(
+                "client-cert-chain-order", f"client certificate chain out of order: {exc}"
+            ) from exc
+        except ForeignCertificateError as exc:
+            raise AuthenticationError(
+                "client-cert-foreign-intermediate", f"client certificate chain: {exc}"
+            ) from exc
         except CertsError as exc:
             raise AuthenticationError("client-cert-invalid", f"client certificate: {exc}") from exc
         identity = describe_certificate(leaf).identity

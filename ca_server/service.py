@@ -246,14 +246,19 @@ def authn_request(
 
 
 def _peer_chain(context: grpc.aio.ServicerContext) -> tuple[x509.Certificate, ...]:
-    """The client's verified certificate chain, when it connected with one (mTLS port)."""
+    """The client's certificate, then what it sent after it, when it connected with one (mTLS
+    port). On the server side gRPC's auth context holds the leaf alone in `x509_pem_cert` and
+    only the certificates sent *after* it in `x509_pem_cert_chain` (OpenSSL's peer chain
+    without the peer's own certificate), so the leaf is always `x509_pem_cert`; a repeat of it
+    in the chain is dropped. Which of the rest build the path is `certs.build_path`'s job."""
     auth = context.auth_context()
-    pems = auth.get("x509_pem_cert") or []
-    chain_pems = auth.get("x509_pem_cert_chain") or []
-    raw = b"".join(chain_pems) or b"".join(pems)
-    if not raw:
+    leaf_pem = b"".join(auth.get("x509_pem_cert") or [])
+    if not leaf_pem:
         return ()
+    chain_pem = b"".join(auth.get("x509_pem_cert_chain") or [])
     try:
-        return tuple(load_certs(raw, what="client certificate"))
+        leaf = load_certs(leaf_pem, what="client certificate")[0]
+        rest = load_certs(chain_pem, what="client certificate chain") if chain_pem else []
     except CertsError:
         return ()
+    return (leaf, *(cert for cert in rest if cert != leaf))

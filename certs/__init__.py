@@ -10,12 +10,14 @@ from certs.authority import (
     new_self_signed_authority,
     self_signed_authority,
 )
-from certs.chain import is_ca, verify_chain
+from certs.chain import build_path, is_ca, verify_chain
 from certs.csr import MAX_CSR_BYTES, CsrContents, build_csr, describe_csr, load_csr
 from certs.errors import (
     CertsError,
     ChainError,
+    ChainOrderError,
     CsrError,
+    ForeignCertificateError,
     KeyMaterialError,
     PemError,
     SpiffeIdError,
@@ -51,8 +53,10 @@ __all__ = [
     "CertificateInfo",
     "CertsError",
     "ChainError",
+    "ChainOrderError",
     "CsrContents",
     "CsrError",
+    "ForeignCertificateError",
     "KeyMaterialError",
     "KeySpec",
     "PemError",
@@ -63,6 +67,7 @@ __all__ = [
     "SpiffeIdError",
     "build_csr",
     "build_intermediate_certificate",
+    "build_path",
     "build_root_certificate",
     "build_serving_certificate",
     "build_workload_certificate",

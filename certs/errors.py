@@ -27,3 +27,11 @@ class CsrError(CertsError):
 
 class ChainError(CertsError):
     """A certificate chain does not verify to the trusted roots at the given time."""
+
+
+class ChainOrderError(ChainError):
+    """A presented chain holds the right certificates in an order the sender must fix."""
+
+
+class ForeignCertificateError(ChainError):
+    """A presented chain holds a certificate that is not on the path to the trusted roots."""

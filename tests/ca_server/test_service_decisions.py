@@ -60,7 +60,8 @@ class FakeContext:
 
     def __init__(self, token: str | None, peer_chain: Sequence[x509.Certificate] = ()) -> None:
         self._metadata = [("authorization", f"Bearer {token}")] if token is not None else []
-        self._peer_pem = b"".join(cert_to_pem(cert).encode() for cert in peer_chain)
+        # As gRPC's server side holds them: the leaf alone, then what the client sent after it.
+        self._peer_pems = [cert_to_pem(cert).encode() for cert in peer_chain]
 
     def invocation_metadata(self) -> list[tuple[str, str]]:
         return self._metadata
@@ -69,7 +70,10 @@ class FakeContext:
         return "ipv4:127.0.0.1:40000"
 
     def auth_context(self) -> dict[str, list[bytes]]:
-        return {"x509_pem_cert_chain": [self._peer_pem]} if self._peer_pem else {}
+        if not self._peer_pems:
+            return {}
+        leaf, *rest = self._peer_pems
+        return {"x509_pem_cert": [leaf], "x509_pem_cert_chain": [b"".join(rest)]}
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)

@@ -29,9 +29,9 @@ from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
 from certs import (
+    SigningAuthority,
     SpiffeId,
     build_csr,
-    cert_to_pem,
     generate_private_key,
     new_self_signed_authority,
 )
@@ -68,7 +68,12 @@ class InProcessCa:
         *,
         impersonation: ImpersonationPolicy | None = None,
         authenticators: AuthenticatorChain | None = None,
+        authority: SigningAuthority | None = None,
+        mtls: bool = False,
     ) -> None:
+        """`authority`: what it signs with (default: a new self-signed root); `mtls`: also
+        serve the renewal port where a client certificate is required (`--mtls-listen`),
+        at `mtls_addr`."""
         self.directory = directory
         self.issuer = make_rsa_issuer(directory, KID)
         self.config = CaConfig(
@@ -80,13 +85,13 @@ class InProcessCa:
         self.clock = SystemClock()
         self.metrics = CaMetrics()
         self.config.data_dir.mkdir(parents=True)
-        self.authority = new_self_signed_authority(
+        self.authority = authority or new_self_signed_authority(
             self.config.root_key,
             self.config.trust_domain,
             now=self.clock.now(),
             lifetime=self.config.root_lifetime,
         )
-        self.root_pem = cert_to_pem(self.authority.roots[0]).encode()
+        self.root_pem = self.authority.root_bundle_pem.encode()
         self.signer = LocalSigner(self.authority)
         self.service = CertificateService(
             authenticators=authenticators
@@ -100,7 +105,9 @@ class InProcessCa:
         self.audit = AuditCapture()
         self._loop = LoopThread()
         self._server: grpc.aio.Server | None = None
+        self._mtls = mtls
         self.addr = ""
+        self.mtls_addr = ""
 
     def __enter__(self) -> InProcessCa:
         logging.getLogger(AUDIT_LOGGER).addHandler(self.audit)
@@ -125,6 +132,11 @@ class InProcessCa:
         add_certificate_service(self.service, server)
         tls = ServingTls(self.config, self.signer, self.clock, require_client_cert=False)
         port = server.add_secure_port("127.0.0.1:0", tls.credentials())
+        if self._mtls:  # as `ca_server.server` does for `--mtls-listen`
+            mtls = ServingTls(self.config, self.signer, self.clock, require_client_cert=True)
+            self.mtls_addr = (
+                f"127.0.0.1:{server.add_secure_port('127.0.0.1:0', mtls.credentials())}"
+            )
         await server.start()
         self._server = server
         self.addr = f"127.0.0.1:{port}"
