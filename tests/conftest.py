@@ -50,6 +50,13 @@ def _module_spawns(module: ModuleType | None, cache: dict[str, bool]) -> bool:
     return cache[module.__name__]
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The versions tests/k8s_real runs (pinned in tests/realbin, built by make test)."""
+    from tests.support.real_binaries import versions
+
+    return f"real binaries: {versions()}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cache: dict[str, bool] = {}
     for item in items:

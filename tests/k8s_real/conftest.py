@@ -19,14 +19,9 @@ import pytest
 from tests.deploy.rbac import Rule, is_allowed, required_rule
 from tests.k8s.api_calls import CA_RBAC, describe
 from tests.support.ca_process import CaProcess
-from tests.support.real_binaries import versions
 from tests.support.real_kube import AppliedRbac, RealControlPlane, apply_deploy_rbac
 
 _names = itertools.count(1)
-
-
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"real Kubernetes binaries: {versions()}"
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import kubernetes.client
@@ -35,7 +36,7 @@ from tests.k8s.conftest import issue, spiffe
 from tests.k8s_real.conftest import Account, api_calls, make_account, unique
 from tests.support.authority_cli import cluster_target, meshca_authority
 from tests.support.ca_process import CaProcess
-from tests.support.processes import MeshcaProcess, free_port, wait_for
+from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 
 DISCOVERY_BINDING = "system:service-account-issuer-discovery"
@@ -48,6 +49,7 @@ class Work:
     plane: RealControlPlane
     account: Account
     directory: Path
+    expected: str | None = None  # the refusal the test waits for (None: all rules granted)
     processes: list[MeshcaProcess] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
 
@@ -72,11 +74,21 @@ class Work:
         return ca
 
     def ready(self, ca: CaProcess) -> bool:
+        """Whether the CA became ready; False as soon as it exited or said `expected` (a CA
+        refused at start-up may wait long for a cache that cannot fill)."""
+
+        def settled() -> bool:
+            return (
+                not ca.running
+                or (self.expected is not None and self.expected in self.output())
+                or http_status(f"{ca.monitoring_url}/ready") == 200
+            )
+
         try:
-            ca.wait_ready(15)
-        except (TimeoutError, RuntimeError):
-            return False  # refused at start-up: its log says why
-        return True
+            wait_for(settled, 20, "the CA to become ready or fail", 0.1)
+        except TimeoutError:
+            return False
+        return ca.running and http_status(f"{ca.monitoring_url}/ready") == 200
 
     def workload_token(self) -> tuple[str, str]:
         namespace = unique("app")
@@ -136,9 +148,8 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
             if exc.status != 404:
                 raise
         current = core.read_namespaced_config_map(CONFIGMAP_NAME, stale)
-        leases = kubernetes.client.CoordinationV1Api(work.plane.admin()).list_namespaced_lease(
-            work.account.namespace
-        )
+        lease_api: Any = kubernetes.client.CoordinationV1Api(work.plane.admin())
+        leases = lease_api.list_namespaced_lease(work.account.namespace)
         renewed = any(
             lease.spec.renew_time and lease.spec.acquire_time != lease.spec.renew_time
             for lease in leases.items
@@ -248,7 +259,7 @@ def without_default_discovery_binding(control_plane: RealControlPlane) -> Iterat
     """Kubernetes binds the issuer-discovery URLs to every ServiceAccount by default
     (ClusterRoleBinding system:service-account-issuer-discovery); a cluster may drop that
     binding, and then deploy/'s own rule is what lets offline validation read the keys."""
-    api = kubernetes.client.RbacAuthorizationV1Api(control_plane.admin())
+    api: Any = kubernetes.client.RbacAuthorizationV1Api(control_plane.admin())
     saved = api.read_cluster_role_binding(DISCOVERY_BINDING)
     api.delete_cluster_role_binding(DISCOVERY_BINDING)
     try:
@@ -274,10 +285,10 @@ def test_each_rule_is_needed_and_its_absence_fails_loudly(
     if rule.resource.startswith("/"):
         request.getfixturevalue("without_default_discovery_binding")
     grant = make_account(control_plane, tmp_path / "account", deploy_account=account, drop=rule)
-    work = Work(control_plane, grant, tmp_path)
+    expected = refusal_text(rule)
+    work = Work(control_plane, grant, tmp_path, expected)
     try:
         work_fn(work)
-        expected = refusal_text(rule)
         wait_for(lambda: expected in work.output(), 30, f"an error naming {expected!r}", 0.2)
         refused = {_as_granted(r) for r, code in api_calls(control_plane, grant) if code == 403}
         assert refused == {rule}, f"refused: {describe(refused)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 from collections import Counter
+from typing import Any
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
@@ -137,7 +138,7 @@ def test_root_configmaps_everywhere_heal_and_follow_the_lease(
     assert restored.data["extra"] == "kept"
 
     leader = _leader(replicas)
-    lease_api = kubernetes.client.CoordinationV1Api(control_plane.admin())
+    lease_api: Any = kubernetes.client.CoordinationV1Api(control_plane.admin())
     (lease,) = lease_api.list_namespaced_lease(ca_account.namespace).items
     assert lease.spec.holder_identity == leader.data_dir.name
     writers = _writers(control_plane, ca_account)

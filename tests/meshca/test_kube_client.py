@@ -14,9 +14,9 @@ FORBIDDEN = (
 )
 
 
-def _error(status: int, reason: str, body: object) -> ApiException:
+def _error(status: int, reason: str, body: str | bytes | None) -> ApiException:
     error = ApiException(status=status, reason=reason)
-    error.body = body
+    error.body = body  # type: ignore[assignment]  # the client sets bytes or str
     return error
 
 

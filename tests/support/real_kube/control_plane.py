@@ -224,7 +224,8 @@ class RealControlPlane:
         return self._admin
 
     @property
-    def core(self) -> kubernetes.client.CoreV1Api:
+    def core(self) -> Any:
+        """CoreV1Api as the admin (typed Any: tests read its optional fields freely)."""
         return kubernetes.client.CoreV1Api(self.admin())
 
     def write_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> Path:
@@ -353,7 +354,9 @@ class RealControlPlane:
                 audiences=list(audiences), expiration_seconds=lifetime, bound_object_ref=bound
             )
         )
-        answer = self.core.create_namespaced_service_account_token(service_account, namespace, body)
+        answer: Any = self.core.create_namespaced_service_account_token(
+            service_account, namespace, body
+        )
         return str(answer.status.token)
 
     def token_review(self, token: str, audiences: Iterable[str]) -> Any:
@@ -361,7 +364,8 @@ class RealControlPlane:
         body = kubernetes.client.V1TokenReview(
             spec=kubernetes.client.V1TokenReviewSpec(token=token, audiences=list(audiences))
         )
-        return kubernetes.client.AuthenticationV1Api(self.admin()).create_token_review(body).status
+        api: Any = kubernetes.client.AuthenticationV1Api(self.admin())
+        return api.create_token_review(body).status
 
     def resign(self, token: str, changes: Mapping[str, Any], key_pem: bytes | None = None) -> str:
         """`token`'s claims with `changes` applied, signed again with the issuer's key (or

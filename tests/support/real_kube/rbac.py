@@ -17,7 +17,7 @@ import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
 from tests.deploy.manifests import Manifest, manifests
-from tests.deploy.rbac import RBAC_API_VERSION, Rule
+from tests.deploy.rbac import RBAC_API_VERSION, Rule, Scope
 from tests.support.processes import wait_for
 
 from .control_plane import RealControlPlane
@@ -34,7 +34,7 @@ def _bound_to(binding: Manifest, namespace: str, account: str) -> bool:
     )
 
 
-def _flat_rules(rules: list[dict[str, Any]], scope: str, drop: Rule) -> list[dict[str, Any]]:
+def _flat_rules(rules: list[dict[str, Any]], scope: Scope, drop: Rule) -> list[dict[str, Any]]:
     """`rules` one (group, resource, verb) per entry, without `drop` (when it has `scope`)."""
     flat: list[dict[str, Any]] = []
     for rule in rules:
@@ -59,7 +59,7 @@ class AppliedRbac:
     objects: list[tuple[str, str | None, str]]  # (kind, namespace, name)
 
     def delete(self, plane: RealControlPlane) -> None:
-        api = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
+        api: Any = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
         for kind, namespace, name in self.objects:
             try:
                 if kind == "ClusterRole":
@@ -99,14 +99,14 @@ def apply_deploy_rbac(
 ) -> AppliedRbac:
     """Grants `namespace/service_account` what deploy/ grants `istio-system/<deploy_account>`
     (minus `drop`); returns once the authorizer allows the grant."""
-    api = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
+    api: Any = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
     roles, bindings = deploy_rbac_objects(deploy_account)
     suffix = f"{namespace}-{service_account}"
     applied = AppliedRbac([])
     for role in roles:
         body = copy.deepcopy(role.doc)
         body["metadata"] = {"name": f"{role.name}-{suffix}"}
-        scope = "cluster" if role.kind == "ClusterRole" else "namespace"
+        scope: Scope = "cluster" if role.kind == "ClusterRole" else "namespace"
         if drop is not None:
             body["rules"] = _flat_rules(body.get("rules") or [], scope, drop)
         if role.kind == "ClusterRole":
@@ -167,7 +167,7 @@ def _wait_effective(
             ),
         )
     )
-    api = kubernetes.client.AuthorizationV1Api(plane.admin())
+    api: Any = kubernetes.client.AuthorizationV1Api(plane.admin())
     wait_for(
         lambda: bool(api.create_subject_access_review(review).status.allowed),
         10,
