@@ -80,6 +80,8 @@ class IstioAgent:
             "configPath": str(self.workdir / "etc"),
             "discoveryAddress": f"127.0.0.1:{free_port()}",  # no istiod: nothing listens
             "controlPlaneAuthPolicy": "NONE",
+            # Istio's status server listens on every interface (":port", in its code) and
+            # cannot be turned off (port 0 is refused): a free port at least.
             "statusPort": free_port(),
             "proxyAdminPort": self.admin_port,
             "drainDuration": "1s",
@@ -117,7 +119,7 @@ class IstioAgent:
     def start(self, timeout: float = 30) -> IstioAgent:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [str(binary("pilot-agent")), "proxy", "sidecar", "--concurrency", "1"],
+                [str(binary("pilot-agent")), "proxy", "sidecar"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
