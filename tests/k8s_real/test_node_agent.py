@@ -8,8 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from certs import describe_certificate, load_cert
+from tests.k8s.api_calls import NODE_AGENT_RBAC
 from tests.k8s.conftest import assert_verifies, audit_lines, spiffe
-from tests.k8s_real.conftest import Account, RealCaFactory, make_account, unique
+from tests.k8s_real.conftest import (
+    Account,
+    RealCaFactory,
+    assert_calls_within_contract,
+    make_account,
+    unique,
+)
 from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 
@@ -109,7 +116,7 @@ def test_node_agent_gets_the_identities_of_real_pods_on_its_node(
             f"system:serviceaccount:{ca_account.namespace}:meshca-node-agent"
         }
         assert token not in agent.log() + ca.log()
-        assert "403" not in agent.log() + ca.log(), "deploy/'s RBAC suffices"
+        assert_calls_within_contract(control_plane, agent_account, NODE_AGENT_RBAC)
     finally:
         agent.stop()
         agent_account.rbac.delete(control_plane)
