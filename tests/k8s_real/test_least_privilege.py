@@ -130,14 +130,14 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
         return lambda: False
     token, identity = work.workload_token()
     try:
-        issue(ca, token, identity)
+        issued = len(issue(ca, token, identity)) == 2
     except grpc.RpcError as error:
+        issued = False
         work.said.append(f"CreateCertificate: {error.code().name}: {error.details()}")
     result = meshca_authority(
         cluster_target(work.account.kubeconfig, work.account.namespace), "prepare"
     )
     work.said.append(f"meshca authority prepare (exit {result.returncode}): {result.stderr}")
-    root = ca.root_cert_path.read_text()
 
     def done() -> bool:
         """Everything the CA does in this mode has happened (with all rules in place)."""
@@ -154,10 +154,12 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
             lease.spec.renew_time and lease.spec.acquire_time != lease.spec.renew_time
             for lease in leases.items
         )
+        published = (current.data or {}).get("root-cert.pem", "")
         return (
-            bool(current.data)
-            and current.data.get("root-cert.pem") != "an old root"
-            and (renewed and result.returncode == 0 and root.count("BEGIN CERTIFICATE") >= 1)
+            issued
+            and result.returncode == 0
+            and renewed
+            and published.startswith("-----BEGIN CERTIFICATE-----")
         )
 
     return done
