@@ -6,12 +6,12 @@ BIN     = $(VENV)/bin
 # start once; 0 runs the suite in this process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: up test lint proto prometheus-tools fuzz
+.PHONY: up test lint proto prometheus-tools real-binaries fuzz
 
 up: $(VENV)/.installed
 	$(BIN)/meshca up $(UP_ARGS)
 
-test: $(VENV)/.installed-test prometheus-tools
+test: $(VENV)/.installed-test prometheus-tools real-binaries
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -19,6 +19,12 @@ test: $(VENV)/.installed-test prometheus-tools
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+# The real kube-apiserver, etcd and pilot-agent of tests/k8s_real, built with Go from the modules
+# pinned in tests/realbin into a cache outside the checkout (MESHCA_TEST_BIN_CACHE, default
+# ~/.cache/meshca-test-binaries), keyed by version: a warm machine builds nothing.
+real-binaries: $(VENV)/.installed-test
+	$(BIN)/python -m tests.support.real_binaries
 
 # Optional, not part of `make test`: coverage-guided fuzzing (atheris) of the parsers that face
 # the network, FUZZ_SECONDS per target; a crash is saved as fuzz-artifacts/crash-*.

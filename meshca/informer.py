@@ -35,7 +35,7 @@ import urllib3.exceptions
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from meshca.kube_client import KubeCredentialsError
+from meshca.kube_client import KubeCredentialsError, api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +179,9 @@ class Informer(Generic[V]):
                     self._on_restart("expired")
                     continue
                 log.warning(
-                    "%s list/watch failed: HTTP %s %s; retrying in %.1fs",
+                    "%s list/watch failed: %s; retrying in %.1fs",
                     self.resource,
-                    exc.status,
-                    exc.reason,
+                    api_error_text(exc),
                     backoff,
                 )
                 self._on_restart("error")

@@ -8,11 +8,16 @@ program and replica, so API-server audit logs can tell them apart.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import kubernetes.client
 import kubernetes.config
 import yaml
+from kubernetes.client.exceptions import ApiException
+
+# Enough for RBAC's "User ... cannot list resource ... in API group ... at the cluster scope".
+_MESSAGE_LIMIT = 300
 
 
 class KubeCredentialsError(Exception):
@@ -45,3 +50,29 @@ def build_api_client(
     client = kubernetes.client.ApiClient(configuration)
     client.user_agent = user_agent
     return client
+
+
+def api_error_text(exc: ApiException) -> str:
+    """`HTTP 403 Forbidden: <the API server's message>`, for logs and error messages.
+
+    The status line alone does not say what to fix; the server's `Status.message` does — for a
+    refusal by RBAC it names the user, verb, resource, API group and scope, i.e. the missing
+    permission. Cut to one short line: the body is the server's, not ours."""
+    text = f"HTTP {exc.status} {exc.reason}"
+    message = _status_message(exc.body)
+    return f"{text}: {message}" if message else text
+
+
+def _status_message(body: object) -> str | None:
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    if not isinstance(body, str) or not body:
+        return None
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return None
+    message = status.get("message") if isinstance(status, dict) else None
+    if not isinstance(message, str) or not message:
+        return None
+    return " ".join(message.split())[:_MESSAGE_LIMIT]

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 # Fixtures that start a process or a server (see tests/*/conftest.py).
-PROCESS_FIXTURES = frozenset({"ca", "root_pem", "kube_api", "kube_ca", "kube"})
+PROCESS_FIXTURES = frozenset(
+    {"ca", "root_pem", "kube_api", "kube_ca", "kube", "control_plane", "real_ca"}
+)
 # Modules whose use means a test module starts processes.
 SPAWNING_MODULES = (
     "subprocess",
@@ -25,6 +27,7 @@ SPAWNING_MODULES = (
     "tests.support.authority_cli",
     "tests.support.envoy",
     "tests.support.kube_api",
+    "tests.support.real_kube",
     "tests.support.prometheus",
 )
 
@@ -46,6 +49,13 @@ def _module_spawns(module: ModuleType | None, cache: dict[str, bool]) -> bool:
             if inspect.ismodule(value) or inspect.isclass(value) or inspect.isfunction(value)
         )
     return cache[module.__name__]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The versions tests/k8s_real runs (pinned in tests/realbin, built by make test)."""
+    from tests.support.real_binaries import versions
+
+    return f"real binaries: {versions()}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

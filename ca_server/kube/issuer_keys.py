@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ca_server.errors import AuthenticationError, DependencyUnavailableError
 from ca_server.root_store import CaSetupError
+from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def _get_json(api: kubernetes.client.ApiClient, fetch: Callable[..., Any], what:
         response = fetch(_preload_content=False, _request_timeout=_REQUEST_TIMEOUT)
         return json.loads(response.data)
     except ApiException as exc:
-        raise IssuerDiscoveryError(f"GET {what}: HTTP {exc.status} {exc.reason}") from exc
+        raise IssuerDiscoveryError(f"GET {what}: {api_error_text(exc)}") from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise IssuerDiscoveryError(f"GET {what}: {type(exc).__name__}: {exc}") from exc
     except ValueError as exc:

@@ -25,6 +25,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from meshca.clock import Clock
+from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class LeaseElector:
                 acquired = self.try_acquire_or_renew()
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 # Unknown outcome: keep leading until the renew deadline runs out.
-                log.warning("could not renew Lease %s/%s: %s", self.namespace, self.name, exc)
+                detail = api_error_text(exc) if isinstance(exc, ApiException) else exc
+                log.warning("could not renew Lease %s/%s: %s", self.namespace, self.name, detail)
             except Exception:
                 # Same, for the unexpected: the election thread must not end (a replica that
                 # silently stops competing can never take over from a failed leader).

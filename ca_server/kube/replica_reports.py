@@ -41,6 +41,7 @@ from ca_server.agent_reports import (
 from ca_server.agent_reports import is_spent as agents_spent
 from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
 from meshca.informer import Informer
+from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,8 @@ class ConfigMapLedgerSink:
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             ledger.changed = ledger.agents.changed = True  # try again at the next poll
             self._written.clear()
-            log.warning("could not publish %s/%s: %s", self._namespace, self._name, exc)
+            detail = api_error_text(exc) if isinstance(exc, ApiException) else exc
+            log.warning("could not publish %s/%s: %s", self._namespace, self._name, detail)
 
     def _shard_name(self, index: int) -> str:
         return self._name if index == 0 else f"{self._name[:230]}{SHARD_INFIX}{index}"

@@ -40,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ca_server.metrics import CaMetrics
 from meshca.informer import Informer
+from meshca.kube_client import api_error_text
 from meshca.taint_notice import TAINT_NOTICE_NAME
 
 log = logging.getLogger(__name__)
@@ -241,12 +242,7 @@ class RootConfigMapPublisher:
                 return True
             self._metrics.root_configmap_writes.labels(operation, "error").inc()
             log.warning(
-                "could not %s %s/%s: HTTP %s %s",
-                operation,
-                namespace,
-                CONFIGMAP_NAME,
-                exc.status,
-                exc.reason,
+                "could not %s %s/%s: %s", operation, namespace, CONFIGMAP_NAME, api_error_text(exc)
             )
             return False
         except (urllib3.exceptions.HTTPError, OSError) as exc:

@@ -48,6 +48,7 @@ from ca_server.root_store import CaSetupError
 from certs import cert_to_pem, certs_to_pem, private_key_to_pem
 from meshca.clock import Clock
 from meshca.informer import Informer
+from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -227,4 +228,4 @@ class KubeAuthorityStateStore:
             hint = (
                 f"; grant the CA's service account get/create/update on secrets in {self.namespace}"
             )
-        return f"cannot {verb} {self.description}: HTTP {exc.status} {exc.reason}{hint}"
+        return f"cannot {verb} {self.description}: {api_error_text(exc)}{hint}"

@@ -56,6 +56,7 @@ from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
 from meshca.clock import Clock
+from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +233,10 @@ class TokenReviewAuthenticator:
             self._metrics.tokenreview_requests.labels("error").inc()
             if isinstance(exc, ApiException):
                 detail = f"HTTP {exc.status} {exc.reason}"
+                cause = api_error_text(exc)  # the server's message: for the log only
             else:
-                detail = type(exc).__name__
-            log.warning("TokenReview against cluster %s failed: %s", cluster_id, detail)
+                detail = cause = type(exc).__name__
+            log.warning("TokenReview against cluster %s failed: %s", cluster_id, cause)
             raise DependencyUnavailableError(
                 "tokenreview-unavailable",
                 f"could not verify the token with the Kubernetes API server (cluster "

@@ -1,0 +1,325 @@
+"""Least privilege, proven on the real API server (issue 23, Done means 2).
+
+deploy/'s RBAC is applied for a fresh account, with one rule removed per test: the component
+that needs the rule must then fail loudly, its log (or the command's error) naming the missing
+permission in the API server's own words (`cannot list resource "pods" in API group "" at the
+cluster scope`), and the API server's audit log must show that exactly this rule was refused.
+With every rule in place the same work succeeds with no refusal at all, and every rule of
+tests/k8s/api_calls.py (which deploy/ grants, tests/deploy/test_manifests.py) is used: nothing
+is granted that nobody needs.
+
+Three pieces of work cover every rule: the CA's default mode (TokenReview, the authority
+Secret, root ConfigMaps under the Lease, its replica report, `meshca authority prepare` as the
+CA's account), the CA with offline token validation (pod and ServiceAccount informers, the
+issuer's keys), and the node agent (pods on its node).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
+from ca_server.kube.replica_reports import report_name
+from ca_server.kube.root_publisher import CONFIGMAP_NAME
+from tests.deploy.rbac import Rule
+from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC, describe
+from tests.k8s.conftest import issue, spiffe
+from tests.k8s_real.conftest import Account, api_calls, make_account, unique
+from tests.support.authority_cli import cluster_target, meshca_authority
+from tests.support.ca_process import CaProcess
+from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
+from tests.support.real_kube import RealControlPlane
+
+DISCOVERY_BINDING = "system:service-account-issuer-discovery"
+
+
+@dataclass
+class Work:
+    """One run of a component's work as `account`; `output()` is all it said."""
+
+    plane: RealControlPlane
+    account: Account
+    directory: Path
+    expected: str | None = None  # the refusal the test waits for (None: all rules granted)
+    processes: list[MeshcaProcess] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+
+    def output(self) -> str:
+        return "\n".join([*(p.log() for p in self.processes), *self.said])
+
+    def ca(self, *args: str) -> CaProcess:
+        ca = CaProcess(
+            self.directory / "ca",
+            "--kubeconfig",
+            str(self.account.kubeconfig),
+            "--namespace",
+            self.account.namespace,
+            "--instance-id",
+            "ca-0",
+            "--ca-reload-interval",
+            "500ms",
+            *args,
+        )
+        self.processes.append(ca)
+        ca.launch()
+        return ca
+
+    def ready(self, ca: CaProcess) -> bool:
+        """Whether the CA became ready; False as soon as it exited or said `expected` (a CA
+        refused at start-up may wait long for a cache that cannot fill)."""
+
+        def settled() -> bool:
+            return (
+                not ca.running
+                or (self.expected is not None and self.expected in self.output())
+                or http_status(f"{ca.monitoring_url}/ready") == 200
+            )
+
+        try:
+            wait_for(settled, 20, "the CA to become ready or fail", 0.1)
+        except TimeoutError:
+            return False
+        return ca.running and http_status(f"{ca.monitoring_url}/ready") == 200
+
+    def workload_token(self) -> tuple[str, str]:
+        namespace = unique("app")
+        self.plane.create_namespace(namespace)
+        self.plane.create_service_account(namespace, "cart")
+        pod = self.plane.create_pod(namespace, unique("cart"), "cart")
+        token = self.plane.request_token(namespace, "cart", audiences=("istio-ca",), pod=pod)
+        return token, spiffe(namespace, "cart")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+def ca_default_mode(work: Work) -> Callable[[], bool]:
+    """TokenReview, the authority Secret (read, create, watch; updated by `meshca authority
+    prepare` run as the CA's account), root ConfigMaps (one stale copy to update) under the
+    Lease, and the replica report (a gone replica's spent one to delete)."""
+    core = work.plane.core
+    stale = unique("stale")
+    work.plane.create_namespace(stale)
+    core.create_namespaced_config_map(
+        stale,
+        kubernetes.client.V1ConfigMap(
+            metadata=kubernetes.client.V1ObjectMeta(name=CONFIGMAP_NAME),
+            data={"root-cert.pem": "an old root"},
+        ),
+    )
+    gone = report_name("ca-gone")
+    core.create_namespaced_config_map(
+        work.account.namespace,
+        kubernetes.client.V1ConfigMap(
+            metadata=kubernetes.client.V1ObjectMeta(name=gone, labels=dict(REPORT_LABELS)),
+            data={"leaves.json": json.dumps({"0" * 40: {"1000": 7}})},
+        ),
+    )
+    ca = work.ca()
+    if not work.ready(ca):
+        return lambda: False
+    token, identity = work.workload_token()
+    try:
+        issued = len(issue(ca, token, identity)) == 2
+    except grpc.RpcError as error:
+        issued = False
+        work.said.append(f"CreateCertificate: {error.code().name}: {error.details()}")
+    result = meshca_authority(
+        cluster_target(work.account.kubeconfig, work.account.namespace), "prepare"
+    )
+    work.said.append(f"meshca authority prepare (exit {result.returncode}): {result.stderr}")
+
+    def done() -> bool:
+        """Everything the CA does in this mode has happened (with all rules in place)."""
+        try:
+            core.read_namespaced_config_map(gone, work.account.namespace)
+            return False
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        current = core.read_namespaced_config_map(CONFIGMAP_NAME, stale)
+        lease_api: Any = kubernetes.client.CoordinationV1Api(work.plane.admin())
+        leases = lease_api.list_namespaced_lease(work.account.namespace)
+        renewed = any(
+            lease.spec.renew_time and lease.spec.acquire_time != lease.spec.renew_time
+            for lease in leases.items
+        )
+        published = (current.data or {}).get("root-cert.pem", "")
+        return (
+            issued
+            and result.returncode == 0
+            and renewed
+            and published.startswith("-----BEGIN CERTIFICATE-----")
+        )
+
+    return done
+
+
+def ca_offline_validation(work: Work) -> Callable[[], bool]:
+    ca = work.ca("--no-root-configmaps", "--token-validation", "offline")
+    if not work.ready(ca):
+        return lambda: False
+    token, identity = work.workload_token()
+    try:
+        issue(ca, token, identity)
+    except grpc.RpcError as error:
+        work.said.append(f"CreateCertificate: {error.code().name}: {error.details()}")
+        return lambda: False
+    return lambda: True
+
+
+def node_agent(work: Work) -> Callable[[], bool]:
+    node = unique("node")
+    namespace = unique("app")
+    work.plane.create_namespace(namespace)
+    work.plane.create_service_account(namespace, "cart")
+    work.plane.create_pod(namespace, "cart-1", "cart", node)
+    # The CA it would talk to is not needed to watch pods: the pod list is the node agent's own.
+    output = work.directory / "certs"
+    (work.directory / "token").write_text("unused")
+    agent = MeshcaProcess(
+        [
+            "agent",
+            "--node-mode",
+            "--node-name",
+            node,
+            "--kubeconfig",
+            str(work.account.kubeconfig),
+            "--ca-addr",
+            f"127.0.0.1:{free_port()}",
+            "--token-file",
+            str(work.directory / "token"),
+            "--sds-socket",
+            str(work.directory / "sds.sock"),
+            "--output-dir",
+            str(output),
+            "--status-listen",
+            f"127.0.0.1:{free_port()}",
+        ],
+        work.directory / "agent.log",
+    )
+    work.processes.append(agent)
+    agent.start()
+    username = f"system:serviceaccount:{work.account.namespace}:{work.account.name}"
+
+    def watching() -> bool:
+        verbs = {e["verb"] for e in work.plane.audit_events(username)}
+        return {"list", "watch"} <= verbs
+
+    return watching
+
+
+WorkFn = Callable[[Work], Callable[[], bool]]
+
+# Which work needs which rule; the expected failure is in the server's words.
+CA_WORK: dict[Rule, WorkFn] = {
+    **{rule: ca_default_mode for rule in CA_RBAC},
+    **{
+        rule: ca_offline_validation
+        for rule in CA_RBAC
+        if rule.resource in ("pods", "serviceaccounts") or rule.resource.startswith("/")
+    },
+}
+CASES = [
+    *((rule, "meshca", work) for rule, work in sorted(CA_WORK.items())),
+    *((rule, "meshca-node-agent", node_agent) for rule in sorted(NODE_AGENT_RBAC)),
+]
+
+
+def refusal_text(rule: Rule) -> str:
+    """How the API server words a refusal of `rule` (pkg/registry/rbac, authorizer)."""
+    if rule.resource.startswith("/"):
+        return f'cannot {rule.verb} path "{rule.resource}"'
+    return f'cannot {rule.verb} resource "{rule.resource}" in API group "{rule.api_group}"'
+
+
+def _as_granted(rule: Rule) -> Rule:
+    """A call in the account's own namespace counts against a cluster grant of the same verb
+    when deploy/ grants only that (e.g. its replica report is written with the ClusterRole)."""
+    if rule.scope == "namespace" and rule not in CA_RBAC:
+        return rule._replace(scope="cluster")
+    return rule
+
+
+def _case_id(case: tuple[Rule, str, WorkFn]) -> str:
+    rule, account, _ = case
+    return f"{account}:{rule.scope}:{rule.api_group or 'core'}/{rule.resource}:{rule.verb}"
+
+
+@pytest.fixture
+def without_default_discovery_binding(control_plane: RealControlPlane) -> Iterator[None]:
+    """Kubernetes binds the issuer-discovery URLs to every ServiceAccount by default
+    (ClusterRoleBinding system:service-account-issuer-discovery); a cluster may drop that
+    binding, and then deploy/'s own rule is what lets offline validation read the keys."""
+    api: Any = kubernetes.client.RbacAuthorizationV1Api(control_plane.admin())
+    saved = api.read_cluster_role_binding(DISCOVERY_BINDING)
+    api.delete_cluster_role_binding(DISCOVERY_BINDING)
+    try:
+        yield
+    finally:
+        saved.metadata = kubernetes.client.V1ObjectMeta(
+            name=DISCOVERY_BINDING,
+            labels=saved.metadata.labels,
+            annotations=saved.metadata.annotations,
+        )
+        api.create_cluster_role_binding(saved)
+
+
+@pytest.mark.parametrize(("rule", "account", "work_fn"), CASES, ids=[_case_id(c) for c in CASES])
+def test_each_rule_is_needed_and_its_absence_fails_loudly(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    control_plane: RealControlPlane,
+    rule: Rule,
+    account: str,
+    work_fn: WorkFn,
+):
+    if rule.resource.startswith("/"):
+        request.getfixturevalue("without_default_discovery_binding")
+    grant = make_account(control_plane, tmp_path / "account", deploy_account=account, drop=rule)
+    expected = refusal_text(rule)
+    work = Work(control_plane, grant, tmp_path, expected)
+    try:
+        work_fn(work)
+        wait_for(lambda: expected in work.output(), 30, f"an error naming {expected!r}", 0.2)
+        refused = {_as_granted(r) for r, code in api_calls(control_plane, grant) if code == 403}
+        assert refused == {rule}, f"refused: {describe(refused)}"
+    finally:
+        work.stop()
+        grant.rbac.delete(control_plane)
+
+
+def test_with_every_rule_the_work_succeeds_and_every_rule_is_used(
+    tmp_path: Path, control_plane: RealControlPlane
+):
+    used: set[Rule] = set()
+    for name, account, work_fn in (
+        ("default", "meshca", ca_default_mode),
+        ("offline", "meshca", ca_offline_validation),
+        ("node", "meshca-node-agent", node_agent),
+    ):
+        grant = make_account(control_plane, tmp_path / name, deploy_account=account)
+        work = Work(control_plane, grant, tmp_path / name)
+        try:
+            done = work_fn(work)
+            wait_for(done, 30, f"{name}: the work to complete", 0.2)
+            calls = api_calls(control_plane, grant)
+            refused = {r for r, code in calls if code == 403}
+            assert not refused, f"{name}: refused {describe(refused)}\n{work.output()[-3000:]}"
+            used |= {_as_granted(r) for r, _ in calls}
+        finally:
+            work.stop()
+            grant.rbac.delete(control_plane)
+    granted = set(CA_RBAC) | set(NODE_AGENT_RBAC)
+    assert used <= granted, f"outside the contract: {describe(used - granted)}"
+    assert not granted - used, f"granted but never needed: {describe(granted - used)}"
