@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 from collections.abc import Awaitable, Callable, Mapping
 
 from agent.certificate_source import CertificateSource, certificate_source_for
@@ -181,8 +182,11 @@ class Agent:
         await asyncio.to_thread(self.status.stop)
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
-        with contextlib.suppress(FileNotFoundError):
-            self.config.sds_socket.unlink()
+        # Only a socket is ours to remove: a start refused because the path holds something
+        # else (or lies under a file) must leave it as it was.
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            if stat.S_ISSOCK(os.lstat(self.config.sds_socket).st_mode):
+                os.unlink(self.config.sds_socket)
 
     def _stop_workload_api(self, time_left: Callable[[], float]) -> Callable[[], Awaitable[None]]:
         async def stop() -> None:

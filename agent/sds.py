@@ -591,7 +591,7 @@ class SdsServer:
                 stream.end()
             await asyncio.sleep(0)
             await server.stop(grace)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                 os.unlink(self.socket_path)
 

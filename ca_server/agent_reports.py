@@ -324,11 +324,6 @@ class AgentReports:
         counts[0] += 1
         counts[1] += 1 if relabel else 0
 
-    def caller_label(self, identity: str) -> str:
-        """The metric label for `identity`: itself while the counter holds it, else
-        `(other)` (so the metric's cardinality stays bounded too)."""
-        return identity if identity in self._callers else OTHER_CALLERS
-
     # -- upkeep and publication --------------------------------------------------------------
 
     def prune(self, now: datetime) -> int:

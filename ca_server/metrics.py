@@ -203,15 +203,9 @@ class CaMetrics:
             ["outcome"],
             registry=r,
         )
-        # Bounded: `AgentReports.caller_label` names at most MAX_CALLERS identities, then
-        # "(other)", so one workload sending far more reports than its pod needs stands out.
-        self.agent_reports_by_caller = Counter(
-            "meshca_ca_agent_reports_by_caller",
-            "Agent reports recorded (periodic reports and CSR report headers), by the SPIFFE "
-            "identity the caller's credential proved",
-            ["identity"],
-            registry=r,
-        )
+        # No per-identity series here: this registry is served on the monitoring port, which
+        # shows no workload identities (docs/security.md); who reported how often is in the
+        # published reports (`callers`) and `meshca authority show ID --agents`.
         self.plugged_switch_deadline = Counter(
             "meshca_ca_plugged_switch_deadline",
             "Plugged-in CA changes to another root taken at the --activate-deadline, below the "

@@ -133,9 +133,6 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
         except RequestError as exc:
             await self._refuse(context, exc)
         self._metrics.agent_reports.labels("recorded").inc()
-        self._metrics.agent_reports_by_caller.labels(
-            self._reports.caller_label(caller.identity.uri)
-        ).inc()
         now = self._clock.now()
         return report_pb2.AgentReportResponse(
             tainted=[

@@ -181,9 +181,6 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             sole_leaf=identity == caller.identity,  # not a node agent impersonating a pod
             now=now,
         )
-        self._metrics.agent_reports_by_caller.labels(
-            self._agent_reports.caller_label(caller.identity.uri)
-        ).inc()
 
     async def _identity_for(self, caller: Caller, metadata: struct_pb2.Struct) -> SpiffeId:
         """The caller's own identity, or the one a trusted node agent impersonates."""

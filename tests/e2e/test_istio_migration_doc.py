@@ -2,10 +2,11 @@
 kind: a `meshca ca` on loopback trusting its development issuer, agents started from the CLI).
 
 Every ```sh block of the page runs, in order, in one `bash -euo pipefail`; the only inputs are
-the variables the page itself lets the reader change (`DEMO`, `TLS`, `MTLS`, `MON`), set here to
-a short private directory and free ports so runs in parallel do not collide. The walk-through
-renews over mTLS as a `PROV_CERT` agent with no token, and shows the strict CSR check; the test
-then reads the CA's audit lines for both, and checks nothing the page started is left running.
+the variables the page itself lets the reader change (`DEMO`, `TLS`, `MTLS`, `MON`, `DEBUG`),
+set here to a short private directory and free ports so runs in parallel do not collide. The
+walk-through renews over mTLS as a `PROV_CERT` agent with no token, and shows the strict CSR
+check; the test then reads the CA's audit lines for both, and checks nothing the page started
+is left running.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def test_the_migration_walkthrough_runs_as_written(demo_dir: Path):
             "TLS": f"127.0.0.1:{free_port()}",
             "MTLS": f"127.0.0.1:{free_port()}",
             "MON": f"127.0.0.1:{free_port()}",
+            "DEBUG": f"127.0.0.1:{free_port()}",
         }
     )
     proc = subprocess.Popen(

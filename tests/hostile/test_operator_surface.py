@@ -242,7 +242,7 @@ def _ca_args(data_dir: Path | str, *extra: str) -> list[str]:
     ]
 
 
-def _ca_refuses(data_dir: Path, *extra: str) -> str:
+def _ca_refuses(data_dir: Path, *extra: str, prefix: str = "meshca ca: cannot start: ") -> str:
     """`meshca ca` must stop at once with status 2 and one line; nothing written."""
     before = _snapshot(data_dir) if data_dir.is_dir() else None
     try:
@@ -255,7 +255,7 @@ def _ca_refuses(data_dir: Path, *extra: str) -> str:
     if before is not None:
         assert _snapshot(data_dir) == before, "the refusing CA wrote to its data directory"
     line = _one_line(result.stderr)
-    assert line.startswith("meshca ca: cannot start: "), line
+    assert line.startswith(prefix), line
     return line
 
 
@@ -308,8 +308,8 @@ def test_a_data_dir_that_is_a_regular_file_is_one_line(tmp_path: Path):
     """Before: a `FileExistsError` traceback."""
     not_a_dir = tmp_path / "data"
     not_a_dir.write_text("not a directory\n")
-    line = _ca_refuses(not_a_dir)
-    assert f"--data-dir {not_a_dir} is not a directory" in line
+    line = _ca_refuses(not_a_dir, prefix="meshca ca: --data-dir")  # a usage error: the flag's
+    assert f"--data-dir {not_a_dir}: is not a directory" in line
     assert not_a_dir.read_text() == "not a directory\n"
 
 

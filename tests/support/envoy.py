@@ -168,7 +168,9 @@ _CLIENT = Template(
     """\
   - name: upstream
     type: STATIC
-    connect_timeout: 1s
+    # Generous: a TCP connect + handshake stalled a second by a loaded 2-core machine is no
+    # rotation failure (a trust failure ends the handshake at once, with a TLS error).
+    connect_timeout: 5s
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
