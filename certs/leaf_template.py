@@ -176,7 +176,7 @@ def _der_validity(not_before: datetime, not_after: datetime) -> bytes:
     if (start.tzinfo is None) != (end.tzinfo is None):  # one was given in UTC, one naive
         start, end = start.replace(tzinfo=None), end.replace(tzinfo=None)
     if start > end:
-        raise ValueError("The not valid before date must be before the not valid after date.")
+        raise ValueError("The not valid after date must be after the not valid before date.")
     return _tlv(b"\x30", _der_utc_time(start) + _der_utc_time(end))
 
 
