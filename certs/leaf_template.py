@@ -15,12 +15,12 @@ RSA issuer, PKCS#1 v1.5 being deterministic, the whole certificate is). `Workloa
 stays the reference; a change to the leaf profile is made there and here together, and the
 property test fails until both agree.
 
-The SubjectPublicKeyInfo is cryptography's own encoding of the key (`public_bytes`), the same
-call the builder makes: whatever shape the CSR carried it in (a compressed EC point, say), the
-leaf carries the canonical one (named curve, uncompressed point; rsaEncryption with NULL
-parameters). Key types and sizes outside meshca's policy (ECDSA P-256/P-384, RSA of 2048 bits or
-more) are refused here too, as `KeyMaterialError`, so no caller can sign one by skipping the
-CSR checks.
+The SubjectPublicKeyInfo is always in canonical shape (named curve, uncompressed point;
+rsaEncryption with NULL parameters): an EC key's is sliced from the verified CSR when it has
+exactly that shape, and anything else (a compressed point, say, or any RSA key) is cryptography's
+own encoding of the key (`public_bytes`), the call the builder makes. Key types and sizes
+outside meshca's policy (ECDSA P-256/P-384, RSA of 2048 bits or more) are refused here too, as
+`KeyMaterialError`, so no caller can sign one by skipping the CSR checks.
 
 Pure: no clock (the caller gives the validity), no I/O; the template is an immutable value held
 by the `SigningAuthority` it was derived from.
