@@ -16,6 +16,12 @@ Baseline, measured in the same run: the cryptography any CA pays for one certifi
 `certs` library alone (parse and verify the CSR's signature, build and sign the leaf, PEM).
 Printed: CPU µs per request for both (process time, median of the repetitions), the handler's
 overhead above the floor and the ratio, so runs compare across code changes on a noisy machine.
+
+The leaf step alone, in the same repetitions (`--leaf-loops` each): the reference
+`CertificateBuilder` (`SigningAuthority.leaf_profile.build`, the profile cached per authority)
+beside the DER template the CA signs with (`SigningAuthority.leaf_template.sign`, the key's
+SPKI sliced from the verified CSR), and the template plus the one `load_der_x509_certificate`
+the CA's signer does for its callers; both from the same key, identity and validity.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
+from cryptography import x509  # noqa: E402
+
 from bench.vs_cfssl import IDENTITY, write_pki  # noqa: E402
 from ca_server.admission import Admission  # noqa: E402
 from ca_server.authority_setup import set_up_authority  # noqa: E402
@@ -50,7 +58,14 @@ from ca_server.server import (  # noqa: E402
     impersonation_policy_for,
 )
 from ca_server.service import CertificateService  # noqa: E402
-from certs import build_workload_certificate, cert_to_pem, load_cert, load_csr  # noqa: E402
+from certs import (  # noqa: E402
+    build_workload_certificate,
+    cert_to_pem,
+    load_cert,
+    load_csr,
+    make_authority,
+    public_key_of,
+)
 from certs.keys import load_private_key  # noqa: E402
 from meshca.clock import SystemClock  # noqa: E402
 from meshca.logs import configure_logging  # noqa: E402
@@ -131,6 +146,9 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=3000, help="requests per repetition")
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument(
+        "--leaf-loops", type=int, default=2000, help="leaves per step and repetition"
+    )
     args = parser.parse_args()
     configure_logging("WARNING", open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
     logging.getLogger().setLevel(logging.WARNING)
@@ -154,6 +172,24 @@ def main() -> None:
             )
             return cert_to_pem(leaf)
 
+        authority = make_authority(root, root_key, [], [root])  # as the CA holds it
+        request = load_csr(csr)
+        public_key = public_key_of(request)
+        start = datetime.now(UTC)
+        end = start + timedelta(hours=24)
+        profile, template = authority.leaf_profile, authority.leaf_template
+
+        def builder_leaf() -> object:
+            return profile.build(public_key, IDENTITY, not_before=start, not_after=end)
+
+        def template_leaf() -> bytes:
+            return template.sign(public_key, IDENTITY, not_before=start, not_after=end, csr=request)
+
+        def template_leaf_loaded() -> object:
+            return x509.load_der_x509_certificate(template_leaf())
+
+        leaf_steps: dict[str, list[float]] = {"builder": [], "template": [], "loaded": []}
+
         async def run() -> tuple[list[float], list[float]]:
             service, token = await build_service(workdir)
             context = BenchContext(token)
@@ -162,6 +198,12 @@ def main() -> None:
             for _ in range(args.repetitions):  # alternate, so load changes hit both alike
                 floors.append(cpu_us_per_call(floor, args.requests))
                 handlers.append(await handler_us(service, context, csr, args.requests))
+                for name, step in (
+                    ("builder", builder_leaf),
+                    ("template", template_leaf),
+                    ("loaded", template_leaf_loaded),
+                ):
+                    leaf_steps[name].append(cpu_us_per_call(step, args.leaf_loops))
             return floors, handlers
 
         floors, handlers = asyncio.run(run())
@@ -175,6 +217,24 @@ def main() -> None:
     )
     print(f"  all repetitions: floor {[round(f) for f in floors]}")
     print(f"                   handler {[round(h) for h in handlers]}")
+    builder_us, template_us, loaded_us = (
+        statistics.median(leaf_steps[name]) for name in ("builder", "template", "loaded")
+    )
+    print(
+        f"leaf step, P-256 issuer, {args.leaf_loops} leaves x {args.repetitions}, "
+        "CPU µs per leaf (median):"
+    )
+    print(f"  CertificateBuilder (WorkloadLeafProfile.build, cached profile)  {builder_us:6.1f}")
+    print(
+        f"  DER template (LeafTemplate.sign)                                {template_us:6.1f}"
+        f"   builder ÷ template {builder_us / template_us:.2f}"
+    )
+    print(
+        f"  DER template + load_der_x509_certificate (the CA's signer)      {loaded_us:6.1f}"
+        f"   builder ÷ this {builder_us / loaded_us:.2f}"
+    )
+    for name in ("builder", "template", "loaded"):
+        print(f"  all repetitions: {name} {[round(v, 1) for v in leaf_steps[name]]}")
 
 
 if __name__ == "__main__":

@@ -85,10 +85,15 @@ class RecordingSigner(LocalSigner):
         super().replace(authority)
 
     def sign(
-        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        validity: Validity,
+        *,
+        csr: x509.CertificateSigningRequest | None = None,
     ) -> IssuedCertificate:
         anchor_id = self._anchor_id
-        issued = super().sign(public_key, identity, validity)
+        issued = super().sign(public_key, identity, validity, csr=csr)
         if anchor_id is not None:
             self._ledger.record(anchor_id, issued.leaf.not_valid_after_utc, self._clock.now())
         return issued

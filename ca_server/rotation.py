@@ -94,10 +94,15 @@ class SlotSigner(LocalSigner):
         self.replace(state.signing_authority())
 
     def sign(
-        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        validity: Validity,
+        *,
+        csr: x509.CertificateSigningRequest | None = None,
     ) -> IssuedCertificate:
         authority_id = self._active_id
-        issued = super().sign(public_key, identity, validity)
+        issued = super().sign(public_key, identity, validity, csr=csr)
         self._ledger.record(authority_id, issued.leaf.not_valid_after_utc, self._clock.now())
         return issued
 

@@ -120,7 +120,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
                 ca_not_after=self._signer.authority.not_after,
                 now=self._clock.now(),
             )
-            issued = self._signer.sign(public_key, identity, validity)
+            issued = self._signer.sign(public_key, identity, validity, csr=csr)
         except CertsError as exc:
             await self._refuse(context, InvalidRequestError("csr-invalid", str(exc)), caller, peer)
             raise AssertionError("unreachable: context.abort raises") from exc

@@ -28,7 +28,12 @@ class Signer(Protocol):
     def authority(self) -> SigningAuthority: ...
 
     def sign(
-        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        validity: Validity,
+        *,
+        csr: x509.CertificateSigningRequest | None = None,
     ) -> IssuedCertificate: ...
 
 
@@ -51,10 +56,23 @@ class LocalSigner:
         return self._authority.roots
 
     def sign(
-        self, public_key: PublicKey, identity: SpiffeId, validity: Validity
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        validity: Validity,
+        *,
+        csr: x509.CertificateSigningRequest | None = None,
     ) -> IssuedCertificate:
+        """The leaf from the authority's DER template (`certs.leaf_template`: byte for byte the
+        builder's TBSCertificate); `csr`, the verified CSR the key was read from, spares the
+        re-encoding of an EC key. Loaded back once because callers read the leaf's fields."""
         authority = self._authority
-        leaf = authority.leaf_profile.build(
-            public_key, identity, not_before=validity.not_before, not_after=validity.not_after
+        der = authority.leaf_template.sign(
+            public_key,
+            identity,
+            not_before=validity.not_before,
+            not_after=validity.not_after,
+            csr=csr,
         )
+        leaf = x509.load_der_x509_certificate(der)
         return IssuedCertificate(leaf=leaf, cert_chain=authority.response_chain(leaf))

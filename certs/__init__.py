@@ -34,6 +34,7 @@ from certs.keys import (
     private_key_to_pem,
     public_key_of,
 )
+from certs.leaf_template import LeafTemplate
 from certs.pem import (
     cert_to_pem,
     certs_to_der,
@@ -66,6 +67,7 @@ __all__ = [
     "ForeignCertificateError",
     "KeyMaterialError",
     "KeySpec",
+    "LeafTemplate",
     "PemError",
     "PrivateKey",
     "PublicKey",

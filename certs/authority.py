@@ -17,6 +17,7 @@ from cryptography import x509
 from certs.chain import is_ca, issued_by, verify_chain
 from certs.errors import ChainError, KeyMaterialError
 from certs.keys import KeySpec, PrivateKey, generate_private_key, key_matches_certificate
+from certs.leaf_template import LeafTemplate
 from certs.pem import cert_to_pem, certs_to_pem
 from certs.profile import WorkloadLeafProfile, build_root_certificate
 
@@ -76,6 +77,12 @@ class SigningAuthority:
     def leaf_profile(self) -> WorkloadLeafProfile:
         """The workload leaf profile of this issuer, derived once per authority."""
         return WorkloadLeafProfile.for_issuer(self.cert, self.key)
+
+    @cached_property
+    def leaf_template(self) -> LeafTemplate:
+        """The same profile as DER pieces (`certs.leaf_template`), encoded once per authority:
+        what the CA signs every workload leaf with."""
+        return LeafTemplate.from_profile(self.leaf_profile)
 
     def response_chain(self, leaf: x509.Certificate) -> list[str]:
         """Istio's `cert_chain` layout: leaf, each CA cert up to the root, then the root bundle.

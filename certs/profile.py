@@ -51,6 +51,7 @@ _LEAF_EXTENDED_KEY_USAGE = x509.ExtendedKeyUsage(
     [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
 )
 _NOT_A_CA = x509.BasicConstraints(ca=False, path_length=None)
+LEAF_SAN_CRITICAL = True  # the SPIFFE URI SAN is the whole (empty-subject) name
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,23 @@ class WorkloadLeafProfile:
             .not_valid_after(not_after)
             .add_extension(
                 x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]),
-                critical=True,
+                critical=LEAF_SAN_CRITICAL,
             )
-            .add_extension(_LEAF_KEY_USAGE, critical=True)
-            .add_extension(_LEAF_EXTENDED_KEY_USAGE, critical=False)
-            .add_extension(_NOT_A_CA, critical=True)
-            .add_extension(self.authority_key_id, critical=False)
         )
+        for extension, critical in self.fixed_extensions:
+            builder = builder.add_extension(extension, critical=critical)
         return builder.sign(self.issuer_key, self.signature_hash)
+
+    @property
+    def fixed_extensions(self) -> tuple[tuple[x509.ExtensionType, bool], ...]:
+        """What every leaf of this issuer carries after its SAN: (extension, critical), in
+        order. One list for `build` and `certs.leaf_template`, so the two cannot drift."""
+        return (
+            (_LEAF_KEY_USAGE, True),
+            (_LEAF_EXTENDED_KEY_USAGE, False),
+            (_NOT_A_CA, True),
+            (self.authority_key_id, False),
+        )
 
 
 def build_workload_certificate(
