@@ -164,7 +164,8 @@ class Heartbeat:
 @dataclass(frozen=True)
 class ParsedShard:
     written: float
-    entries: tuple[FleetEntry, ...]
+    entries: dict[str, FleetEntry]  # pod key -> entry
+    raw: dict[str, list[Any]]  # pod key -> the published list (to reuse unchanged entries)
 
 
 class WrongFormat(ValueError):
@@ -188,25 +189,32 @@ def parse_heartbeat(text: str) -> Heartbeat:
     )
 
 
-def parse_shard(text: str) -> ParsedShard:
-    """Raises `ValueError`/`TypeError`/`KeyError`/`AttributeError` when unreadable."""
+def parse_shard(text: str, previous: ParsedShard | None = None) -> ParsedShard:
+    """Raises `ValueError`/`TypeError`/`KeyError`/`AttributeError` when unreadable. An entry
+    published exactly as in `previous` (the same shard's last text) is that same object, so a
+    merge re-decides only the pods whose entry changed."""
     body = json.loads(text)
     if not isinstance(body, dict) or body.get("format") != SHARD_FORMAT:
         raise WrongFormat("not a shard of this format")
-    entries = []
-    for key, (identity, label, bundle, authority, node, since) in body["agents"].items():
-        entries.append(
-            FleetEntry(
-                str(key),
-                str(identity),
-                label if isinstance(label, str) else None,
-                bundle if isinstance(bundle, str) else None,
-                frozenset(filter(None, (authority or "").split(","))),
-                node if isinstance(node, str) else None,
-                float(since),
-            )
+    old_raw = previous.raw if previous is not None else {}
+    old_entries = previous.entries if previous is not None else {}
+    entries: dict[str, FleetEntry] = {}
+    raw: dict[str, list[Any]] = body["agents"]
+    for key, published in raw.items():
+        if old_raw.get(key) == published:
+            entries[key] = old_entries[key]
+            continue
+        identity, label, bundle, authority, node, since = published
+        entries[key] = FleetEntry(
+            str(key),
+            str(identity),
+            label if isinstance(label, str) else None,
+            bundle if isinstance(bundle, str) else None,
+            frozenset(filter(None, (authority or "").split(","))),
+            node if isinstance(node, str) else None,
+            float(since),
         )
-    return ParsedShard(float(body["written"]), tuple(entries))
+    return ParsedShard(float(body["written"]), entries, raw)
 
 
 @dataclass(frozen=True)
@@ -240,7 +248,7 @@ class ShardMerger:
         self._parsed: dict[str, tuple[str, ParsedShard | Exception]] = {}  # where -> (gen, …)
         self._heartbeats: dict[str, tuple[str, Heartbeat | Exception]] = {}  # where -> text
         self._counted: dict[str, str] = {}  # shard where -> generation in `_candidates`
-        self._counted_entries: dict[str, tuple[FleetEntry, ...]] = {}
+        self._counted_entries: dict[str, dict[str, FleetEntry]] = {}
         self._candidates: dict[str, dict[str, FleetEntry]] = {}  # pod key -> where -> entry
         self._latest: dict[str, FleetEntry] = {}
         self._entries: dict[str, FleetEntry] = {}  # the last published copy of `_latest`
@@ -270,9 +278,12 @@ class ShardMerger:
         cached = self._parsed.get(shard.where)
         if cached is not None and cached[0] == shard.generation:
             return cached[1]
+        previous = cached[1] if cached is not None else None
         parsed: ParsedShard | Exception
         try:
-            parsed = parse_shard(shard.text)
+            parsed = parse_shard(
+                shard.text, previous if isinstance(previous, ParsedShard) else None
+            )
         except _PARSE_ERRORS as exc:
             parsed = exc
         self.reparsed += 1
@@ -363,31 +374,33 @@ class ShardMerger:
 
     def _apply(self, wanted: dict[str, tuple[str, ParsedShard]]) -> bool:
         """Moves `_candidates` from the shards counted last round to `wanted`, re-deciding only
-        the pods of shards that changed. Whether any entry changed."""
+        the pods whose entry changed (an unchanged entry is the same object, `parse_shard`).
+        Whether any pod's winning entry changed."""
         touched: set[str] = set()
-        for where, generation in list(self._counted.items()):
-            if wanted.get(where, (None,))[0] == generation:
-                continue
-            old = self._counted_entries.pop(where, ())
-            for entry in old:
-                copies = self._candidates.get(entry.key)
-                if copies is not None:
-                    copies.pop(where, None)
-                    if not copies:
-                        del self._candidates[entry.key]
-                touched.add(entry.key)
+        candidates = self._candidates
+        for where in [w for w in self._counted if w not in wanted]:
+            for key in self._counted_entries.pop(where):
+                _drop(candidates, key, where)
+                touched.add(key)
             del self._counted[where]
         for where, (generation, parsed) in wanted.items():
             if self._counted.get(where) == generation:
                 continue
-            for entry in parsed.entries:
-                self._candidates.setdefault(entry.key, {})[where] = entry
-                touched.add(entry.key)
+            old = self._counted_entries.get(where, {})
+            new = parsed.entries
+            for key, entry in old.items():
+                if new.get(key) is not entry:
+                    _drop(candidates, key, where)
+                    touched.add(key)
+            for key, entry in new.items():
+                if old.get(key) is not entry:
+                    candidates.setdefault(key, {})[where] = entry
+                    touched.add(key)
             self._counted[where] = generation
-            self._counted_entries[where] = parsed.entries
+            self._counted_entries[where] = new
         changed = False
         for key in touched:
-            copies = self._candidates.get(key)
+            copies = candidates.get(key)
             best = max(copies.values(), key=_newest) if copies else None
             if best is None:
                 changed = self._latest.pop(key, None) is not None or changed
@@ -395,6 +408,14 @@ class ShardMerger:
                 self._latest[key] = best
                 changed = True
         return changed
+
+
+def _drop(candidates: dict[str, dict[str, FleetEntry]], key: str, where: str) -> None:
+    copies = candidates.get(key)
+    if copies is not None:
+        copies.pop(where, None)
+        if not copies:
+            del candidates[key]
 
 
 def _newest(entry: FleetEntry) -> tuple[float, str]:

@@ -114,8 +114,7 @@ def test_a_shard_is_never_counted_from_a_text_older_than_its_heartbeat_vouches_f
     sink.save(ledger, now)
     name = _shards(kube_api)[0]
     old = copy.deepcopy(kube_api.get("configmaps", name, namespace=CA_NAMESPACE))
-    keys = set(replica_reports.parse_shard(old["data"][replica_reports.AGENTS]).entries)
-    pods = {entry.key for entry in keys}
+    pods = set(replica_reports.parse_shard(old["data"][replica_reports.AGENTS]).entries)
     # Those pods stop trusting NEW; the shard is rewritten and a heartbeat lists it.
     later = now + REPUBLISH_EVERY
     for key in pods:
