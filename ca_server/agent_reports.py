@@ -27,11 +27,15 @@ counts for that long after each CSR. It is removed at once when the informer say
 gone (`prune`, run before every publication). Each CA process keeps its own table (bounded:
 `capacity` entries, least recently refreshed evicted first and counted as *unseen* until they
 would have expired) and publishes it with its leaf ledger, republishing at least every
-`REPUBLISH_EVERY` even when nothing changed. A published snapshot older than `STALE_AFTER`
-(the longest report interval plus one republication) belongs to a process that is gone: its
-agents have reported elsewhere since, so it stops counting. Readers merge every process's
-snapshot: per instance the most recently refreshed entry wins (replicas' clocks are assumed to
-agree far better than an agent's report interval).
+`REPUBLISH_EVERY` (2 min) even when nothing changed. A published snapshot older than
+`STALE_AFTER` (the longest report interval plus one republication, 14 min) belongs to a
+process that is gone: its agents have reported elsewhere since, so it stops counting. Readers
+merge every process's snapshot: per instance the most recently refreshed entry wins (replicas'
+clocks are assumed to agree far better than an agent's report interval). In Kubernetes mode
+the snapshot is sharded and its liveness is a separate heartbeat, so routine re-reports write
+nothing (`ca_server.report_shards`: there the latest `since`, when a process started holding
+an entry's content, wins, and `reclaim` keeps that exact for an agent that moved and came
+back).
 
 Coverage rule (`coverage`): a digest says nothing by itself about which roots it covers, so the
 reader computes the digest of every non-empty subset of the authorities in the shared state

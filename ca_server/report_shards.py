@@ -56,11 +56,12 @@ _DIGEST_MODULUS = 2**64
 
 
 def shard_of(key: str, count: int) -> int:
-    """The stable shard of a pod key among `count` (a power of two): the top bits of CRC-32
-    times the golden-ratio constant, the same in every process and run (CRC-32's own low bits
-    spread keys that differ in a counter unevenly, up to 1.8x between shards)."""
-    bits = count.bit_length() - 1
-    return ((zlib.crc32(key.encode()) * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - bits) if bits else 0
+    """The stable shard of a pod key among `count`: CRC-32 mixed by the golden-ratio constant,
+    scaled to the range (so any count works, not only powers of two: fewer, fuller shards
+    mean fewer writes under churn), the same in every process and run. (CRC-32's own low bits
+    spread keys that differ in a counter unevenly, up to 1.8x between shards.)"""
+    mixed = (zlib.crc32(key.encode()) * 0x9E3779B1) & 0xFFFFFFFF
+    return (mixed * count) >> 32
 
 
 def generation_of(text: str) -> str:
@@ -108,17 +109,15 @@ def build_layout(
     shard_bytes: int,
     max_shards: int = 64,
 ) -> Layout:
-    """Splits `AgentReports.shard_view` by a stable hash of the pod key into as many shards (a
-    power of two, at most `max_shards`) as it takes for each to fit in `shard_bytes` (a
-    Kubernetes object holds 1 MiB). An entry stays in its shard while the fleet size keeps the
-    shard count. Beyond full shards the most recently refreshed entries are kept and the rest
-    counted as dropped (unseen)."""
+    """Splits `AgentReports.shard_view` by a stable hash of the pod key into as many shards (at
+    most `max_shards`) as it takes for each to fit in `shard_bytes` (a Kubernetes object holds
+    1 MiB). An entry stays in its shard while the fleet size keeps the shard count (a resize
+    rewrites every shard once). Beyond full shards the most recently refreshed entries are
+    kept and the rest counted as dropped (unseen)."""
     agents, unknown, evicted, callers = view
     sizes = [_ENTRY_OVERHEAD + len(key) + sum(len(v) for v in e.content if v) for key, e in agents]
-    wanted = -(-sum(sizes) * 5 // 4 // max(1, shard_bytes))  # a quarter spare for skew
-    count = 1
-    while count < min(wanted, max_shards):
-        count *= 2
+    # A sixth spare for the hash's skew (a few percent at ~2,000 entries a shard) and growth.
+    count = max(1, min(max_shards, -(-sum(sizes) * 7 // 6 // max(1, shard_bytes))))
     buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
     decisions = [0] * count
     used = [0] * count
