@@ -108,6 +108,7 @@ def build_layout(
     view: tuple[list[tuple[str, AgentEntry]], dict[str, float], int, list[tuple[str, list[int]]]],
     shard_bytes: int,
     max_shards: int = 64,
+    previous_count: int = 0,
 ) -> Layout:
     """Splits `AgentReports.shard_view` by a stable hash of the pod key into as many shards (at
     most `max_shards`) as it takes for each to fit in `shard_bytes` (a Kubernetes object holds
@@ -116,8 +117,17 @@ def build_layout(
     kept and the rest counted as dropped (unseen)."""
     agents, unknown, evicted, callers = view
     sizes = [_ENTRY_OVERHEAD + len(key) + sum(len(v) for v in e.content if v) for key, e in agents]
-    # A sixth spare for the hash's skew (a few percent at ~2,000 entries a shard) and growth.
-    count = max(1, min(max_shards, -(-sum(sizes) * 7 // 6 // max(1, shard_bytes))))
+    # A sixth spare for the hash's skew (a few percent at ~2,000 entries a shard) and growth;
+    # the count in use is kept while it still leaves a twelfth spare and is at least half used,
+    # so a fleet growing or shrinking slowly does not rewrite every shard at each step.
+    total, budget = sum(sizes), max(1, shard_bytes)
+    count = max(1, min(max_shards, -(-total * 7 // 6 // budget)))
+    if (
+        previous_count
+        and total * 13 // 12 <= previous_count * budget
+        and (previous_count == 1 or total * 2 >= previous_count * budget)
+    ):
+        count = previous_count
     buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
     decisions = [0] * count
     used = [0] * count

@@ -176,7 +176,7 @@ class ConfigMapLedgerSink:
         if not (leaves_changed or agents.changed or beat_due or self._missing):
             return
         self._missing = False
-        layout = build_layout(agents.shard_view(now), AGENTS_SHARD_BYTES)
+        layout = build_layout(agents.shard_view(now), AGENTS_SHARD_BYTES, 64, self._shard_count)
         shard0: tuple[str, str, float] | None = None
         try:
             report_due = (
