@@ -116,10 +116,14 @@ def build_layout(
     rewrites every shard once). Beyond full shards the most recently refreshed entries are
     kept and the rest counted as dropped (unseen)."""
     agents, unknown, evicted, callers = view
-    sizes = [_ENTRY_OVERHEAD + len(key) + sum(len(v) for v in e.content if v) for key, e in agents]
+    sizes = [
+        _ENTRY_OVERHEAD + len(key) + sum(4 if v is None else len(v) for v in e.content)
+        for key, e in agents
+    ]
     # A sixth spare for the hash's skew (a few percent at ~2,000 entries a shard) and growth;
     # the count in use is kept while it still leaves a twelfth spare and is at least half used,
-    # so a fleet growing or shrinking slowly does not rewrite every shard at each step.
+    # so a fleet growing or shrinking slowly does not rewrite every shard at each step. A count
+    # that would cut entries (few entries a shard skew more) grows until none are cut.
     total, budget = sum(sizes), max(1, shard_bytes)
     count = max(1, min(max_shards, -(-total * 7 // 6 // budget)))
     if (
@@ -128,18 +132,24 @@ def build_layout(
         and (previous_count == 1 or total * 2 >= previous_count * budget)
     ):
         count = previous_count
-    buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
-    decisions = [0] * count
-    used = [0] * count
-    dropped = evicted
-    for (key, e), size in zip(agents, sizes, strict=True):
-        index = shard_of(key, count)
-        if used[index] + size > shard_bytes:
-            dropped += 1
-            continue
-        used[index] += size
-        decisions[index] = (decisions[index] + hash((key, *e.content, e.since))) % _DIGEST_MODULUS
-        buckets[index][key] = [*e.content, e.since]
+    while True:
+        buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
+        decisions = [0] * count
+        used = [0] * count
+        cut = 0
+        for (key, e), size in zip(agents, sizes, strict=True):
+            index = shard_of(key, count)
+            if used[index] + size > shard_bytes:
+                cut += 1
+                continue
+            used[index] += size
+            digest = hash((key, *e.content, e.since))
+            decisions[index] = (decisions[index] + digest) % _DIGEST_MODULUS
+            buckets[index][key] = [*e.content, e.since]
+        if not cut or count >= max_shards:
+            break
+        count += 1
+    dropped = evicted + cut
     shards = [
         Shard(index, count, bucket, str((len(bucket), decisions[index])))
         for index, bucket in enumerate(buckets)

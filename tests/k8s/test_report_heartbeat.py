@@ -16,6 +16,7 @@ from ca_server.agent_reports import REPUBLISH_EVERY, STALE_AFTER
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
 from ca_server.leaf_ledger import LeafLedger
+from ca_server.report_shards import build_layout
 from tests.k8s.conftest import CA_NAMESPACE
 from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer
@@ -187,3 +188,25 @@ def test_an_agent_that_moved_away_and_back_is_counted_for_what_it_says_now(
     period(one, OLD)  # R1's copy is older than R2's: R2's NEW still wins this once
     assert period(one, OLD) == OLD
     assert period(one, OLD) == OLD, "stable: R2's older copy does not win back"
+
+
+def test_the_shard_count_holds_while_the_fleet_changes_a_little() -> None:
+    """A resize rewrites every shard: a fleet growing by a few pods keeps its count (while
+    every shard still fits with room to spare); doubling it resizes, nothing dropped."""
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    ledger = LeafLedger()
+    _report_all(ledger, now)
+    budget = 16 * 1024
+    count = len(build_layout(ledger.agents.shard_view(now), budget).shards)
+    assert count >= 3
+    for n in range(PODS, PODS + 20):
+        ledger.agents.record_report(pod_caller(f"web-{n}"), "a", OLD, [], now)
+    grown = ledger.agents.shard_view(now)
+    kept = build_layout(grown, budget, 64, count)
+    assert len(kept.shards) == count and kept.dropped == 0
+    assert len(build_layout(grown, budget, 64, count + 1).shards) == count + 1
+    for n in range(PODS + 20, 2 * PODS):
+        ledger.agents.record_report(pod_caller(f"web-{n}"), "a", OLD, [], now)
+    doubled = build_layout(ledger.agents.shard_view(now), budget, 64, count)
+    assert len(doubled.shards) > count and doubled.dropped == 0
+    assert sum(len(shard.agents) for shard in doubled.shards) == 2 * PODS
