@@ -153,6 +153,7 @@ class ConfigMapLedgerSink:
         self._name = report_name(instance)
         self._pods = pods  # drops every replica's reports of pods that are gone
         self._merger = ShardMerger()  # a merge re-decides only the shards that changed
+        self._filtered: tuple[FleetReports, Any, FleetReports] | None = None
         # shard name -> (content decision, generation, unix seconds written)
         self._written: dict[str, tuple[str, str, float]] = {}
         self._shard0 = ("{}", generation_of("{}"))  # shard 0's text and generation, as written
@@ -349,7 +350,18 @@ class ConfigMapLedgerSink:
         ]
 
     def _merged(self, reports: list[ReportObject], now: datetime) -> FleetReports:
-        return without_gone_pods(self._merger.merge(self._processes(reports), now), self._pods)
+        """The merge without the pods the informer says are gone; the filter (a lookup per
+        entry) is reused while neither the merge nor the pod informer changed."""
+        merged = self._merger.merge(self._processes(reports), now)
+        version = getattr(self._pods, "version", None)  # read before filtering: never newer
+        cached = self._filtered
+        fresh = cached is not None and cached[0] is merged and cached[1] == version
+        if version is not None and cached is not None and fresh:
+            return cached[2]
+        result = without_gone_pods(merged, self._pods)
+        if version is not None:
+            self._filtered = (merged, version, result)
+        return result
 
     def live(self, now: datetime) -> dict[str, int]:
         where = f"ConfigMap {self._namespace}/"
