@@ -14,11 +14,16 @@ HTTP, counting requests), and a reader (as every replica's rotator does each rou
 replicas' shards and computes coverage. A new bundle reaches the agents in waves (a fifth of the
 fleet per report period); at the end exactly 95 % minus one, then 95 %, trust it.
 
+Every replica also merges every poll (its rotator does, and its own merge is what lets it
+reclaim an agent that came back, `AgentReports.reclaim`), from the same listing.
+
 Prints, per phase: simulated seconds from the last agent's report to the figure every reader
-sees, API writes per simulated minute (per replica), the largest object, the CA's memory for
-reports per 10,000 agents (tracemalloc of one replica's table, and RSS growth), merge CPU per
-round idle (nothing changed) and under churn (a wave), and the gate's decision at 95 % - 1 and
-95 %, which must be exact (False, True). The ratio line compares merge CPU under churn to idle.
+sees, API writes per replica per report period (and per minute) idle and during the waves, the
+largest object, the CA's memory for reports per 10,000 agents (tracemalloc of one replica's
+table and of a reader's merged view, and RSS growth), merge CPU per round idle (nothing
+changed) and under churn (a wave) with the shards it parsed, and the gate's decision at
+95 % - 1 and 95 %, which must be exact (False, True). The ratio line compares merge CPU under
+churn to idle.
 """
 
 from __future__ import annotations
@@ -35,17 +40,12 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
-from ca_server.agent_reports import (  # noqa: E402
-    AgentReports,
-    FleetReports,
-    SnapshotCache,
-    coverage,
-    merge_snapshots,
-)
+from ca_server.agent_reports import AgentReports, FleetReports, coverage  # noqa: E402
 from ca_server.authn import Caller  # noqa: E402
 from ca_server.authority_slots import AgentCoverage  # noqa: E402
 from ca_server.kube.replica_reports import ConfigMapLedgerSink  # noqa: E402
 from ca_server.leaf_ledger import LeafLedger  # noqa: E402
+from ca_server.report_shards import ShardMerger  # noqa: E402
 from certs import KeySpec, SpiffeId, new_self_signed_authority  # noqa: E402
 from certs.bundle import bundle_digest  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
@@ -101,8 +101,8 @@ class Fleet:
         self.has_new = [False] * args.agents
         self.now = START
         self.last_report_at = START
-        self.cache = SnapshotCache()  # the reader's, as a CA's sink keeps one
         self.list_cpu: list[float] = []
+        self.parsed: list[int] = []  # shards the reader parsed, per round
 
     def replica_of(self, n: int, period: int, rebalance: bool) -> int:
         moves = rebalance and n % 100 == 0
@@ -127,11 +127,14 @@ class Fleet:
             for ledger, sink in zip(self.ledgers, self.sinks, strict=True):
                 sink.save(ledger, self.now)
             started = time.process_time()
-            texts = [(name, agents) for name, _leaves, agents in self.reader._reports()]
+            reports = self.reader._reports()
             self.list_cpu.append(time.process_time() - started)
             started = time.process_time()
-            fleet = merge_snapshots(texts, self.now, None, self.cache)
+            fleet = self.reader._merged(reports, self.now)
             merge_cpu.append(time.process_time() - started)
+            self.parsed.append(self.reader._merger.reparsed)
+            for sink in self.sinks:
+                sink._merged(reports, self.now)
         return fleet
 
     def gate(self, fleet: FleetReports) -> AgentCoverage:
@@ -176,12 +179,13 @@ def main() -> int:
             f"unreadable {merged.unreadable}"
         )
         per_10k = 10_000 / args.agents
-        texts = [(name, agents) for name, _leaves, agents in fleet.reader._reports()]
+        reports = fleet.reader._reports()
         tracemalloc.start()
-        view = merge_snapshots(texts, fleet.now, None, SnapshotCache())
+        merger = ShardMerger()
+        view = merger.merge(fleet.reader._processes(reports), fleet.now)
         reader_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
-        del view, texts
+        del view, merger, reports
         tracemalloc.start()
         table = AgentReports()
         for n, caller in enumerate(fleet.callers[:10_000]):
@@ -192,21 +196,23 @@ def main() -> int:
         print(
             "CA memory for reports per 10,000 agents: its own table "
             f"{table_bytes / 2**20:.1f} MiB (10,000 entries), the merged view of every replica "
-            f"(parsed shards + fleet) {reader_bytes * per_10k / 2**20:.1f} MiB; RSS growth of "
+            f"(parsed shards + candidates + fleet) {reader_bytes * per_10k / 2**20:.1f} MiB; "
+            "RSS growth of "
             f"this process (3 tables, the reader, the API server's copy) "
             f"{rss_growth * per_10k / 1024:.1f} MiB"
         )
 
         # Idle: a period where nothing a decision reads changes.
         idle_cpu: list[float] = []
-        before, at = fleet.writes(), fleet.now
+        before, at, parsed_from = fleet.writes(), fleet.now, len(fleet.parsed)
         fleet.run_period(1, idle_cpu, rebalance=False)
-        minutes = (fleet.now - at).total_seconds() / 60
-        idle_writes = (fleet.writes() - before) / minutes / args.replicas
+        periods = (fleet.now - at).total_seconds() / args.report_interval
+        idle_writes = (fleet.writes() - before) / periods / args.replicas
+        idle_parsed = sum(fleet.parsed[parsed_from:]) / len(idle_cpu)
 
         # Waves: a fifth of the fleet gets the new bundle each period.
         churn_cpu: list[float] = []
-        before, at = fleet.writes(), fleet.now
+        before, at, parsed_from = fleet.writes(), fleet.now, len(fleet.parsed)
         wave = args.agents // 5
         for period in range(2, 7):
             for n in range((period - 2) * wave, min(args.agents, (period - 1) * wave)):
@@ -214,25 +220,29 @@ def main() -> int:
             merged = fleet.run_period(period, churn_cpu)
             counted = fleet.gate(merged)
             print(f"  wave {period - 1}: {counted}")
-        minutes = (fleet.now - at).total_seconds() / 60
-        churn_writes = (fleet.writes() - before) / minutes / args.replicas
+        periods = (fleet.now - at).total_seconds() / args.report_interval
+        churn_writes = (fleet.writes() - before) / periods / args.replicas
+        churn_parsed = sum(fleet.parsed[parsed_from:]) / len(churn_cpu)
         # Time from the last agent's report to the figure every reader sees.
         lag = (fleet.now - fleet.last_report_at).total_seconds()
         print(
             f"last agent's report to the shared figure: {lag:.0f} s simulated (one poll: "
             "publish, then every replica's next merge)"
         )
+        per_minute = 60 / args.report_interval
         print(
-            f"API writes per replica per minute: idle {idle_writes:.1f}, during the waves "
-            f"{churn_writes:.1f} (settling: {(fleet.writes() - started_writes):d} in all since "
-            f"{started_at.isoformat()})"
+            f"API writes per replica per report period ({args.report_interval} s): idle "
+            f"{idle_writes:.1f}, during the waves {churn_writes:.1f} (per minute: "
+            f"{idle_writes * per_minute:.1f}, {churn_writes * per_minute:.1f}; settling: "
+            f"{(fleet.writes() - started_writes):d} in all since {started_at.isoformat()})"
         )
         print(f"largest object: {fleet.largest_object() / 1024:.0f} KiB (limit 1024 KiB)")
         idle = sum(idle_cpu) / len(idle_cpu)
         churn = sum(churn_cpu) / len(churn_cpu)
         print(
-            f"merge CPU per round: idle {idle * 1000:.1f} ms, under churn {churn * 1000:.0f} ms "
-            f"(ratio {churn / idle if idle else float('inf'):.0f}x); the list call + JSON decode "
+            f"merge CPU per round: idle {idle * 1000:.2f} ms ({idle_parsed:.1f} shards parsed), "
+            f"under churn {churn * 1000:.0f} ms ({churn_parsed:.1f} shards parsed) (ratio "
+            f"{churn / idle if idle else float('inf'):.0f}x); the list call + JSON decode "
             f"a reader without a watch pays: {sum(fleet.list_cpu) / len(fleet.list_cpu) * 1000:.0f}"
             " ms per round"
         )

@@ -27,11 +27,15 @@ counts for that long after each CSR. It is removed at once when the informer say
 gone (`prune`, run before every publication). Each CA process keeps its own table (bounded:
 `capacity` entries, least recently refreshed evicted first and counted as *unseen* until they
 would have expired) and publishes it with its leaf ledger, republishing at least every
-`REPUBLISH_EVERY` even when nothing changed. A published snapshot older than `STALE_AFTER`
-(the longest report interval plus one republication) belongs to a process that is gone: its
-agents have reported elsewhere since, so it stops counting. Readers merge every process's
-snapshot: per instance the most recently refreshed entry wins (replicas' clocks are assumed to
-agree far better than an agent's report interval).
+`REPUBLISH_EVERY` (2 min) even when nothing changed. A published snapshot older than
+`STALE_AFTER` (the longest report interval plus one republication, 14 min) belongs to a
+process that is gone: its agents have reported elsewhere since, so it stops counting. Readers
+merge every process's snapshot: per instance the most recently refreshed entry wins (replicas'
+clocks are assumed to agree far better than an agent's report interval). In Kubernetes mode
+the snapshot is sharded and its liveness is a separate heartbeat, so routine re-reports write
+nothing (`ca_server.report_shards`: there the latest `since`, when a process started holding
+an entry's content, wins, and `reclaim` keeps that exact for an agent that moved and came
+back).
 
 Coverage rule (`coverage`): a digest says nothing by itself about which roots it covers, so the
 reader computes the digest of every non-empty subset of the authorities in the shared state
@@ -59,7 +63,6 @@ import logging
 import math
 import re
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,7 +86,9 @@ log = logging.getLogger(__name__)
 REPORT_HEADERS = frozenset((AGENT_ID_HEADER, TRUST_BUNDLE_HEADER, LEAF_AUTHORITY_HEADER))
 DEFAULT_CAPACITY = 100_000
 EXPIRE_AFTER = 4 * MAX_REPORT_INTERVAL
-REPUBLISH_EVERY = timedelta(minutes=1)
+# A live process republishes at least this often (in Kubernetes mode only a small heartbeat,
+# `ca_server.report_shards`): once per default report period, so an idle replica writes once.
+REPUBLISH_EVERY = timedelta(minutes=2)
 STALE_AFTER = MAX_REPORT_INTERVAL * 1.2 + REPUBLISH_EVERY
 SNAPSHOT_FORMAT = 2
 # Longest values kept (longer ones are refused at the report edge, ignored in CSR headers).
@@ -178,6 +183,15 @@ class AgentEntry:
     node: str | None  # from the pod informer, when one runs
     refreshed: float  # unix seconds of the last report
     until: float  # unix seconds after which the entry is forgotten
+    # Unix seconds since when this process has held this content for the pod: a routine
+    # re-report saying the same leaves it unchanged, so a published shard stays byte-identical
+    # (`ca_server.report_shards`); readers let the largest `since` win across processes.
+    since: float
+
+    @property
+    def content(self) -> tuple[str, str | None, str | None, str | None, str | None]:
+        """What a reader counts (not when it was said)."""
+        return (self.identity, self.label, self.bundle, self.authority, self.node)
 
 
 def _joined(authorities: Iterable[str]) -> str | None:
@@ -202,6 +216,7 @@ class AgentReports:
         self._evicted: OrderedDict[str, float] = OrderedDict()  # key -> until (unseen)
         self._callers: dict[str, list[int]] = {}  # identity -> [reports, relabels]
         self._published: float | None = None
+        self._touched: set[str] = set()  # keys recorded since the last `reclaim`
         self.changed = False
 
     # -- recording ---------------------------------------------------------------------------
@@ -271,25 +286,22 @@ class AgentReports:
         if verdict.live is False:
             return  # its pod is gone: nothing to count (authentication should have refused)
         stamp = now.timestamp()
-        entry = AgentEntry(
-            caller.identity.uri,
-            label,
-            bundle,
-            _joined(serving),
-            verdict.node,
-            stamp,
-            stamp + self.expire_after.total_seconds(),
-        )
         key = instance.key
+        content = (caller.identity.uri, label, bundle, _joined(serving), verdict.node)
         with self._lock:
             previous = self._agents.pop(key, None)
+            same = previous is not None and previous.content == content
+            since = previous.since if same and previous is not None else stamp
+            entry = AgentEntry(*content, stamp, stamp + self.expire_after.total_seconds(), since)
             self._agents[key] = entry
+            self._touched.add(key)
             self._evicted.pop(key, None)
             self._count_caller(
                 caller.identity.uri, relabel=previous is not None and (previous.label != label)
             )
             while len(self._agents) > self._capacity:
                 gone, evicted = self._agents.popitem(last=False)
+                self._touched.discard(gone)
                 self._evicted[gone] = evicted.until
                 while len(self._evicted) > self._capacity:
                     self._evicted.popitem(last=False)
@@ -335,6 +347,7 @@ class AgentReports:
         with self._lock:
             for key in gone:
                 self._agents.pop(key, None)
+                self._touched.discard(key)
             for key in [k for k, u in self._evicted.items() if u <= cutoff]:
                 del self._evicted[key]
             for identity in [i for i, u in self._unknown.items() if u <= cutoff]:
@@ -394,14 +407,34 @@ class AgentReports:
         }
         return json.dumps(snapshot, sort_keys=True)
 
-    def snapshot_shards(self, now: datetime, shard_bytes: int, max_shards: int = 64) -> list[Shard]:
-        """The same entries as `snapshot_json`, split by a stable hash of the pod key into as
-        many shards (a power of two, at most `max_shards`) as it takes for each to fit in
-        `shard_bytes` (a Kubernetes object holds 1 MiB). An entry stays in its shard while the
-        fleet size keeps the shard count (and moves to one of two when it doubles). Shard 0
-        also carries the unknown identities, the callers and the dropped count; beyond
-        `max_shards` full shards the most recently refreshed entries are kept and the rest
-        counted as dropped (unseen). Clears `changed`."""
+    def reclaim(self, fleet: FleetReports) -> int:
+        """After an agent moved to another process and came back saying what this process's
+        older entry already said, that entry's `since` is older than the other process's copy,
+        which would keep winning though it is no longer what the agent says. For every pod
+        recorded since the last call whose report here is newer than the copy every reader
+        sees (`fleet`, this process's last merge) and says something else, `since` becomes
+        the time of that report, so the next publication wins. How many were reclaimed."""
+        reclaimed = 0
+        with self._lock:
+            touched, self._touched = self._touched, set()
+            for key in touched:
+                own = self._agents.get(key)
+                seen = fleet.entries.get(key)
+                if own is None or seen is None or own.since >= seen.refreshed:
+                    continue
+                if own.refreshed > seen.refreshed and _fleet_content(seen) != own.content:
+                    self._agents[key] = dataclasses.replace(own, since=own.refreshed)
+                    reclaimed += 1
+            if reclaimed:
+                self.changed = True
+        return reclaimed
+
+    def shard_view(
+        self, now: datetime
+    ) -> tuple[list[tuple[str, AgentEntry]], dict[str, float], int, list[tuple[str, list[int]]]]:
+        """What a sharded publication holds (`ca_server.report_shards`): the unexpired entries
+        (most recently refreshed first), the unknown identities -> expiry, how many evicted
+        entries are still unseen, and the callers by reports. Clears `changed`."""
         cutoff = now.timestamp()
         with self._lock:
             self.changed = False
@@ -409,87 +442,16 @@ class AgentReports:
             agents = [(key, e) for key, e in reversed(self._agents.items()) if e.until > cutoff]
             unknown = {c: round(u, 3) for c, u in self._unknown.items() if u > cutoff}
             evicted = sum(1 for u in self._evicted.values() if u > cutoff)
-            callers = sorted(self._callers.items(), key=lambda item: -item[1][0])
-        sizes = [
-            _ENTRY_OVERHEAD
-            + len(key)
-            + len(e.identity)
-            + len(e.label or "")
-            + len(e.bundle or "")
-            + len(e.authority or "")
-            + len(e.node or "")
-            for key, e in agents
-        ]
-        wanted = -(-sum(sizes) * 5 // 4 // max(1, shard_bytes))  # a quarter spare for skew
-        count = 1
-        while count < min(wanted, max_shards):
-            count *= 2
-        buckets: list[dict[str, list[Any]]] = [{} for _ in range(count)]
-        # Per shard an order-independent digest of what decisions read (sum of entry hashes).
-        decisions = [0] * count
-        used = [0] * count
-        dropped = evicted
-        for (key, e), size in zip(agents, sizes, strict=True):
-            index = shard_of(key, count)
-            if used[index] + size > shard_bytes:
-                dropped += 1
-                continue
-            used[index] += size
-            fields = [e.identity, e.label, e.bundle, e.authority, e.node]
-            decisions[index] = (decisions[index] + hash((key, *fields))) % _DIGEST_MODULUS
-            buckets[index][key] = [*fields, e.refreshed, e.until]
-        kept_callers = {i: list(c) for i, c in callers[:MAX_PUBLISHED_CALLERS]}
-        shards = []
-        for index, bucket in enumerate(buckets):
-            first = index == 0
-            body = {
-                "format": SNAPSHOT_FORMAT,
-                "published": cutoff,
-                "shard": [index, count],
-                "agents": bucket,
-                "unknown": unknown if first else {},
-                "dropped": dropped if first else 0,
-                "callers": kept_callers if first else {},
-            }
-            decision: tuple[int, ...] = (len(bucket), decisions[index])
-            if first:
-                decision += (hash(tuple(sorted(unknown))), dropped)
-            shards.append(Shard(index, body, str(decision)))
-        return shards
+            callers = sorted(
+                ((i, list(c)) for i, c in self._callers.items()), key=lambda item: -item[1][0]
+            )
+        return agents, unknown, evicted, callers
 
 
-@dataclass(frozen=True)
-class Shard:
-    index: int
-    body: dict[str, Any]  # a complete snapshot (`merge_snapshots` reads shards like any other)
-    # A digest of what decisions read (who, which bundle and leaves; not the refresh times), so
-    # a sink can rewrite an unchanged shard only when it is due for republication. Built from
-    # `hash()`: comparable within one process only, which is all a sink needs.
-    decision: str
-
-    @property
-    def text(self) -> str:
-        """The JSON to publish (made only for the shards that are written)."""
-        return json.dumps(self.body, sort_keys=True)
-
-
-_DIGEST_MODULUS = 2**64
-MAX_PUBLISHED_CALLERS = 200  # the top identities by reports, in shard 0
-_ENTRY_OVERHEAD = 40  # JSON punctuation and the two timestamps
-
-
-def _entry_size(key: str, e: AgentEntry) -> int:
-    return (
-        len(key)
-        + len(e.identity)
-        + sum(len(v) for v in (e.label, e.bundle, e.authority, e.node) if v)
-    )
-
-
-def shard_of(key: str, count: int) -> int:
-    """The stable shard of a pod key among `count` (a power of two): CRC-32, the same in every
-    process and run."""
-    return zlib.crc32(key.encode()) % count
+def _fleet_content(
+    entry: FleetEntry,
+) -> tuple[str, str | None, str | None, str | None, str | None]:
+    return (entry.identity, entry.label, entry.bundle, _joined(entry.leaves), entry.node)
 
 
 def _within(
@@ -656,14 +618,20 @@ def merge_snapshots(
         result = merged[1]  # nothing changed and nothing expired since: no merge
     else:
         result = _merge(parsed, cutoff, cache)
+    return without_gone_pods(result, pods)
+
+
+def without_gone_pods(fleet: FleetReports, pods: PodWatch | None) -> FleetReports:
+    """`fleet` without the entries of pods the informer says are gone (whichever process
+    published them)."""
     if pods is None:
-        return result
+        return fleet
     entries = {
         key: entry
-        for key, entry in result.entries.items()
+        for key, entry in fleet.entries.items()
         if (instance := Instance.from_key(key)) is None or pods.verdict(instance).live is not False
     }
-    return dataclasses.replace(result, entries=entries)
+    return dataclasses.replace(fleet, entries=entries)
 
 
 def _merge(

@@ -22,6 +22,12 @@ class InformerPodWatch:
         self._pods = pods
         self._cluster_id = cluster_id
 
+    @property
+    def version(self) -> tuple[int, bool]:
+        """Changes whenever a verdict may have: a reader filtering 100,000 entries every round
+        does it again only then (`ca_server.kube.replica_reports`)."""
+        return (self._pods.changes, self._pods.synced)
+
     def verdict(self, instance: Instance) -> PodVerdict:
         if instance.cluster != self._cluster_id or not self._pods.synced:
             return PodVerdict(None)

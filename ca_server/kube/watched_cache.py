@@ -23,13 +23,20 @@ class WatchedCache(Generic[V]):
         indexers: Mapping[str, Callable[[V], str | None]] | None = None,
     ) -> None:
         restarts = metrics.kube_watch_restarts
+        # Bumped on every change the watch applies (and every re-list), so a reader can reuse
+        # what it derived from the cache while nothing changed.
+        self.changes = 0
         self._informer: Informer[V] = Informer(
             resource,
             list_func,
             transform,
             indexers=indexers,
             on_restart=lambda cause: restarts.labels(resource, cause).inc(),
+            on_change=self._changed,
         )
+
+    def _changed(self) -> None:
+        self.changes += 1
 
     @property
     def synced(self) -> bool:
