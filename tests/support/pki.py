@@ -13,6 +13,8 @@ Leaves follow the CA's profile (`certs.build_workload_certificate`), backdated f
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -111,14 +113,32 @@ class TestCa:
 
     def write_cacerts(self, directory: Path, roots: list[TestCa]) -> None:
         """Plugs this CA into a `--cacerts-dir` (Istio's layout: `ca-key.pem`, `ca-cert.pem`,
-        `cert-chain.pem` up to the root) with `roots`' certificates as `root-cert.pem`. Each file
-        is replaced atomically, the bundle last, so a reader sees a consistent set soonest."""
+        `cert-chain.pem` up to the root) with `roots`' certificates as `root-cert.pem`, the way
+        the kubelet updates a mounted Secret: the four files in a new generation directory,
+        then one atomic swap of the `..data` link the file names point through, so a CA polling
+        the directory never sees half of one set and half of the next (a mix is itself a
+        plausible, refusable change). Old generations are kept: a reader may still hold one."""
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write(directory / "ca-key.pem", private_key_to_pem(self.key), mode=0o600)
-        atomic_write(directory / "ca-cert.pem", cert_to_pem(self.cert))
+        generation = Path(tempfile.mkdtemp(dir=directory, prefix="..gen-"))
+        generation.chmod(0o755)
         chain = [self.cert, *self.intermediates[1:], self.root] if self.parent else [self.cert]
-        atomic_write(directory / "cert-chain.pem", certs_to_pem(chain))
-        atomic_write(directory / "root-cert.pem", certs_to_pem([r.root for r in roots]))
+        files = {
+            "ca-key.pem": (private_key_to_pem(self.key), 0o600),
+            "ca-cert.pem": (cert_to_pem(self.cert).encode(), 0o644),
+            "cert-chain.pem": (certs_to_pem(chain).encode(), 0o644),
+            "root-cert.pem": (certs_to_pem([r.root for r in roots]).encode(), 0o644),
+        }
+        for name, (data, mode) in files.items():
+            atomic_write(generation / name, data, mode=mode)
+        swap = directory / "..data_tmp"
+        swap.unlink(missing_ok=True)
+        swap.symlink_to(generation.name)
+        os.replace(swap, directory / "..data")
+        for name in files:
+            link = directory / name
+            if not link.is_symlink():
+                link.unlink(missing_ok=True)
+                link.symlink_to(f"..data/{name}")
 
     # -- verbs -------------------------------------------------------------------------------
 
