@@ -10,6 +10,7 @@ from pathlib import Path
 
 from certs import describe_certificate, load_cert
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, audit_lines, spiffe
+from tests.support.agent_process import node_agent_args
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import MeshcaProcess, free_port, http_status, http_text, wait_for
@@ -57,28 +58,13 @@ def test_node_agent_gets_the_identities_of_pods_on_its_node(
     status_port = free_port()
     output = workdir / "certs"
     agent = MeshcaProcess(
-        [
-            "agent",
-            "--node-mode",
-            "--node-name",
+        node_agent_args(
+            workdir,
+            ca,
             NODE,
-            "--kubeconfig",
-            str(kube_api.write_kubeconfig(workdir / "kubeconfig")),
-            "--ca-addr",
-            ca.addr,
-            "--ca-root",
-            str(ca.root_cert_path),
-            "--token-file",
-            str(workdir / "token"),
-            "--sds-socket",
-            str(workdir / "sds.sock"),
-            "--output-dir",
-            str(output),
-            "--status-listen",
+            kube_api.write_kubeconfig(workdir / "kubeconfig"),
             f"127.0.0.1:{status_port}",
-            "--secret-ttl",
-            "1h",
-        ],
+        ),
         workdir / "agent.log",
     )
     agent.start()
@@ -149,16 +135,16 @@ def test_node_agent_restarted_while_the_ca_is_down_serves_its_previous_certifica
     output, socket = workdir / "certs", workdir / "sds.sock"
     # 40 s: renewals are due ~20 s after issue, after the CA-down checks below.
     agent = MeshcaProcess(
-        [
-            "agent", "--node-mode", "--node-name", NODE,
-            "--kubeconfig", str(kube_api.write_kubeconfig(workdir / "kubeconfig")),
-            "--ca-addr", ca.addr, "--ca-root", str(ca.root_cert_path),
-            "--token-file", str(workdir / "token"), "--sds-socket", str(socket),
-            "--output-dir", str(output), "--status-listen", status.removeprefix("http://"),
-            "--secret-ttl", "40s",
-        ],
+        node_agent_args(
+            workdir,
+            ca,
+            NODE,
+            kube_api.write_kubeconfig(workdir / "kubeconfig"),
+            status.removeprefix("http://"),
+            secret_ttl="40s",
+        ),
         workdir / "agent.log",
-    )  # fmt: skip
+    )
     names = {spiffe("shop", "cart"): output / "shop" / "cart"}
     names[spiffe("shop", "orders")] = output / "shop" / "orders"
     names[spiffe(CA_NAMESPACE, "node-agent")] = output / CA_NAMESPACE / "node-agent"

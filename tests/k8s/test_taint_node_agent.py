@@ -20,6 +20,7 @@ from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice, encode_t
 from tests.agent.test_trust_bundle_distribution import kubelet_project
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, spiffe
 from tests.k8s.test_node_agent_with_ca import NODE, _add_node_agent_pod
+from tests.support.agent_process import node_agent_args
 from tests.support.authority_cli import authority_rows, cluster_target, meshca_authority
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import MeshcaProcess, free_port, wait_for
@@ -75,15 +76,14 @@ def test_node_agent_resigns_every_tainted_identity_within_the_window(
     (workdir / "token").write_text("node-agent-token")
     output = workdir / "certs"
     agent = MeshcaProcess(
-        [
-            "agent", "--node-mode", "--node-name", NODE,
-            "--kubeconfig", str(kube_api.write_kubeconfig(workdir / "kubeconfig")),
-            "--ca-addr", ca.addr, "--ca-root", str(ca.root_cert_path),
-            "--token-file", str(workdir / "token"), "--sds-socket", str(workdir / "sds.sock"),
-            "--output-dir", str(output), "--status-listen", f"127.0.0.1:{free_port()}",
-            "--secret-ttl", "1h",
+        node_agent_args(
+            workdir,
+            ca,
+            NODE,
+            kube_api.write_kubeconfig(workdir / "kubeconfig"),
+            f"127.0.0.1:{free_port()}",
             "--report-interval", "1s", "--taint-resign-window", f"{WINDOW}s",
-        ],
+        ),
         workdir / "agent.log",
     )  # fmt: skip
     leaves = {
@@ -182,15 +182,15 @@ def test_a_taint_reaches_a_node_agent_through_the_root_configmap_mount(
     with Kubelet(kube_api, CA_NAMESPACE, workdir / "istio") as kubelet:
         assert notice_in(CA_NAMESPACE) == {}
         agent = MeshcaProcess(
-            [
-                "agent", "--node-mode", "--node-name", NODE,
-                "--kubeconfig", str(kube_api.write_kubeconfig(workdir / "kubeconfig")),
-                "--ca-addr", ca.addr, "--ca-root", str(kubelet.mount / "root-cert.pem"),
-                "--token-file", str(workdir / "token"),
-                "--sds-socket", str(workdir / "sds.sock"),
-                "--output-dir", str(output), "--status-listen", f"127.0.0.1:{free_port()}",
-                "--secret-ttl", "1h", "--taint-resign-window", f"{WINDOW}s",
-            ],
+            node_agent_args(
+                workdir,
+                ca,
+                NODE,
+                kube_api.write_kubeconfig(workdir / "kubeconfig"),
+                f"127.0.0.1:{free_port()}",
+                "--taint-resign-window", f"{WINDOW}s",
+                ca_root=kubelet.mount / "root-cert.pem",
+            ),
             workdir / "agent.log",
         )  # fmt: skip
         leaves = {

@@ -17,6 +17,7 @@ from tests.k8s_real.conftest import (
     make_account,
     unique,
 )
+from tests.support.agent_process import node_agent_args
 from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 
@@ -60,28 +61,7 @@ def test_node_agent_gets_the_identities_of_real_pods_on_its_node(
     status_port = free_port()
     output = workdir / "certs"
     agent = MeshcaProcess(
-        [
-            "agent",
-            "--node-mode",
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(agent_account.kubeconfig),
-            "--ca-addr",
-            ca.addr,
-            "--ca-root",
-            str(ca.root_cert_path),
-            "--token-file",
-            str(workdir / "token"),
-            "--sds-socket",
-            str(workdir / "sds.sock"),
-            "--output-dir",
-            str(output),
-            "--status-listen",
-            f"127.0.0.1:{status_port}",
-            "--secret-ttl",
-            "1h",
-        ],
+        node_agent_args(workdir, ca, node, agent_account.kubeconfig, f"127.0.0.1:{status_port}"),
         workdir / "agent.log",
     )
     agent.start()

@@ -115,3 +115,27 @@ class AgentProcess(MeshcaProcess):
         """Serial of the leaf in the output dir's current generation (None before the first)."""
         leaf = self.file_leaf()
         return None if leaf is None else int(leaf.serial_number)
+
+
+def node_agent_args(
+    workdir: Path,
+    ca: CaProcess,
+    node: str,
+    kubeconfig: Path,
+    status_listen: str,
+    *extra: str,
+    ca_root: Path | None = None,
+    secret_ttl: str = "1h",
+) -> list[str]:
+    """`meshca agent --node-mode` for `node` against `ca`, with its token (`workdir/token`),
+    SDS socket (`workdir/sds.sock`) and output directory (`workdir/certs`) in `workdir`; the
+    command line every node-agent test runs, `extra` flags last."""
+    return [
+        "agent", "--node-mode", "--node-name", node,
+        "--kubeconfig", str(kubeconfig),
+        "--ca-addr", ca.addr, "--ca-root", str(ca_root or ca.root_cert_path),
+        "--token-file", str(workdir / "token"), "--sds-socket", str(workdir / "sds.sock"),
+        "--output-dir", str(workdir / "certs"), "--status-listen", status_listen,
+        "--secret-ttl", secret_ttl,
+        *extra,
+    ]  # fmt: skip
