@@ -22,7 +22,14 @@ from agent.ca_client import (
 from agent.metrics import AgentMetrics
 from agent.propagation import AgentReport
 from agent.token import FileTokenProvider, TokenFileEmpty
-from certs import PrivateKey, SpiffeId, build_csr, generate_private_key, key_matches_certificate
+from certs import (
+    PrivateKey,
+    SpiffeId,
+    build_csr,
+    generate_private_key,
+    key_matches_certificate,
+    private_key_to_pem,
+)
 from meshca.clock import SystemClock
 from tests.agent.pki import IDENTITY, FakeCaServicer, start_fake_ca
 from tests.support.pki import TestCa
@@ -197,3 +204,42 @@ def test_channel_options_reconnect_fast_and_override_unknown_hosts() -> None:
     assert "grpc.ssl_target_name_override" not in dict(channel_options("localhost:1"))
     override = dict(channel_options("10.0.0.7:15012"))
     assert override["grpc.ssl_target_name_override"] == "istiod.istio-system.svc"
+
+
+def test_the_channel_follows_prov_cert_but_never_takes_a_half_updated_pair(tmp_path: Path):
+    """`PROV_CERT` pointing at files that change (Istio's VM pattern, `OUTPUT_CERTS`): a new
+    certificate + key is presented from the next call on; a key that does not match the leaf
+    beside it (a writer caught between the two files) is not taken, the working channel kept."""
+    ca = TestCa(datetime.now(UTC))
+    prov = tmp_path / "prov"
+    prov.mkdir()
+
+    def provision(issued_key: PrivateKey, cert_for: PrivateKey) -> None:
+        (prov / "key.pem").write_text(private_key_to_pem(issued_key).decode())
+        (prov / "cert-chain.pem").write_text(ca.issue("sleep", key=cert_for).cert_pem)
+
+    first = generate_private_key()
+    provision(first, first)
+
+    async def main() -> None:
+        client = CaClient(
+            "127.0.0.1:1",
+            None,
+            FileTokenProvider(tmp_path / "no-token", required=False),
+            SystemClock(),
+            prov_cert=prov,
+        )
+        try:
+            channel = client._get_channel()
+            assert client._get_channel() is channel, "unchanged files: the same channel"
+            second = generate_private_key()
+            provision(second, first)  # key rewritten, leaf still the old key's
+            assert client._get_channel() is channel, "a mismatched pair was taken"
+            provision(second, second)
+            renewed = client._get_channel()
+            assert renewed is not channel, "the renewed pair was not presented"
+            assert client._get_channel() is renewed
+        finally:
+            await client.close()
+
+    asyncio.run(main())
