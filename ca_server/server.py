@@ -68,6 +68,7 @@ from ca_server.root_store import (
 )
 from ca_server.rotation import SlotSigner
 from ca_server.service import CertificateService
+from ca_server.serving.cq_server import rpc_server_for
 from ca_server.serving_tls import ServingTls
 from ca_server.signer import LocalSigner
 from ca_server.status import ca_document
@@ -263,7 +264,7 @@ async def _serve(
         admission=admission,
         agent_reports=setup.agent_reports,
     )
-    server = grpc.aio.server(options=server_options(config))
+    server = rpc_server_for(config.rpc_server, server_options(config))
     add_certificate_service(service, server)
     if setup.agent_reports is not None:
         add_report_service(
