@@ -127,6 +127,7 @@ class _Call:
 
     __slots__ = (
         "call",
+        "closing",
         "code",
         "deadline",
         "details",
@@ -149,6 +150,9 @@ class _Call:
         self.trailing: tuple[tuple[str, str | bytes], ...] = ()
         self.initial_sent = False
         self.finished = False
+        # Its ReceiveCloseOnServer is pending on its own (a call served on the loop, which is
+        # cancelled when the client goes): the final batch must not carry another.
+        self.closing = False
         self.task: asyncio.Task[None] | None = None
 
     # --- the grpc.aio.ServicerContext surface the CA's servicers use ---
@@ -513,14 +517,23 @@ class CompletionQueueServer(grpc.aio.Server):
             except _Aborted:
                 self._send_status(call)
             except asyncio.CancelledError:
-                call.code, call.details = grpc.StatusCode.CANCELLED, "the call was cancelled"
-                self._send_status(call)
+                if not call.finished:  # else the client is gone: nothing to send
+                    call.code, call.details = grpc.StatusCode.CANCELLED, "the call was cancelled"
+                    self._send_status(call)
             except Exception as exc:
                 self._failed(call, exc)
             else:
                 self._respond(call, handler, response)
 
         call.task = self._track(finish())
+        # As grpc.aio does: a client that cancels (or runs past its deadline) while the handler
+        # waits cancels the handler, which releases its admission slot at once.
+        call.closing = True
+        self._start_batch(
+            call.call,
+            (cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),),
+            lambda event: self._loop.call_soon_threadsafe(self._client_closed, call, event),
+        )
 
     def _respond(self, call: _Call, handler: grpc.RpcMethodHandler, response: Any) -> None:
         try:
@@ -530,16 +543,14 @@ class CompletionQueueServer(grpc.aio.Server):
             self._failed(call, exc)
             return
         call.finished = True
-        self._start_batch(
-            call.call,
-            (
-                cygrpc.SendInitialMetadataOperation((), _NO_FLAGS),
-                cygrpc.SendMessageOperation(data, _NO_FLAGS),
-                cygrpc.SendStatusFromServerOperation(call.trailing, _STATUS_OK, b"", _NO_FLAGS),
-                cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),
-            ),
-            _ignore,
-        )
+        operations = [
+            cygrpc.SendInitialMetadataOperation((), _NO_FLAGS),
+            cygrpc.SendMessageOperation(data, _NO_FLAGS),
+            cygrpc.SendStatusFromServerOperation(call.trailing, _STATUS_OK, b"", _NO_FLAGS),
+        ]
+        if not call.closing:
+            operations.append(cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS))
+        self._start_batch(call.call, operations, _ignore)
 
     def _failed(self, call: _Call, exc: BaseException) -> None:
         log.error(
@@ -550,7 +561,7 @@ class CompletionQueueServer(grpc.aio.Server):
         call.code, call.details = _STATUS_UNKNOWN, f"Unexpected {type(exc)}: {exc}"
         self._send_status(call)
 
-    def _send_status(self, call: _Call, close: bool = True) -> None:
+    def _send_status(self, call: _Call) -> None:
         """Ends the call with its status (and its trailing metadata)."""
         call.finished = True
         code = call.code or _STATUS_UNKNOWN
@@ -561,7 +572,7 @@ class CompletionQueueServer(grpc.aio.Server):
         ]
         if not call.initial_sent:
             operations.insert(0, cygrpc.SendInitialMetadataOperation((), _NO_FLAGS))
-        if close:
+        if not call.closing:
             operations.append(cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS))
         self._start_batch(call.call, operations, _ignore)
 
@@ -588,7 +599,7 @@ class CompletionQueueServer(grpc.aio.Server):
             lambda event: self._loop.call_soon_threadsafe(self._client_closed, call, event),
         )
 
-    def _client_closed(self, call: _StreamCall, event: Any) -> None:
+    def _client_closed(self, call: _Call, event: Any) -> None:
         """The client is done with the call: if it went before the answer, stop the handler."""
         if not call.finished and call.task is not None:
             call.finished = True  # nothing more can be sent

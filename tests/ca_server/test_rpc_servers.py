@@ -46,7 +46,11 @@ class Echo:
         )
 
     async def waits(self, request: bytes, context: Any) -> bytes:
-        await asyncio.sleep(float(request.decode()))
+        try:
+            await asyncio.sleep(float(request.decode()))
+        except asyncio.CancelledError:
+            self.finished.append("cancelled")
+            raise
         answer = await asyncio.to_thread(lambda: b"waited")
         self.finished.append("waits")
         return answer
@@ -65,10 +69,16 @@ class Echo:
         raise ValueError("a bug")
 
 
+@pytest.fixture
+def echo() -> Echo:
+    return Echo()
+
+
 @pytest.fixture(params=["completion-queue", "aio"])
-def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, LoopThread, Any, Any]]:
+def served(
+    request: pytest.FixtureRequest, echo: Echo
+) -> Iterator[tuple[str, LoopThread, Any, Any]]:
     """(address, loop, server, health servicer) of a server of each kind."""
-    echo = Echo()
     with LoopThread() as loop:
 
         async def start() -> tuple[Any, Any, int]:
@@ -163,6 +173,18 @@ def test_unknown_method_oversized_request_and_deadline(served):
             unary(channel, "Waits")(b"1", timeout=0.2)
         assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert unary(channel, "Now")(b"after", timeout=5).startswith(b"after|")
+
+
+def test_a_client_that_goes_cancels_the_waiting_handler(served, echo: Echo):
+    """As grpc.aio does: the handler's task is cancelled (so its admission slot is released)
+    when the client's deadline passes, not when the handler would have finished."""
+    address, *_ = served
+    with grpc.insecure_channel(address) as channel:
+        with pytest.raises(grpc.RpcError) as late:
+            unary(channel, "Waits")(b"30", timeout=0.3)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        wait_for(lambda: "cancelled" in echo.finished, 5, "the handler to be cancelled")
+        assert unary(channel, "Waits")(b"0.01", timeout=5) == b"waited"
 
 
 def test_health_check_and_watch_stream(served):
