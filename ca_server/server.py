@@ -6,8 +6,9 @@ impersonation policy) is made here, once, at start-up. Kubernetes mode (`CaConfi
 `ca_server.kube`: the root in Secret `istio-ca-secret` (unless a plugged-in CA is present),
 TokenReview authentication, the node authorizer, and root ConfigMap publication.
 
-Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority watcher
-(loading signing material, which may block on files or the API server, runs in a worker thread);
+Concurrency: one asyncio event loop runs the authority watcher (loading signing material, which
+may block on files or the API server, runs in a worker thread) and the requests that wait on
+I/O; the gRPC server (`ca_server.serving.cq_server`) answers the others on its own thread;
 the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
 Kubernetes mode adds its own threads (see `ca_server.kube`).
 
