@@ -183,9 +183,6 @@ class _Call:
     def set_details(self, details: str) -> None:
         self.details = details
 
-    def code_(self) -> grpc.StatusCode | None:
-        return self.code
-
     def time_remaining(self) -> float:
         return max(self.deadline - time.time(), 0.0)
 
@@ -378,6 +375,10 @@ class CompletionQueueServer(grpc.aio.Server):
             await asyncio.shield(self._shutdown_done)
             return
         self._shutdown_done = self._loop.create_future()
+        if self._thread is None:  # never started: nothing to drain
+            self._shutdown_done.set_result(None)
+            self._stopped.set()
+            return
         with self._lock:
             self._accepting = False
             self._server.shutdown(self._queue, self._shutdown_tag)

@@ -267,3 +267,12 @@ def test_auto_falls_back_to_grpc_aio_with_one_warning(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "grpc.aio" in warnings[0].getMessage()
+
+
+def test_stopping_a_server_that_never_started_returns():
+    async def stop_unstarted() -> None:
+        server = rpc_server_for("completion-queue", [])
+        server.add_insecure_port("127.0.0.1:0")
+        await asyncio.wait_for(server.stop(1), 5)
+
+    asyncio.run(stop_unstarted())
