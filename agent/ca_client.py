@@ -27,7 +27,8 @@ family of `agent.errors`. Latency is measured on the injected clock's `monotonic
 Trust bundle: `trust(pem)` (called by `agent.trust_bundle` when the served bundle changes) makes
 the next call use a channel trusting that bundle; the old channel is closed once its calls
 finish. With a `PropagationReport` (`agent.propagation`) every call also carries the agent id,
-its bundle digest and the authority of the leaf being renewed (`SigningRequest.leaf_authority`);
+its bundle digest and the authority of the leaf being renewed (`agent.signing.SigningRequest`'s
+`leaf_authority`);
 `report()` sends the same facts between renewals on meshca's own report RPC (`agent.reporter`
 calls it) and returns the CA's tainted authorities.
 """
@@ -38,12 +39,10 @@ import asyncio
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
-from cryptography import x509
 from google.protobuf import struct_pb2
 
 from agent.acceptance import accept_certificate
@@ -58,6 +57,7 @@ from agent.errors import (
 )
 from agent.metrics import AgentMetrics
 from agent.propagation import AgentReport, PropagationReport
+from agent.signing import SignedCertificate, SigningRequest
 from agent.token import TokenProvider
 from certs import (
     CertsError,
@@ -78,8 +78,6 @@ __all__ = [
     "CaConnectionError",
     "CaRequestError",
     "CaResponseError",
-    "SignedCertificate",
-    "SigningRequest",
 ]
 
 log = logging.getLogger(__name__)
@@ -95,19 +93,6 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),  # retries are ours, counted and logged
 ]
-
-
-@dataclass(frozen=True)
-class SigningRequest:
-    """One CSR to have signed: what the scheduler hands any signer (`CaClient`, test fakes)."""
-
-    csr_pem: str
-    identity: SpiffeId  # the answer must name exactly this
-    key: PrivateKey = field(repr=False)  # ... and certify this key (never sent)
-    ttl: timedelta
-    impersonate: SpiffeId | None = None  # node mode: ask on behalf of this workload identity
-    renewal: bool = False  # the caller still holds a valid certificate for `identity`
-    leaf_authority: str | None = None  # SKI hex of the issuer of the leaf being renewed
 
 
 # Request header telling a meshca CA that this agent still holds a valid certificate, so the
@@ -132,25 +117,6 @@ def retry_pushback(trailers: Sequence[tuple[str, str | bytes]] | None) -> float 
                 return None
             return millis / 1000 if millis >= 0 else None
     return None
-
-
-@dataclass(frozen=True)
-class SignedCertificate:
-    """A validated certificate from the CA, with the time it arrived (rotation is measured from
-    then, not from the backdated NotBefore)."""
-
-    chain_pem: str  # leaf first, then intermediates
-    root_bundle_pem: str
-    leaf: x509.Certificate
-    received_at: datetime
-
-    @property
-    def not_after(self) -> datetime:
-        return self.leaf.not_valid_after_utc
-
-    @property
-    def serial_hex(self) -> str:
-        return format(self.leaf.serial_number, "x")
 
 
 class CaClient:

@@ -59,10 +59,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Protocol
 
 from agent.backoff import Backoff
-from agent.ca_client import SignedCertificate, SigningRequest
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig, ConfigError
 from agent.errors import CertificateNotRestored, NoPreviousCertificate, TokenError
@@ -76,6 +74,7 @@ from agent.rotation import (
     new_key_and_csr,
 )
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from agent.signing import CertificateSigner, SignedCertificate, SigningRequest
 from agent.taints import KnownTaints
 from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
 from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
@@ -90,12 +89,6 @@ OnChange = Callable[[IdentitySet], None]
 
 FIRST = 0  # priority classes: lower goes first
 RENEWAL = 1
-
-
-class CertificateSigner(Protocol):
-    """What the scheduler needs from a CA client (`agent.ca_client.CaClient`, or a test fake)."""
-
-    async def sign(self, request: SigningRequest) -> SignedCertificate: ...
 
 
 StartHook = Callable[[SpiffeId, str, datetime], RestoredCertificate]

@@ -13,11 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 
-from agent.ca_client import CaRequestError, SignedCertificate, SigningRequest
+from agent.ca_client import CaRequestError
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
+from agent.signing import SignedCertificate, SigningRequest
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import until

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.ca_client import SignedCertificate
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig
 from agent.errors import NoPreviousCertificate
 from agent.metrics import AgentMetrics
 from agent.scheduler import CertificateScheduler, StartHook
 from agent.secrets import SecretCache
+from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
 from ca_server.authority_slots import authority_id

@@ -13,13 +13,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-from agent.ca_client import SignedCertificate, SigningRequest
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
 from agent.rotation import RotationPolicy
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
+from agent.signing import SignedCertificate, SigningRequest
 from agent.taints import SOURCE_REPORT, taints_from_report
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId, load_cert
