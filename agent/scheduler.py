@@ -4,10 +4,11 @@ The shape of SPIRE's agent manager and ztunnel's SecretManager: an identity sour
 set of identities to serve; a pure policy (`agent.rotation`) decides when each is due; this
 module's driver acts. The pod agent and the node agent are the same scheduler fed differently:
 
-- pod agent: `SingleIdentitySource` reports the one identity (configured, or read from the
-  token) and `resource_name` publishes it as `default`; the CA is asked for it directly;
-- node agent: an `agent.node_identities` source (pods on the node, or a static list) reports
-  many; each is published under its SPIFFE ID and asked for by impersonation
+- pod agent: a `SingleIdentitySource` (`agent.identity_sources`) reports the one identity
+  (configured, or read from the token) and `resource_name` publishes it as `default`; the CA is
+  asked for it directly;
+- node agent: a node source (`agent.node_identities`: pods on the node, or a static list)
+  reports many; each is published under its SPIFFE ID and asked for by impersonation
   (`impersonate=True`, the node agent authenticates as itself).
 
 Per identity, in order: the start hook (restore a previous run's certificate, see
@@ -60,10 +61,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from agent.backoff import Backoff
 from agent.cert_state import RestoredCertificate
-from agent.config import AgentConfig, ConfigError
-from agent.errors import CertificateNotRestored, NoPreviousCertificate, TokenError
+from agent.config import AgentConfig
+from agent.errors import CertificateNotRestored, NoPreviousCertificate
+from agent.identity_sources import IdentitySet
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
 from agent.rotation import (
@@ -79,13 +80,8 @@ from agent.taints import KnownTaints
 from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
 from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
 from meshca.clock import Clock
-from meshca.waiting import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-IdentitySet = frozenset[SpiffeId]
-OnChange = Callable[[IdentitySet], None]
-"""What an identity source (`agent.node_identities.IdentitySource`) reports to: `set_identities`."""
 
 FIRST = 0  # priority classes: lower goes first
 RENEWAL = 1
@@ -612,55 +608,3 @@ class CertificateScheduler:
                 await timer
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)
-
-
-@dataclass(eq=False)
-class SingleIdentitySource:
-    """The pod agent's identity source: one identity, the configured one or the token's.
-
-    `resolve` (an `agent.token.IdentityResolver`) may fail until the kubelet writes the token;
-    the source retries with `backoff` on `clock`, tells `on_failure` why (readiness shows it),
-    and reports the identity once it is known. Same interface as the node sources
-    (`agent.node_identities.IdentitySource`).
-    """
-
-    resolve: Callable[[], SpiffeId]
-    clock: Clock
-    backoff: Backoff
-    on_failure: Callable[[str], None] | None = None
-    rng: random.Random = field(default_factory=random.Random)
-    identity: SpiffeId | None = field(default=None, init=False)
-    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
-
-    def describe(self) -> str:
-        return str(self.identity) if self.identity else "the service-account token"
-
-    def start(self, on_change: OnChange) -> None:
-        """Reports at once when the identity is known (so readiness never sees an unreported
-        pod agent), else retries in a task until it is."""
-        if not self._try_report(on_change):
-            self._task = asyncio.create_task(self._retry(on_change), name="identity")
-
-    def _try_report(self, on_change: OnChange) -> bool:
-        try:
-            identity = self.resolve()
-        except (TokenError, ConfigError) as exc:
-            log.warning("identity not known yet (%s); will retry", exc)
-            if self.on_failure is not None:
-                self.on_failure(str(exc))
-            return False
-        self.identity = identity
-        on_change(frozenset({identity}))
-        return True
-
-    async def _retry(self, on_change: OnChange) -> None:
-        attempt = 0
-        while True:
-            await self.clock.sleep(self.backoff.delay(attempt, self.rng))
-            attempt += 1
-            if self._try_report(on_change):
-                return
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)

@@ -23,9 +23,10 @@ from agent.cert_state import (
 from agent.config import AgentConfig
 from agent.errors import TokenFileMissing
 from agent.file_output import FileOutput
+from agent.identity_sources import SingleIdentitySource
 from agent.metrics import AgentMetrics
 from agent.output_dir import CertificateFiles, write_generation
-from agent.scheduler import CertificateScheduler, IdentityState, SingleIdentitySource
+from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import (
     SpiffeId,
