@@ -107,6 +107,11 @@ PUSHBACK_JITTER = 0.5
 UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
+def _unanswered(code: grpc.StatusCode, retry_after: float | None) -> bool:
+    """The call got no answer from the CA (see `UNANSWERED`)."""
+    return code in UNANSWERED and retry_after is None
+
+
 def retry_pushback(trailers: Sequence[tuple[str, str | bytes]] | None) -> float | None:
     """The CA's retry hint in seconds, or `None` when it sent none (or an unusable one)."""
     for key, value in trailers or ():
@@ -129,11 +134,11 @@ class CaClient:
         tokens: TokenProvider,
         clock: Clock,
         *,
+        metrics: AgentMetrics,
         cluster_id: str = "",
         extra_headers: Sequence[tuple[str, str]] = (),
         timeout: timedelta = timedelta(seconds=10),
         prov_cert: Path | None = None,
-        metrics: AgentMetrics | None = None,
         retry: Backoff = CALL_RETRY_BACKOFF,
         max_attempts: int = 3,
         rng: random.Random | None = None,
@@ -205,8 +210,7 @@ class CaClient:
                 else:
                     delay = self._retry.delay(attempt - 1, self._rng)
                 log.info("CA call failed (%s); retry %d in %.2fs", exc, attempt, delay)
-                if self._metrics:
-                    self._metrics.record_retry()
+                self._metrics.record_retry()
                 await self._clock.sleep(delay)
 
     async def _sign_once(self, request: SigningRequest) -> SignedCertificate:
@@ -229,8 +233,8 @@ class CaClient:
             )
         except grpc.aio.AioRpcError as exc:
             retry_after = retry_pushback(exc.trailing_metadata())
-            unanswered = exc.code() in UNANSWERED and retry_after is None
-            self._record(started, exc.code().name, answered=not unanswered)
+            answered = not _unanswered(exc.code(), retry_after)
+            self._record(started, exc.code().name, answered=answered)
             raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
         self._record(started, "OK", answered=True)
         return self._validate(list(response.cert_chain), request.identity, request.key)
@@ -265,18 +269,15 @@ class CaClient:
         except grpc.aio.AioRpcError as exc:
             # A report shed with a retry hint is the CA answering "busy", not silence.
             retry_after = retry_pushback(exc.trailing_metadata())
-            if self._metrics:  # the report also tells whether the CA is reachable
-                unanswered = exc.code() in UNANSWERED and retry_after is None
-                self._metrics.record_reachability(answered=not unanswered)
+            # The report also tells whether the CA is reachable.
+            self._metrics.record_reachability(answered=not _unanswered(exc.code(), retry_after))
             raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
-        if self._metrics:
-            self._metrics.record_reachability(answered=True)
+        self._metrics.record_reachability(answered=True)
         return {t.id: t.seconds_since_taint for t in response.tainted}
 
     def _record(self, started: float, outcome: str, *, answered: bool) -> None:
-        if self._metrics:
-            elapsed = self._clock.monotonic() - started
-            self._metrics.record_ca_request(elapsed, outcome, answered=answered)
+        elapsed = self._clock.monotonic() - started
+        self._metrics.record_ca_request(elapsed, outcome, answered=answered)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         headers: list[tuple[str, str]] = []

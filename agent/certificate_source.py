@@ -83,10 +83,11 @@ class CaCertificateSource:
         scheduler: CertificateScheduler,
         identities: IdentitySource,
         ca_client: CaClient,
-        trust_bundle: TrustBundleKeeper | None = None,
-        root_file: RootFileWatch | None = None,
-        reporter: PeriodicReporter | None = None,
-        taint_file: TaintFileWatch | None = None,
+        trust_bundle: TrustBundleKeeper,
+        *,
+        root_file: RootFileWatch | None,
+        reporter: PeriodicReporter | None,
+        taint_file: TaintFileWatch | None,
     ) -> None:
         self.scheduler = scheduler
         self.identities = identities
@@ -179,11 +180,11 @@ def certificate_source_for(
         config.ca_root_ca,
         tokens,
         clock,
+        metrics=metrics,
         cluster_id=config.cluster_id,
         extra_headers=config.ca_headers,
         timeout=config.ca_request_timeout,
         prov_cert=config.prov_cert,
-        metrics=metrics,
         report=report,
     )
     root_file: RootFileWatch | None = None
@@ -201,9 +202,9 @@ def certificate_source_for(
         ca_client,
         cache,
         clock,
-        start_hook=file_output.restore if file_output is not None else None,
         metrics=metrics,
         trust_bundle=trust_bundle,
+        start_hook=file_output.restore if file_output is not None else None,
     )
     taint_file: TaintFileWatch | None = None
     if config.ca_root_ca is not None:  # the CA publishes its taint notice beside its bundle
@@ -223,5 +224,11 @@ def certificate_source_for(
             ca_client, scheduler, report, clock, config.report_interval, metrics
         )
     return CaCertificateSource(
-        scheduler, identities, ca_client, trust_bundle, root_file, reporter, taint_file
+        scheduler,
+        identities,
+        ca_client,
+        trust_bundle,
+        root_file=root_file,
+        reporter=reporter,
+        taint_file=taint_file,
     )

@@ -13,9 +13,9 @@ module's driver acts. The pod agent and the node agent are the same scheduler fe
 
 Per identity, in order: the start hook (restore a previous run's certificate, see
 `agent.file_output.FileOutput.restore`), else key + CSR → `signer.sign` → publish root, then
-leaf → schedule the renewal at the jittered grace ratio. With a `TrustBundleKeeper` the root is
-not published as is: the answer's bundle is one source of the served `ROOTCA`
-(`agent.trust_bundle`), and a bundle change never makes the scheduler ask for a leaf. A failure
+leaf → schedule the renewal at the jittered grace ratio. The root is not published as is: the
+answer's bundle is one source of the served `ROOTCA` (`agent.trust_bundle`'s keeper), and a
+bundle change never makes the scheduler ask for a leaf. A failure
 keeps serving the cached certificate and retries that identity alone with backoff, never past
 its expiry.
 
@@ -74,7 +74,7 @@ from agent.rotation import (
     RotationPolicy,
     new_key_and_csr,
 )
-from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from agent.secrets import DEFAULT_RESOURCE, SecretCache, TlsSecret
 from agent.signing import CertificateSigner, SignedCertificate, SigningRequest
 from agent.taints import KnownTaints
 from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
@@ -188,14 +188,14 @@ class CertificateScheduler:
         cache: SecretCache,
         clock: Clock,
         *,
+        metrics: AgentMetrics,
+        trust_bundle: TrustBundleKeeper,
         resource_name: Callable[[SpiffeId], str] = publish_as_spiffe_id,
         impersonate: bool = False,
         max_concurrent: int = 1,
         start_hook: StartHook | None = None,
         restore_from: Path | None = None,
-        metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
-        trust_bundle: TrustBundleKeeper | None = None,
     ) -> None:
         self.policy = policy
         self.max_concurrent = max(1, max_concurrent)
@@ -209,7 +209,7 @@ class CertificateScheduler:
         self._restore_from = restore_from  # only for log lines
         self._metrics = metrics
         self._rng = rng or random.Random()
-        self._trust_bundle = trust_bundle  # None: ROOTCA is each answer's bundle, as is
+        self._trust_bundle = trust_bundle
         self.queue = FetchQueue()
         self.states: dict[SpiffeId, IdentityState] = {}
         self.synced = False
@@ -229,10 +229,10 @@ class CertificateScheduler:
         cache: SecretCache,
         clock: Clock,
         *,
+        metrics: AgentMetrics,
+        trust_bundle: TrustBundleKeeper,
         start_hook: StartHook | None = None,
-        metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
-        trust_bundle: TrustBundleKeeper | None = None,
     ) -> CertificateScheduler:
         """The scheduler for a pod agent, or with `config.node_mode` a node agent: naming,
         impersonation, concurrency cap and backoff follow the mode."""
@@ -250,14 +250,14 @@ class CertificateScheduler:
             signer,
             cache,
             clock,
+            metrics=metrics,
+            trust_bundle=trust_bundle,
             resource_name=publish_as_spiffe_id if node else publish_as_default,
             impersonate=node,
             max_concurrent=config.max_concurrent_fetches if node else 1,
             start_hook=start_hook,
             restore_from=config.output_certs,
-            metrics=metrics,
             rng=rng,
-            trust_bundle=trust_bundle,
         )
 
     # -- the identity source's side ---------------------------------------------------------
@@ -284,8 +284,7 @@ class CertificateScheduler:
         state.cancel_timer()
         self.queue.discard(identity)
         log.info("identity %s is gone; no longer rotating its certificate", identity)
-        if self._metrics:
-            self._metrics.secrets.forget(state.name)  # also if no certificate was served yet
+        self._metrics.secrets.forget(state.name)  # also if no certificate was served yet
         task = asyncio.get_running_loop().create_task(self._cache.remove(state.name))
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
@@ -342,8 +341,7 @@ class CertificateScheduler:
             delay,
         )
         state.next_rotation_at = due
-        if self._metrics:
-            self._metrics.taint_resigns.inc()
+        self._metrics.taint_resigns.inc()
         self._schedule(state, delay, RENEWAL)
         return True
 
@@ -494,14 +492,10 @@ class CertificateScheduler:
         schedules its renewal. The state changes only once the secrets are published (and so
         written out by the cache's listeners): readiness never runs ahead of SDS and files."""
         # Root first: a peer may already present a leaf from a new root.
-        if self._trust_bundle is None:
-            await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
-        else:
-            source = SOURCE_RESTORED if restored_from else SOURCE_CA_RESPONSE
-            await self._trust_bundle.learn(signed.root_bundle_pem, source, replacing=state.name)
+        source = SOURCE_RESTORED if restored_from else SOURCE_CA_RESPONSE
+        await self._trust_bundle.learn(signed.root_bundle_pem, source, replacing=state.name)
         await self._cache.publish(TlsSecret(state.name, signed.chain_pem, key_pem))
-        if self._trust_bundle is not None:
-            await self._trust_bundle.recheck()
+        await self._trust_bundle.recheck()
         if self.states.get(state.identity) is not state:  # it left while we published
             await self._cache.remove(state.name)
             return
@@ -515,12 +509,11 @@ class CertificateScheduler:
         now = self._clock.now()
         delay = self.policy.renewal_delay(signed.not_after, signed.received_at, now, self._rng)
         state.next_rotation_at = now + timedelta(seconds=delay)
-        if self._metrics:
-            counter = self._metrics.restores if restored_from else self._metrics.rotations
-            counter.inc()
-            self._metrics.secrets.renewed(
-                state.name, signed.serial_hex, signed.received_at, state.next_rotation_at
-            )
+        counter = self._metrics.restores if restored_from else self._metrics.rotations
+        counter.inc()
+        self._metrics.secrets.renewed(
+            state.name, signed.serial_hex, signed.received_at, state.next_rotation_at
+        )
         log.info(
             "certificate serial %s for %s %s; expires %s, rotating in %.1fs",
             signed.serial_hex,
@@ -548,9 +541,8 @@ class CertificateScheduler:
         state.failures += 1
         now = self._clock.now()
         state.last_failure = FailureRecord(message, now, state.failures)
-        if self._metrics:
-            self._metrics.rotation_failures.inc()
-            self._metrics.secrets.renewal_failed(state.name, message, now)
+        self._metrics.rotation_failures.inc()
+        self._metrics.secrets.renewal_failed(state.name, message, now)
         expires = state.current.not_after if state.current else None
         delay = self.policy.retry_delay(state.failures - 1, now, expires, self._rng)
         log.warning(
@@ -592,8 +584,6 @@ class CertificateScheduler:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
-        if self._metrics is None:
-            return
         self._metrics.node_identities.set(len(self.states))
         self._metrics.fetches_in_flight.set(self.in_flight)
         self._metrics.fetches_queued.set(len(self.queue))

@@ -28,6 +28,7 @@ from agent.metrics import AgentMetrics
 from agent.output_dir import CertificateFiles, write_generation
 from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
+from agent.trust_bundle import TrustBundleKeeper
 from certs import (
     SpiffeId,
     build_csr,
@@ -179,8 +180,9 @@ async def manager_restoring(
         signer,
         cache,
         clock,
-        start_hook=output.restore,
         metrics=metrics,
+        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
+        start_hook=output.restore,
         rng=random.Random(3),
     )
     source = SingleIdentitySource(
@@ -353,7 +355,13 @@ def test_node_scheduler_restores_each_identity_from_its_own_directory(
             secret_ttl=TTL, node_mode=True, identities=(("shop", "cart"),), output_certs=tmp_path
         )
         scheduler = CertificateScheduler.from_config(
-            config, signer, cache, clock, start_hook=output.restore, metrics=metrics
+            config,
+            signer,
+            cache,
+            clock,
+            metrics=metrics,
+            trust_bundle=TrustBundleKeeper(cache, clock, metrics),
+            start_hook=output.restore,
         )
         task = asyncio.create_task(scheduler.run())
         scheduler.set_identities(frozenset({cart, orders}))

@@ -26,6 +26,7 @@ from agent.reporter import PeriodicReporter
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider
+from agent.trust_bundle import TrustBundleKeeper
 from ca_server.authority_slots import authority_id
 from meshca.clock import SystemClock
 from meshca_proto import report_pb2, report_pb2_grpc
@@ -98,8 +99,14 @@ async def rig(
         metrics=metrics,
     )
     config = AgentConfig(secret_ttl=timedelta(hours=1), taint_resign_window=timedelta(0))
+    cache = SecretCache()
     scheduler = CertificateScheduler.from_config(
-        config, FakeSigner(pki, clock), SecretCache(), clock, metrics=metrics
+        config,
+        FakeSigner(pki, clock),
+        cache,
+        clock,
+        metrics=metrics,
+        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
     )
     running = asyncio.create_task(scheduler.run())
     scheduler.set_identities(frozenset({IDENTITY}))

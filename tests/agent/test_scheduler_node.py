@@ -19,6 +19,7 @@ from agent.metrics import AgentMetrics
 from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from agent.signing import SignedCertificate, SigningRequest
+from agent.trust_bundle import TrustBundleKeeper
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import until
@@ -71,8 +72,15 @@ async def running(
         node_mode=True,
         identities=(("ns", "static"),),
     )
+    metrics = AgentMetrics(clock)
     manager = CertificateScheduler.from_config(
-        config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(7)
+        config,
+        signer,
+        cache,
+        clock,
+        metrics=metrics,
+        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
+        rng=random.Random(7),
     )
     task = asyncio.create_task(manager.run())
     try:

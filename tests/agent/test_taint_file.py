@@ -36,6 +36,7 @@ from agent.secrets import SecretCache
 from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
+from agent.trust_bundle import TrustBundleKeeper
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock, SystemClock
@@ -103,13 +104,14 @@ async def rig(
     config = AgentConfig(
         secret_ttl=TTL, node_mode=True, identities=(("ns", "static"),), taint_resign_window=WINDOW
     )
-    metrics = AgentMetrics(clock)
+    metrics, cache = AgentMetrics(clock), SecretCache()
     scheduler = CertificateScheduler.from_config(
         config,
         signer,
-        SecretCache(),
+        cache,
         clock,
         metrics=metrics,
+        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
         rng=random.Random(5),
         start_hook=start_hook,
     )

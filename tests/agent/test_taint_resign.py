@@ -21,6 +21,7 @@ from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.signing import SignedCertificate, SigningRequest
 from agent.taints import SOURCE_REPORT, taints_from_report
+from agent.trust_bundle import TrustBundleKeeper
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
@@ -67,9 +68,15 @@ async def node_scheduler() -> AsyncIterator[
         identities=(("ns", "static"),),
         taint_resign_window=WINDOW,
     )
-    metrics = AgentMetrics(clock)
+    metrics, cache = AgentMetrics(clock), SecretCache()
     scheduler = CertificateScheduler.from_config(
-        config, signer, SecretCache(), clock, metrics=metrics, rng=random.Random(11)
+        config,
+        signer,
+        cache,
+        clock,
+        metrics=metrics,
+        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
+        rng=random.Random(11),
     )
     task = asyncio.create_task(scheduler.run())
     try:
