@@ -187,16 +187,6 @@ def certificate_source_for(
         prov_cert=config.prov_cert,
         report=report,
     )
-    root_file: RootFileWatch | None = None
-    if config.ca_root_ca is not None:  # with the OS roots (SYSTEM) the CA's TLS is not ours
-        trust_bundle.add_trust_listener(ca_client.trust)
-        root_file = RootFileWatch(
-            config.ca_root_ca,
-            trust_bundle,
-            clock,
-            metrics,
-            interval=config.root_file_poll_interval.total_seconds(),
-        )
     scheduler = CertificateScheduler.from_config(
         config,
         ca_client,
@@ -206,14 +196,21 @@ def certificate_source_for(
         trust_bundle=trust_bundle,
         start_hook=file_output.restore if file_output is not None else None,
     )
+    root_file: RootFileWatch | None = None
     taint_file: TaintFileWatch | None = None
-    if config.ca_root_ca is not None:  # the CA publishes its taint notice beside its bundle
+    if config.ca_root_ca is not None:  # with the OS roots (SYSTEM) the CA's TLS is not ours
+        trust_bundle.add_trust_listener(ca_client.trust)
+        interval = config.root_file_poll_interval.total_seconds()
+        root_file = RootFileWatch(
+            config.ca_root_ca, trust_bundle, clock, metrics, interval=interval
+        )
+        # The CA publishes its taint notice beside its bundle.
         taint_file = TaintFileWatch(
             taint_notice_beside(config.ca_root_ca),
             scheduler.taints_learned,
             clock,
             metrics,
-            interval=config.root_file_poll_interval.total_seconds(),
+            interval=interval,
         )
     identities = identity_source_for(
         config, tokens, clock, scheduler.policy.backoff, scheduler.source_failed

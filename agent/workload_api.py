@@ -56,7 +56,14 @@ from google.protobuf.message import DecodeError
 from agent.config import MAX_SOCKET_PATH_BYTES
 from agent.errors import CallerNotAttested
 from agent.metrics import CounterChild, LabeledCounter
-from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
+from agent.secrets import (
+    DEFAULT_RESOURCE,
+    ROOT_RESOURCE,
+    RootSecret,
+    Secret,
+    SecretUpdates,
+    TlsSecret,
+)
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
 from meshca_proto import workload_pb2
 
@@ -113,12 +120,6 @@ class WorkloadApiMetrics(Protocol):
 
     @property
     def workload_api_refusals(self) -> LabeledCounter: ...
-
-
-class SecretUpdates(Protocol):
-    """The agent's `SecretCache`: a name's current secret once it exists, then each change."""
-
-    def updates(self, name: str) -> AsyncIterator[Secret]: ...
 
 
 class CallerResolver(Protocol):
