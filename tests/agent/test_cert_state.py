@@ -28,7 +28,6 @@ from agent.metrics import AgentMetrics
 from agent.output_dir import CertificateFiles, write_generation
 from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
-from agent.trust_bundle import TrustBundleKeeper
 from certs import (
     SpiffeId,
     build_csr,
@@ -39,6 +38,7 @@ from certs import (
 from meshca.clock import FakeClock
 from tests.agent.pki import IDENTITY, FakeSigner
 from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 ISSUED = datetime(2030, 1, 1, tzinfo=UTC)
@@ -175,15 +175,8 @@ async def manager_restoring(
     metrics = AgentMetrics(clock)
     output = FileOutput.single(directory, clock)
     cache.add_listener(output.on_secret)
-    manager = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        metrics=metrics,
-        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-        start_hook=output.restore,
-        rng=random.Random(3),
+    manager = scheduler_for(
+        config, signer, cache, clock, metrics, start_hook=output.restore, rng=random.Random(3)
     )
     source = SingleIdentitySource(
         lambda: config.identity or IDENTITY, clock, manager.policy.backoff
@@ -354,15 +347,7 @@ def test_node_scheduler_restores_each_identity_from_its_own_directory(
         config = AgentConfig(
             secret_ttl=TTL, node_mode=True, identities=(("shop", "cart"),), output_certs=tmp_path
         )
-        scheduler = CertificateScheduler.from_config(
-            config,
-            signer,
-            cache,
-            clock,
-            metrics=metrics,
-            trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-            start_hook=output.restore,
-        )
+        scheduler = scheduler_for(config, signer, cache, clock, metrics, start_hook=output.restore)
         task = asyncio.create_task(scheduler.run())
         scheduler.set_identities(frozenset({cart, orders}))
         try:

@@ -26,12 +26,12 @@ from agent.reporter import PeriodicReporter
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider
-from agent.trust_bundle import TrustBundleKeeper
 from ca_server.authority_slots import authority_id
 from meshca.clock import SystemClock
 from meshca_proto import report_pb2, report_pb2_grpc
 from tests.agent.pki import IDENTITY, FakeCaServicer, FakeSigner, start_fake_ca
 from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 
@@ -100,14 +100,7 @@ async def rig(
     )
     config = AgentConfig(secret_ttl=timedelta(hours=1), taint_resign_window=timedelta(0))
     cache = SecretCache()
-    scheduler = CertificateScheduler.from_config(
-        config,
-        FakeSigner(pki, clock),
-        cache,
-        clock,
-        metrics=metrics,
-        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-    )
+    scheduler = scheduler_for(config, FakeSigner(pki, clock), cache, clock, metrics)
     running = asyncio.create_task(scheduler.run())
     scheduler.set_identities(frozenset({IDENTITY}))
     await until(lambda: scheduler.installs == 1)

@@ -19,10 +19,10 @@ from agent.metrics import AgentMetrics
 from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from agent.signing import SignedCertificate, SigningRequest
-from agent.trust_bundle import TrustBundleKeeper
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -73,15 +73,7 @@ async def running(
         identities=(("ns", "static"),),
     )
     metrics = AgentMetrics(clock)
-    manager = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        metrics=metrics,
-        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-        rng=random.Random(7),
-    )
+    manager = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(7))
     task = asyncio.create_task(manager.run())
     try:
         yield manager, signer, cache, clock

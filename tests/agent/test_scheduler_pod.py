@@ -17,11 +17,11 @@ from agent.metrics import AgentMetrics
 from agent.rotation import jittered_ratio, retry_delay, rotation_delay
 from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
-from agent.trust_bundle import TrustBundleKeeper
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import FakeClock
 from tests.agent.pki import IDENTITY, FakeSigner
 from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -82,15 +82,7 @@ async def running_manager() -> AsyncIterator[Harness]:
     signer = FakeSigner(TestCa(START - timedelta(days=1)), clock)
     cache = SecretCache()
     metrics = AgentMetrics(clock)
-    manager = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        metrics=metrics,
-        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-        rng=random.Random(3),
-    )
+    manager = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(3))
     task = asyncio.create_task(manager.run())
     manager.set_identities(frozenset({IDENTITY}))
     try:

@@ -36,7 +36,6 @@ from agent.secrets import SecretCache
 from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
-from agent.trust_bundle import TrustBundleKeeper
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock, SystemClock
@@ -51,6 +50,7 @@ from tests.agent.test_taint_resign import (
 )
 from tests.agent.test_trust_bundle_distribution import kubelet_project
 from tests.agent.wiring import advance_settled, until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 POLL = 0.02  # the watch's stat interval here (the agent's default is 1 s)
@@ -105,15 +105,8 @@ async def rig(
         secret_ttl=TTL, node_mode=True, identities=(("ns", "static"),), taint_resign_window=WINDOW
     )
     metrics, cache = AgentMetrics(clock), SecretCache()
-    scheduler = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        metrics=metrics,
-        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-        rng=random.Random(5),
-        start_hook=start_hook,
+    scheduler = scheduler_for(
+        config, signer, cache, clock, metrics, rng=random.Random(5), start_hook=start_hook
     )
     path = taint_notice_beside(mount / "root-cert.pem")
     assert path == mount / TAINT_NOTICE_NAME

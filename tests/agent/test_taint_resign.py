@@ -21,11 +21,11 @@ from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.signing import SignedCertificate, SigningRequest
 from agent.taints import SOURCE_REPORT, taints_from_report
-from agent.trust_bundle import TrustBundleKeeper
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import advance_settled, until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -69,15 +69,7 @@ async def node_scheduler() -> AsyncIterator[
         taint_resign_window=WINDOW,
     )
     metrics, cache = AgentMetrics(clock), SecretCache()
-    scheduler = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        metrics=metrics,
-        trust_bundle=TrustBundleKeeper(cache, clock, metrics),
-        rng=random.Random(11),
-    )
+    scheduler = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(11))
     task = asyncio.create_task(scheduler.run())
     try:
         yield scheduler, signer, clock, metrics
