@@ -38,10 +38,12 @@ import grpc  # noqa: E402
 from envoy.config.core.v3 import base_pb2  # noqa: E402
 from envoy.service.discovery.v3 import discovery_pb2  # noqa: E402
 
+from agent.metrics import AgentMetrics  # noqa: E402
 from agent.sds import SECRET_TYPE_URL, SdsServer  # noqa: E402
 from agent.secrets import DEFAULT_RESOURCE, SecretCache  # noqa: E402
 from agent.workload_api import WorkloadApiServer, _Encodings  # noqa: E402
 from certs import load_der_certs  # noqa: E402
+from meshca.clock import SystemClock  # noqa: E402
 from meshca_proto import workload_pb2  # noqa: E402
 from tests.support.loop import LoopThread  # noqa: E402
 from tests.support.pki import TestCa  # noqa: E402
@@ -152,6 +154,7 @@ async def run(directory: Path, streams: int, rotations: int, rounds: int) -> Non
         loop.run(cache.publish(ca.root_secret()))
         loop.run(cache.publish(ca.issue("bench").tls_secret()))
         wapi = WorkloadApiServer(cache, directory / "wapi.sock", trust_domain="cluster.local",
+                                 metrics=AgentMetrics(SystemClock()),
                                  max_streams=streams + 10)  # fmt: skip
         sds = SdsServer(cache, directory / "sds.sock")
         loop.run(wapi.start())

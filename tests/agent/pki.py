@@ -11,7 +11,8 @@ from typing import Any
 
 import grpc
 
-from agent.ca_client import IMPERSONATED_IDENTITY_KEY, SignedCertificate, SigningRequest
+from agent.ca_client import IMPERSONATED_IDENTITY_KEY
+from agent.signing import SignedCertificate, SigningRequest
 from certs import SpiffeId, describe_csr, load_csr
 from meshca.clock import Clock
 from meshca_proto import ca_pb2, ca_pb2_grpc

@@ -13,14 +13,16 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 
-from agent.ca_client import CaRequestError, SignedCertificate, SigningRequest
+from agent.ca_client import CaRequestError
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
+from agent.signing import SignedCertificate, SigningRequest
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -70,9 +72,8 @@ async def running(
         node_mode=True,
         identities=(("ns", "static"),),
     )
-    manager = CertificateScheduler.from_config(
-        config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(7)
-    )
+    metrics = AgentMetrics(clock)
+    manager = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(7))
     task = asyncio.create_task(manager.run())
     try:
         yield manager, signer, cache, clock

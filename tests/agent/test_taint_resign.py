@@ -13,18 +13,19 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-from agent.ca_client import SignedCertificate, SigningRequest
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
 from agent.rotation import RotationPolicy
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
+from agent.signing import SignedCertificate, SigningRequest
 from agent.taints import SOURCE_REPORT, taints_from_report
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import advance_settled, until
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -67,10 +68,8 @@ async def node_scheduler() -> AsyncIterator[
         identities=(("ns", "static"),),
         taint_resign_window=WINDOW,
     )
-    metrics = AgentMetrics(clock)
-    scheduler = CertificateScheduler.from_config(
-        config, signer, SecretCache(), clock, metrics=metrics, rng=random.Random(11)
-    )
+    metrics, cache = AgentMetrics(clock), SecretCache()
+    scheduler = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(11))
     task = asyncio.create_task(scheduler.run())
     try:
         yield scheduler, signer, clock, metrics

@@ -11,8 +11,9 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from agent.ca_client import CaClient, SigningRequest
+from agent.ca_client import CaClient
 from agent.metrics import AgentMetrics
+from agent.signing import SigningRequest
 from agent.token import FileTokenProvider
 from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
