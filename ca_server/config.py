@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from ca_server.cpu_scheduling import CPU_SCHEDULING_CHOICES
+from ca_server.serving.cpu_scheduling import CPU_SCHEDULING_CHOICES
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, SpiffeId, format_duration
 from certs.errors import SpiffeIdError
 from meshca.accounts import parse_account_list
@@ -144,7 +144,8 @@ class WorkerRole:
     @property
     def status_file(self) -> Path:
         """Where this worker publishes its part of the supervisor's `/debug/ca`
-        (`ca_server.worker_status`): beside its ready file, in the supervisor's run directory."""
+        (`ca_server.serving.worker_status`): beside its ready file, in the supervisor's run
+        directory."""
         return self.ready_file.with_name(f"debug-ca-{self.slot}.json")
 
 
@@ -178,7 +179,7 @@ class CaConfig:
     shutdown_grace: timedelta = timedelta(seconds=2)
     kube: KubeConfig | None = None
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
-    cpu_scheduling: str = "batch"  # `ca_server.cpu_scheduling`
+    cpu_scheduling: str = "batch"  # `ca_server.serving.cpu_scheduling`
     worker: WorkerRole | None = None
 
     def listen_addresses(self) -> list[tuple[str, str]]:

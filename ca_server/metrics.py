@@ -65,8 +65,8 @@ def retire_series(gauge: Gauge, *labels: str) -> None:
 
 
 def _multiprocess() -> bool:
-    # What the supervisor sets for its workers (`ca_server.workers`), and what prometheus-client
-    # reads to choose its multiprocess values.
+    # What the supervisor sets for its workers (`ca_server.serving.workers`), and what
+    # prometheus-client reads to choose its multiprocess values.
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 

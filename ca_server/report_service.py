@@ -53,6 +53,7 @@ from ca_server.errors import InvalidRequestError, OverloadedError, RequestError,
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request
 from meshca.clock import Clock
+from meshca.grpc_services import add_service
 from meshca_proto import report_pb2, report_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -205,12 +206,9 @@ def decode_report(data: bytes) -> report_pb2.AgentReportRequest | UndecodableRep
 
 def add_report_service(service: AgentReportService, server: grpc.aio.Server) -> None:
     """Like the generated `add_AgentReportServiceServicer_to_server`, with `decode_report`."""
-    handlers = {
-        "Report": grpc.unary_unary_rpc_method_handler(
-            service.Report,
-            request_deserializer=decode_report,
-            response_serializer=report_pb2.AgentReportResponse.SerializeToString,
-        )
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    handler = grpc.unary_unary_rpc_method_handler(
+        service.Report,
+        request_deserializer=decode_report,
+        response_serializer=report_pb2.AgentReportResponse.SerializeToString,
+    )
+    add_service(server, SERVICE_NAME, {"Report": handler})

@@ -22,7 +22,7 @@ from ca_server.errors import OverloadedError
 from ca_server.impersonation import DenyImpersonation
 from ca_server.metrics import CaMetrics
 from ca_server.service import CertificateService
-from ca_server.serving_tls import ServingTls
+from ca_server.serving.tls import ServingTls
 from ca_server.signer import LocalSigner
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, new_self_signed_authority
 from meshca.clock import SystemClock
