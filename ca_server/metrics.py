@@ -24,6 +24,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ca_server.issued_leaves import IssuedLeaves
+from ca_server.wire import REPORT_SERVICE
 from certs import SigningAuthority
 from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
 
@@ -198,7 +199,7 @@ class CaMetrics:
         )
         self.agent_reports = Counter(
             "meshca_ca_agent_reports",
-            "Periodic agent reports (meshca.v1.AgentReportService/Report), by outcome: "
+            f"Periodic agent reports ({REPORT_SERVICE}/Report), by outcome: "
             "recorded, or the refusal's reason",
             ["outcome"],
             registry=r,

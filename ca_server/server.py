@@ -43,7 +43,6 @@ from ca_server.plugged_rotation import (
     audit_refusal,
     audit_reload,
 )
-from ca_server.report_service import SERVICE_NAME as REPORT_SERVICE_NAME
 from ca_server.report_service import (
     AgentReportService,
     TaintedSince,
@@ -65,15 +64,13 @@ from ca_server.serving.readiness import SigningReadiness
 from ca_server.serving.role import ServingRole, ServingView, serving_role_for
 from ca_server.serving.tls import ServingTls
 from ca_server.signer import LocalSigner
+from ca_server.wire import CERTIFICATE_SERVICE, REPORT_SERVICE
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.waiting import cancel_and_wait
-from meshca_proto import ca_pb2
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].full_name
 
 
 def authority_source_for(
@@ -257,7 +254,7 @@ async def _serve(
             ),
             server,
         )
-    health = Health(server, [SERVICE_NAME, REPORT_SERVICE_NAME], checked=[SERVICE_NAME])
+    health = Health(server, [CERTIFICATE_SERVICE, REPORT_SERVICE], checked=[CERTIFICATE_SERVICE])
     # Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets
     # its own port (`--mtls-listen`) where the certificate is required and verified.
     tls = ServingTls(config, signer, clock, require_client_cert=False)

@@ -17,11 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ca_server.data_dir_guard import check_data_dir
-    from ca_server.root_store import CaSetupError
-    from ca_server.server import run_ca
-    from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
-    from ca_server.serving.workers import WorkerSupervisor, default_worker_count, worker_argv
+    from ca_server import (
+        CaSetupError,
+        WorkerSupervisor,
+        apply_cpu_scheduling,
+        check_data_dir,
+        default_worker_count,
+        run_ca,
+        worker_argv,
+    )
 
     configure_logging(args.log_level)
     try:
