@@ -21,6 +21,12 @@ notice `meshca.taint_notice` that `root_store` and `kube.root_publisher` publish
 bundle, so agents learn a taint as fast as a new root); `agent_reports`
 keeps the table and the coverage rule, which `meshca authority show` and the activation gate
 (`authority_slots`, `--activate-at-coverage`) read.
+
+How the process is served: `serving` (one role chosen at start-up, a single CA or worker `slot`
+of `meshca ca --workers N`: server options, monitoring and `/debug/ca`, readiness, the
+supervisor), with every name on the CA's wire in `wire`; `server` composes the parts. The
+commands reach the CA through this package root (`run_ca`, `WorkerSupervisor`, ... below,
+imported on first use) and `config`.
 """
 
 from __future__ import annotations
