@@ -24,9 +24,9 @@ from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
 from meshca.listen import parse_listen
-from meshca.wire import MAX_REPORT_INTERVAL
+from meshca.wire import CA_TLS_NAME, MAX_REPORT_INTERVAL
 
-DEFAULT_CA_ADDR = "istiod.istio-system.svc:15012"
+DEFAULT_CA_ADDR = f"{CA_TLS_NAME}:15012"
 DEFAULT_CA_ROOT_CA = "./var/run/secrets/istio/root-cert.pem"
 DEFAULT_TOKEN_PATH = "./var/run/secrets/tokens/istio-token"
 DEFAULT_SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"

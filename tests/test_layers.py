@@ -156,7 +156,7 @@ def test_the_check_sees_a_worker_branch():
     assert any(isinstance(n, ast.Attribute) and n.attr == "worker" for n in ast.walk(tree))
 
 
-@pytest.mark.parametrize("package", ["meshca", "ca_server"])
+@pytest.mark.parametrize("package", ["meshca", "ca_server", "agent"])
 def test_wire_names_are_spelt_only_in_the_wire_modules(package: str):
     found = []
     for path in sorted((ROOT / package).rglob("*.py")):
