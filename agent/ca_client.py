@@ -69,6 +69,13 @@ from certs import (
     load_private_key,
 )
 from meshca.clock import Clock
+from meshca.wire import (
+    CA_SERVING_HOSTS,
+    CA_TLS_NAME,
+    IMPERSONATED_IDENTITY,
+    RENEWAL_HEADER,
+    RETRY_PUSHBACK_TRAILER,
+)
 from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc
 
 __all__ = [
@@ -82,9 +89,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CA_SERVING_NAMES = frozenset({"localhost", "127.0.0.1", "istiod.istio-system.svc"})
-CA_TLS_NAME = "istiod.istio-system.svc"
-IMPERSONATED_IDENTITY_KEY = "ImpersonatedIdentity"
 RETIRE_GRACE_SECONDS = 10.0
 CALL_RETRY_BACKOFF = Backoff(initial=0.1, maximum=1.0)
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
@@ -95,10 +99,6 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
 ]
 
 
-# Request header telling a meshca CA that this agent still holds a valid certificate, so the
-# CA may shed this request before first certificates when it is overloaded.
-RENEWAL_HEADER = "x-meshca-renewal"
-RETRY_PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 # A hinted retry waits the hint times a factor in [1, 1 + this]: never sooner than the CA asked,
 # and spread so the agents it refused together do not come back together.
 PUSHBACK_JITTER = 0.5
@@ -421,14 +421,14 @@ def _files_stamp(*paths: Path) -> tuple[tuple[int, int, int], ...]:
 def impersonation_metadata(identity: SpiffeId) -> struct_pb2.Struct:
     """`IstioCertificateRequest.metadata` asking for `identity` on a workload's behalf."""
     metadata = struct_pb2.Struct()
-    metadata.update({IMPERSONATED_IDENTITY_KEY: identity.uri})
+    metadata.update({IMPERSONATED_IDENTITY: identity.uri})
     return metadata
 
 
 def channel_options(addr: str) -> list[tuple[str, int | str]]:
     """Fast reconnects, and the CA's TLS name for addresses its certificate does not list."""
     options = list(CHANNEL_OPTIONS)
-    if _host_of(addr) not in CA_SERVING_NAMES:
+    if _host_of(addr) not in CA_SERVING_HOSTS:
         options.append(("grpc.ssl_target_name_override", CA_TLS_NAME))
     return options
 

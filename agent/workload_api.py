@@ -65,6 +65,7 @@ from agent.secrets import (
     TlsSecret,
 )
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
+from meshca.grpc_services import add_service
 from meshca_proto import workload_pb2
 
 log = logging.getLogger(__name__)
@@ -528,11 +529,7 @@ class WorkloadApiServer:
         else:
             address = self.relay.grpc_address
         server = grpc.aio.server()
-        handlers = _handlers(_Servicer(self))
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
-        )
-        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        add_service(server, SERVICE_NAME, _handlers(_Servicer(self)))
         if server.add_insecure_port(address) == 0:
             raise OSError(f"could not listen on {address}")
         await server.start()

@@ -56,7 +56,7 @@ from bench.vs_cfssl import (  # noqa: E402
     ensure_tools,
     write_pki,
 )
-from ca_server.workers import default_worker_count  # noqa: E402
+from ca_server.serving.workers import default_worker_count  # noqa: E402
 from certs import (  # noqa: E402
     build_serving_certificate,
     cert_to_pem,

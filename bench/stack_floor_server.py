@@ -37,7 +37,7 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
-from ca_server.cpu_scheduling import apply_cpu_scheduling  # noqa: E402
+from ca_server.serving.cpu_scheduling import apply_cpu_scheduling  # noqa: E402
 from certs import (  # noqa: E402
     SpiffeId,
     build_workload_certificate,
