@@ -40,12 +40,12 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
-from ca_server.agent_reports import AgentReports, FleetReports, coverage  # noqa: E402
 from ca_server.authn import Caller  # noqa: E402
-from ca_server.authority_slots import AgentCoverage  # noqa: E402
+from ca_server.authority.agent_reports import AgentReports, FleetReports, coverage  # noqa: E402
+from ca_server.authority.leaf_ledger import LeafLedger  # noqa: E402
+from ca_server.authority.report_shards import ShardMerger  # noqa: E402
+from ca_server.authority.slots import AgentCoverage  # noqa: E402
 from ca_server.kube.replica_reports import ConfigMapLedgerSink  # noqa: E402
-from ca_server.leaf_ledger import LeafLedger  # noqa: E402
-from ca_server.report_shards import ShardMerger  # noqa: E402
 from certs import KeySpec, SpiffeId, new_self_signed_authority  # noqa: E402
 from certs.bundle import bundle_digest  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402

@@ -48,7 +48,7 @@ from cryptography import x509  # noqa: E402
 
 from bench.vs_cfssl import IDENTITY, write_pki  # noqa: E402
 from ca_server.admission import Admission  # noqa: E402
-from ca_server.authority_setup import set_up_authority  # noqa: E402
+from ca_server.authority import set_up_authority  # noqa: E402
 from ca_server.config import CaConfig, add_ca_arguments  # noqa: E402
 from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
 from ca_server.metrics import CaMetrics  # noqa: E402

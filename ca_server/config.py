@@ -163,7 +163,7 @@ class CaConfig:
     ttl: TtlPolicy = field(default_factory=TtlPolicy)
     root_key: KeySpec = field(default_factory=KeySpec)
     root_lifetime: timedelta = timedelta(days=3650)
-    # Self-signed rotation (see `ca_server.authority_slots`): prepare the next authority when
+    # Self-signed rotation (see `ca_server.authority.slots`): prepare the next authority when
     # half the active one's life is left but at most `root_prepare_cap` before its expiry;
     # activate when a sixth is left but at most `root_activate_cap` before.
     root_rotation: bool = True

@@ -35,21 +35,30 @@ from grpc_reflection.v1alpha import reflection
 
 from ca_server.admission import Admission
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
-from ca_server.authority_report import AuthorityReport, report_section
-from ca_server.authority_setup import record_expiry, set_up_authority
-from ca_server.config import CaConfig
-from ca_server.data_dir_guard import check_data_dir
-from ca_server.dev_issuer import ensure_dev_issuer
-from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
-from ca_server.jwt_authn import JwtAuthenticator
-from ca_server.kube.mode import KubernetesMode
-from ca_server.metrics import CaMetrics
-from ca_server.plugged_rotation import (
+from ca_server.authority import record_expiry, set_up_authority
+from ca_server.authority.data_dir_guard import check_data_dir
+from ca_server.authority.plugged import (
     PluggedChangeGuard,
     StrandingChangeError,
     audit_refusal,
     audit_reload,
 )
+from ca_server.authority.report import AuthorityReport, report_section
+from ca_server.authority.root_bundle import (
+    AuthoritySource,
+    data_dir_lock,
+    detect_plugged_ca,
+    publish_root_bundle,
+)
+from ca_server.authority.self_signed import SlotSigner
+from ca_server.authority.signer import LocalSigner
+from ca_server.config import CaConfig
+from ca_server.dev_issuer import ensure_dev_issuer
+from ca_server.errors import CaSetupError
+from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
+from ca_server.jwt_authn import JwtAuthenticator
+from ca_server.kube.mode import KubernetesMode
+from ca_server.metrics import CaMetrics
 from ca_server.readiness import SigningReadiness
 from ca_server.report_service import SERVICE_NAME as REPORT_SERVICE_NAME
 from ca_server.report_service import (
@@ -59,17 +68,8 @@ from ca_server.report_service import (
     no_taints,
 )
 from ca_server.request_decoding import add_certificate_service
-from ca_server.root_store import (
-    AuthoritySource,
-    CaSetupError,
-    data_dir_lock,
-    detect_plugged_ca,
-    publish_root_bundle,
-)
-from ca_server.rotation import SlotSigner
 from ca_server.service import CertificateService
 from ca_server.serving_tls import ServingTls
-from ca_server.signer import LocalSigner
 from ca_server.status import ca_document
 from ca_server.worker_status import WorkerStatusPublisher
 from ca_server.workers import die_with_parent
@@ -91,7 +91,7 @@ def authority_source_for(
     config: CaConfig, kube: KubernetesMode | None = None
 ) -> AuthoritySource | None:
     """Plugged-in CA when `--cacerts-dir` holds a complete layout; else `None`: self-signed
-    authority slots (see `ca_server.authority_setup`)."""
+    authority slots (see `ca_server.authority`)."""
     if config.cacerts_dir is not None:
         if not config.cacerts_dir.is_dir():
             what = "is not a directory" if config.cacerts_dir.exists() else "does not exist"
@@ -165,7 +165,7 @@ async def watch_authority(
     """Re-reads the signing material when it changes (files, or the shared Secret); a broken
     update is refused and the current authority kept, so an operator's half-copied `cacerts`
     never stops issuance. `on_reload` passes a new root on (to the ConfigMap publisher);
-    `guard` refuses a change that would strand workloads (see `ca_server.plugged_rotation`).
+    `guard` refuses a change that would strand workloads (see `ca_server.authority.plugged`).
 
     Runs until cancelled: nothing the source or the reload steps raise may end it, or the CA
     would silently stop following its authority. Unusable material is logged once per change;

@@ -11,7 +11,7 @@ written file (after a rotation that is the newest one), the leaves merged throug
 `IssuedLeaves` of the single CA's capacity, recorded oldest issuance first so that the latest leaf
 per identity wins. The view is therefore at most about `interval` old.
 
-The authority slots (`ca_server.authority_report`) are shared state: every worker converges on
+The authority slots (`ca_server.authority.report`) are shared state: every worker converges on
 the same slots and reads the same published figures, so any worker's section is the CA's. A
 worker writes its section with its part (and again whenever its section changes); the
 supervisor shows the section that changed most recently, i.e. the newest view of the slots (a
@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ca_server.authority_report import AuthorityReport, ReportSnapshot
-from ca_server.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
+from ca_server.authority.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
+from ca_server.authority.report import AuthorityReport, ReportSnapshot
 from ca_server.status import SigningChain, ca_document
 from meshca.clock import Clock
 from meshca.files import atomic_write
 
 if TYPE_CHECKING:  # the supervisor imports this module and needs no signer
-    from ca_server.signer import LocalSigner
+    from ca_server.authority.signer import LocalSigner
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 `meshca-ca-replica-<instance>` (label `app.kubernetes.io/component: meshca-ca-replica`) holds
 what only that replica knows and everybody needs summed: `leaves.json`, its leaf ledger (live
-leaves signed per authority, see `ca_server.leaf_ledger`), and the agent reports it received
-(`ca_server.agent_reports`), split by a stable hash of the pod into shards that each fit a
-ConfigMap (`AGENTS_SHARD_BYTES`; shard 0 in `agents.json` of the report, shard N > 0 in
+leaves signed per authority, see `ca_server.authority.leaf_ledger`), and the agent reports it
+received (`ca_server.authority.agent_reports`), split by a stable hash of the pod into shards that
+each fit a ConfigMap (`AGENTS_SHARD_BYTES`; shard 0 in `agents.json` of the report, shard N > 0 in
 `<report>-agents-N`, same label; each with its `generation`), and `heartbeat.json`, the small
-"alive, my shards are these generations" (`ca_server.report_shards`, which states the rules).
-A shard is rewritten only when its content changed (who reports, which bundle and leaves);
+"alive, my shards are these generations" (`ca_server.authority.report_shards`, which states the
+rules). A shard is rewritten only when its content changed (who reports, which bundle and leaves);
 the report itself every `REPUBLISH_EVERY` (the heartbeat) or when the leaves, shard 0 or what
 the heartbeat counts changed — so an idle replica writes one object per report period.
 Readers parse only the shards whose generation changed and re-decide only their pods
@@ -33,16 +33,16 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.agent_reports import (
+from ca_server.authority.agent_reports import (
     REPUBLISH_EVERY,
     STALE_AFTER,
     FleetReports,
     PodWatch,
     without_gone_pods,
 )
-from ca_server.agent_reports import is_spent as agents_spent
-from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
-from ca_server.report_shards import (
+from ca_server.authority.agent_reports import is_spent as agents_spent
+from ca_server.authority.leaf_ledger import LeafLedger, is_spent, sum_snapshots
+from ca_server.authority.report_shards import (
     ProcessReports,
     ShardMerger,
     ShardObject,

@@ -2,7 +2,7 @@
 
 The Secret's shape: docs/reference.md#root-secret.
 
-An `AuthorityStateStore` (see `ca_server.authority_state`). The Secret keeps Istio's
+An `AuthorityStateStore` (see `ca_server.authority.state_store`). The Secret keeps Istio's
 self-signed layout for everything that reads it — `ca-cert.pem` / `ca-key.pem` the *active*
 authority, `root-cert.pem` the trust bundle (every slot's certificate while rotating),
 `cert-chain.pem` empty (the signing cert is the root), `key.pem` empty as Istio writes it — plus
@@ -36,15 +36,15 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.authority_slots import AuthorityState
-from ca_server.authority_state import (
+from ca_server.authority.slots import AuthorityState
+from ca_server.authority.state_store import (
     SlotFactory,
     StateChange,
     adopted_state,
     decode_state,
     encode_state,
 )
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 from certs import cert_to_pem, certs_to_pem, private_key_to_pem
 from meshca.clock import Clock
 from meshca.informer import Informer

@@ -5,7 +5,7 @@ draws the table, so both commands print the slots alike (and `meshca status ADDR
 running CA's `/debug/ca` section, which has the same fields, with the same table).
 
 Reading is the commands' business: a figure that cannot be read is reported on stderr and shown
-as "unknown" (`ca_server.authority_report`), never as zero.
+as "unknown" (`ca_server.authority.report`), never as zero.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ca_server.agent_reports import FleetReports
-from ca_server.authority_state import (
+from ca_server.authority.agent_reports import FleetReports
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LedgerSink
+from ca_server.authority.state_store import (
     LEGACY_CERT,
     STATE_FILE,
     AuthorityStateStore,
@@ -28,8 +29,7 @@ from ca_server.authority_state import (
     SlotFactory,
 )
 from ca_server.config import DEFAULT_NAMESPACE
-from ca_server.leaf_ledger import DirectoryLedgerSink, LedgerSink
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 from meshca.clock import SystemClock
 
 AUTHORITY_COLUMNS = (
@@ -111,8 +111,9 @@ def read_live_leaves(ledgers: LedgerSink, name: str) -> dict[str, int] | None:
 
 
 def read_fleet(ledgers: LedgerSink, name: str) -> FleetReports | None:
-    """Every CA process's agent reports merged (`ca_server.agent_reports`), or `None` (printed
-    "unknown") if they cannot be read; warns when some did not fit (coverage a lower bound)."""
+    """Every CA process's agent reports merged (`ca_server.authority.agent_reports`), or `None`
+    (printed "unknown") if they cannot be read; warns when some did not fit (coverage a lower
+    bound)."""
     try:
         fleet = ledgers.agents(datetime.now(UTC))
     except Exception as exc:  # an API or file failure must not hide the authorities themselves

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.authority_slots import (
+from ca_server.authority.self_signed import rotation_policy_for
+from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
     AgentCoverage,
@@ -18,9 +19,8 @@ from ca_server.authority_slots import (
     gate_waiting,
     scheduled_step,
 )
-from ca_server.authority_state import SlotFactory
+from ca_server.authority.state_store import SlotFactory
 from ca_server.config import CaConfig, ConfigError
-from ca_server.rotation import rotation_policy_for
 from certs import KeySpec
 from meshca.cli import build_parser
 

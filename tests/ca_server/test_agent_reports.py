@@ -1,6 +1,7 @@
-"""The CA's per-process table of agent reports and the coverage rule (`ca_server.agent_reports`):
-keyed on the pod the credential proves, expiring by the stated rule, conservative about what it
-cannot see. Time is injected (`now`): nothing here sleeps."""
+"""The CA's per-process table of agent reports and the coverage rule
+(`ca_server.authority.agent_reports`): keyed on the pod the credential proves, expiring by the
+stated rule, conservative about what it cannot see. Time is injected (`now`): nothing here
+sleeps."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 from cryptography import x509
 
 from agent import trust_bundle
-from ca_server.agent_reports import (
+from ca_server.authn import Caller
+from ca_server.authority.agent_reports import (
     AGENT_ID_HEADER,
     EXPIRE_AFTER,
     LEAF_AUTHORITY_HEADER,
@@ -28,8 +30,7 @@ from ca_server.agent_reports import (
     is_spent,
     merge_snapshots,
 )
-from ca_server.authn import Caller
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, SpiffeId, new_self_signed_authority
 from meshca.report_headers import MAX_REPORT_INTERVAL
 

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.authority_slots import (
+from ca_server.authority.self_signed import cap_leaf_lifetimes
+from ca_server.authority.slots import (
     AuthorityCommandError,
     AuthorityState,
     Phase,
@@ -15,9 +16,8 @@ from ca_server.authority_slots import (
     next_due,
     scheduled_step,
 )
-from ca_server.authority_state import SlotFactory
+from ca_server.authority.state_store import SlotFactory
 from ca_server.config import TtlPolicy
-from ca_server.rotation import cap_leaf_lifetimes
 from certs import KeySpec
 
 START = datetime(2030, 1, 1, tzinfo=UTC)

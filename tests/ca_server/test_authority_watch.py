@@ -8,11 +8,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from ca_server.authority.signer import LocalSigner
 from ca_server.config import CaConfig
+from ca_server.errors import CaSetupError
 from ca_server.metrics import CaMetrics
-from ca_server.root_store import CaSetupError
 from ca_server.server import watch_authority
-from ca_server.signer import LocalSigner
 from certs import SigningAuthority, build_root_certificate, generate_private_key
 from meshca.clock import FakeClock
 

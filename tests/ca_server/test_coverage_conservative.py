@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ca_server.authority_slots import AgentCoverage
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
-from ca_server.plugged_rotation import PluggedChangeGuard, StrandingChangeError
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.plugged import PluggedChangeGuard, StrandingChangeError
+from ca_server.authority.slots import AgentCoverage
 from certs import SigningAuthority
 from certs.bundle import bundle_digest
 from tests.support.agent_reports import pod_caller

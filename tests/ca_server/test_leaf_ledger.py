@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.leaf_ledger import LEDGER_DIR, DirectoryLedgerSink, LeafLedger
+from ca_server.authority.leaf_ledger import LEDGER_DIR, DirectoryLedgerSink, LeafLedger
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, 500_000, tzinfo=UTC)
 

@@ -13,18 +13,18 @@ from pathlib import Path
 from cryptography import x509
 from prometheus_client import generate_latest
 
-from ca_server.authority_slots import (
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink
+from ca_server.authority.self_signed import AuthorityRotator, RotationSettings, cap_leaf_lifetimes
+from ca_server.authority.slots import (
     AuthorityState,
     Phase,
     RotationPolicy,
     authority_id,
     next_due,
 )
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory, encode_state
+from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory, encode_state
 from ca_server.config import TtlPolicy
-from ca_server.leaf_ledger import DirectoryLedgerSink
 from ca_server.metrics import CaMetrics
-from ca_server.rotation import AuthorityRotator, RotationSettings, cap_leaf_lifetimes
 from ca_server.ttl import grant_validity
 from certs import KeySpec, SpiffeId, generate_private_key, load_certs
 from meshca.clock import FakeClock

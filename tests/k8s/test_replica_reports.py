@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.agent_reports import REPUBLISH_EVERY
+from ca_server.authority.agent_reports import REPUBLISH_EVERY
+from ca_server.authority.leaf_ledger import LeafLedger
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
-from ca_server.leaf_ledger import LeafLedger
 from tests.k8s.conftest import CA_NAMESPACE
 from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer

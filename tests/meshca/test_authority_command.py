@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ca_server.authority_slots import authority_id
-from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, SlotFactory
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.slots import authority_id
+from ca_server.authority.state_store import STATE_FILE, LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
 from tests.support.agent_reports import pod_caller

@@ -17,24 +17,34 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ca_server.agent_reports import AgentReports
-from ca_server.authority_state import AuthorityStateStore, LocalAuthorityStateStore, SlotFactory
-from ca_server.config import CaConfig, TtlPolicy
-from ca_server.kube.mode import KubernetesMode
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger, LedgerSink
-from ca_server.metrics import CaMetrics
-from ca_server.plugged_rotation import PluggedChangeGuard, RecordingSigner
-from ca_server.root_store import AuthoritySource, publish_root_bundle
-from ca_server.rotation import (
+from ca_server.authority.agent_reports import AgentReports
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger, LedgerSink
+from ca_server.authority.plugged import PluggedChangeGuard, RecordingSigner
+from ca_server.authority.root_bundle import AuthoritySource, publish_root_bundle
+from ca_server.authority.self_signed import (
     AuthorityRotator,
     RotationSettings,
     cap_leaf_lifetimes,
     rotation_policy_for,
 )
-from ca_server.signer import LocalSigner
+from ca_server.authority.signer import LocalSigner
+from ca_server.authority.state_store import (
+    AuthorityStateStore,
+    LocalAuthorityStateStore,
+    SlotFactory,
+)
+from ca_server.config import CaConfig, TtlPolicy
+from ca_server.errors import CaSetupError
+from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
 from meshca.clock import Clock
+
+if TYPE_CHECKING:  # `ca_server.kube` imports this package's stores
+    from ca_server.kube.mode import KubernetesMode
+
+__all__ = ["AuthoritySetup", "CaSetupError", "set_up_authority"]
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Where the CA's signing material comes from, and where its trust bundle is published.
 
 Sources, chosen once at start-up (`ca_server.server.authority_source_for`):
-- self-signed authorities are slots in `--data-dir` (`ca_server.authority_state`), changed
+- self-signed authorities are slots in `--data-dir` (`ca_server.authority.state_store`), changed
   only under the directory's exclusive `flock` (`data_dir_lock`), so several CA processes on
   one host share them;
 - `PluggedCaDirectory`: an operator-provided CA (Istio's `cacerts` layout), validated on load and
@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from ca_server.errors import CaSetupError
 from certs import (
     CertsError,
     SigningAuthority,
@@ -40,10 +41,6 @@ ROOT_CERT_FILE = "root-cert.pem"
 # Istio's plugged-in CA layouts: (cert, key, root, chain) file names.
 ISTIO_LAYOUT = ("ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem")
 TLS_LAYOUT = ("tls.crt", "tls.key", "ca.crt")
-
-
-class CaSetupError(RuntimeError):
-    """The CA's signing material is missing, incomplete or inconsistent; refuse to start."""
 
 
 class AuthoritySource(Protocol):

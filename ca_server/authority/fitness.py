@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from ca_server.authority_slots import AuthorityCommandError, AuthorityState, RotationPolicy, Slot
+from ca_server.authority.slots import AuthorityCommandError, AuthorityState, RotationPolicy, Slot
 from ca_server.config import TtlPolicy
 from certs import SigningAuthority, format_duration
 

@@ -13,8 +13,8 @@ in Kubernetes mode (`ca_server.kube.replica_reports`). Readers sum every snapsho
 processes that are gone still count until their leaves expire — that is the point — and are
 swept once they are spent.
 
-Agent reports (which bundle an agent trusts, `ca_server.agent_reports`) travel the same way: the
-ledger carries this process's `AgentReports` table and a sink publishes it beside the leaf
+Agent reports (which bundle an agent trusts, `ca_server.authority.agent_reports`) travel the same
+way: the ledger carries this process's `AgentReports` table and a sink publishes it beside the leaf
 snapshot (`data_dir/agents/<instance>.json`, or the replica ConfigMap's `agents.json`); readers
 merge them (`LedgerSink.agents`).
 """
@@ -31,8 +31,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-from ca_server.agent_reports import AgentReports, FleetReports, merge_snapshots
-from ca_server.agent_reports import is_spent as agents_spent
+from ca_server.authority.agent_reports import AgentReports, FleetReports, merge_snapshots
+from ca_server.authority.agent_reports import is_spent as agents_spent
 from meshca.files import atomic_write, ensure_dir
 
 log = logging.getLogger(__name__)

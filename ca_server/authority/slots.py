@@ -12,8 +12,8 @@ a client certificate's anchor, but still in the bundle until an operator revokes
 
 This module is pure: the predicates (`should_prepare`, `should_activate`, `may_drop`) and the
 transitions take `now` and return a new `AuthorityState`; nothing here reads files, the clock or
-the cluster. `ca_server.rotation` is the one driver that applies them on a clock, and
-`ca_server.authority_state` persists the result where every CA replica sees it.
+the cluster. `ca_server.authority.self_signed` is the one driver that applies them on a clock, and
+`ca_server.authority.state_store` persists the result where every CA replica sees it.
 
 Rotation timing (self-signed mode) follows SPIRE: prepare when half the active authority's life
 is left (never more than `prepare_cap` ahead of its expiry), activate when a sixth is left (never

@@ -36,9 +36,12 @@ from pathlib import Path
 from cryptography import x509
 from prometheus_client import Counter, Gauge
 
-from ca_server.agent_reports import FleetReports, coverage
-from ca_server.authority_report import AuthorityReport
-from ca_server.authority_slots import (
+from ca_server.authority.agent_reports import FleetReports, coverage
+from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
+from ca_server.authority.report import AuthorityReport
+from ca_server.authority.root_bundle import publish_root_bundle
+from ca_server.authority.signer import IssuedCertificate, LocalSigner
+from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
     AgentCoverage,
@@ -50,12 +53,15 @@ from ca_server.authority_slots import (
     next_due,
     scheduled_step,
 )
-from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_state, state_digest
+from ca_server.authority.state_store import (
+    AuthorityStateStore,
+    SlotFactory,
+    encode_state,
+    state_digest,
+)
 from ca_server.config import CaConfig, TtlPolicy
-from ca_server.leaf_ledger import LeafLedger, LedgerSink
+from ca_server.errors import CaSetupError
 from ca_server.metrics import CaMetrics, retire_series
-from ca_server.root_store import CaSetupError, publish_root_bundle
-from ca_server.signer import IssuedCertificate, LocalSigner
 from ca_server.ttl import Validity
 from certs import PublicKey, SigningAuthority, SpiffeId
 from meshca.clock import Clock

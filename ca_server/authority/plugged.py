@@ -11,7 +11,7 @@ CA uses it:
 - a root may leave the bundle only once no unexpired leaf this CA signed chains to it (else
   those workloads' peers would reject them: wait until they expire);
 - with `--activate-at-coverage F`, signing may move to another root only once that fraction
-  of the reporting agents (`ca_server.agent_reports`, the same figure the self-signed gate
+  of the reporting agents (`ca_server.authority.agent_reports`, the same figure the self-signed gate
   reads) serve a bundle holding it: "published" is not "received", and a leaf under a root
   its peers do not hold yet fails their handshakes. An intermediate swap under the same root
   is not gated. What the reports could not see counts as not trusting (`AgentCoverage`).
@@ -38,11 +38,11 @@ from datetime import datetime
 
 from cryptography import x509
 
-from ca_server.agent_reports import coverage
-from ca_server.authority_slots import AgentCoverage, authority_id
-from ca_server.leaf_ledger import LeafLedger, LedgerSink
-from ca_server.root_store import CaSetupError
-from ca_server.signer import IssuedCertificate, LocalSigner
+from ca_server.authority.agent_reports import coverage
+from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
+from ca_server.authority.signer import IssuedCertificate, LocalSigner
+from ca_server.authority.slots import AgentCoverage, authority_id
+from ca_server.errors import CaSetupError
 from ca_server.ttl import Validity
 from certs import ChainError, PublicKey, SigningAuthority, SpiffeId, verify_chain
 from certs.chain import issued_by
