@@ -169,7 +169,8 @@ class CaConfig:
     root_rotation: bool = True
     root_prepare_cap: timedelta = timedelta(days=180)
     root_activate_cap: timedelta = timedelta(days=90)
-    # The activation gate (see `authority_slots.RotationPolicy`): None activates by the clock.
+    # The activation gate (see `ca_server.authority.slots.SlotRotationPolicy`): None activates
+    # by the clock.
     activate_at_coverage: float | None = None
     activate_deadline: float = 0.5
     serving_hosts: tuple[str, ...] = DEFAULT_SERVING_HOSTS

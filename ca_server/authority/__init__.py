@@ -1,36 +1,74 @@
-"""Choosing, at start-up, how the CA gets its signing authority and who keeps it current.
+"""The CA's signing authority: where it comes from, who keeps it current, what it signed.
 
-- Self-signed (no plugged-in CA): authority slots shared by every CA process — in Secret
-  `istio-ca-secret` in Kubernetes mode, else in `--data-dir` — rotated by one
-  `rotation.AuthorityRotator` per process; workload TTLs capped so a rotation never cuts a leaf
-  short.
-- Plugged-in (`--cacerts-dir`): the directory, re-read by `server.watch_authority`, each change
-  checked by a `plugged_rotation.PluggedChangeGuard` before use.
+    AuthorityDriver (protocol)      start · run · signer · ttl_policy · agent_reports
+                                    · tainted_since · report · on_change
+    ├── self_signed.SelfSignedDriver   authority slots every CA process shares (prepared /
+    │     active / old, tainted), in `--data-dir` under its lock (`state_store`) or in Secret
+    │     `istio-ca-secret` (`ca_server.kube.secret_root`); rotated on schedule, each step in a
+    │     store transaction; workload TTLs capped so a rotation never cuts a leaf short
+    └── plugged.PluggedDriver          an operator's CA in `--cacerts-dir` (Istio's `cacerts`
+          layout, or `tls.crt`/`tls.key`/`ca.crt`), re-read when its files change, each change
+          validated and checked by the guard (`PluggedChangeGuard`) so no workload is stranded
 
-Both keep a leaf ledger published through a `LedgerSink` (per-replica ConfigMaps in Kubernetes
-mode, files in `--data-dir` otherwise), which `meshca authority show` and the guard read.
+`authority_driver_for()` is the one place that choice is made; `ca_server.server` holds the
+result and never asks which kind it has. Both drivers share, once (`driver_core`): the one
+signer (`signer.LocalSigner`, which records each leaf in the leaf ledger under the authority it
+counts under), the ledger's publication with the agent reports it carries (files in
+`--data-dir`, or per-replica ConfigMaps in Kubernetes mode), `root-cert.pem` and the taint
+notice beside it (`root_bundle`), Istio's expiry gauges, and the activation gate's rules
+(`agent_reports.gate_coverage`, `slots.gate_deadline`).
+
+Modules:
+- `slots`: the pure rules of the self-signed slots (phases, schedule, taints, the gate);
+- `state_store`: the slots persisted in `--data-dir` (`data_dir_guard` checks the directory
+  first); the Kubernetes store is `ca_server.kube.secret_root`;
+- `self_signed`, `plugged`: the two drivers; `driver_core`: what they share;
+- `signer`: the one signer; `leaf_ledger`: live leaves per authority, per CA process, and
+  their publication; `issued_leaves`: the latest leaf per identity (for `/debug/ca`);
+- `agent_reports`: what each agent trusts and serves (the coverage rule), `report_shards`:
+  its sharded publication, `agent_stragglers`: the agents a rotation waits on;
+- `report`: the slots as `/debug/ca`, `meshca status` and `meshca authority show` print
+  them; `fitness`: what `meshca authority` refuses to activate.
+
+`meshca authority` and `meshca status` use this facade only (`__all__`); the server uses the
+driver. Concurrency: a driver's `run()` is one coroutine on the CA's event loop; store reads
+and writes (file lock, disk, API server) run in a worker thread; `signer.sign` runs on the
+event loop and reads the current authority once per request.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from ca_server.authority.agent_reports import AgentReports
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger, LedgerSink
-from ca_server.authority.plugged import PluggedChangeGuard, RecordingSigner
-from ca_server.authority.root_bundle import AuthoritySource, publish_root_bundle
-from ca_server.authority.self_signed import (
-    AuthorityRotator,
-    RotationSettings,
-    cap_leaf_lifetimes,
-    rotation_policy_for,
+from ca_server.authority.agent_reports import AgentReports, FleetReports
+from ca_server.authority.agent_stragglers import agents_section, render_agents
+from ca_server.authority.data_dir_guard import check_data_dir
+from ca_server.authority.driver_core import DriverSettings
+from ca_server.authority.fitness import longest_leaf, refuse_short_lifetime, refuse_unfit
+from ca_server.authority.issued_leaves import IssuedLeaves
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LedgerSink
+from ca_server.authority.plugged import PluggedDriver, plugged_source_for
+from ca_server.authority.report import (
+    AuthorityReport,
+    fleet_coverage,
+    report_section,
+    show_document,
+    status_section,
 )
+from ca_server.authority.root_bundle import data_dir_lock
+from ca_server.authority.self_signed import SelfSignedDriver, audit_events, rotation_policy_for
 from ca_server.authority.signer import LocalSigner
+from ca_server.authority.slots import AuthorityCommandError, AuthorityState, Phase
 from ca_server.authority.state_store import (
+    LEGACY_CERT,
+    STATE_FILE,
     AuthorityStateStore,
     LocalAuthorityStateStore,
     SlotFactory,
@@ -44,21 +82,77 @@ from meshca.clock import Clock
 if TYPE_CHECKING:  # `ca_server.kube` imports this package's stores
     from ca_server.kube.mode import KubernetesMode
 
-__all__ = ["AuthoritySetup", "CaSetupError", "set_up_authority"]
+__all__ = [
+    "AuthorityCommandError",
+    "AuthorityDriver",
+    "AuthorityReport",
+    "AuthorityState",
+    "AuthorityStateStore",
+    "CaSetupError",
+    "FleetReports",
+    "IssuedLeaves",
+    "LedgerSink",
+    "LocalSigner",
+    "Phase",
+    "SharedState",
+    "SlotFactory",
+    "agents_section",
+    "audit_events",
+    "authority_driver_for",
+    "check_data_dir",
+    "data_dir_lock",
+    "fleet_coverage",
+    "longest_leaf",
+    "open_shared_state",
+    "refuse_short_lifetime",
+    "refuse_unfit",
+    "render_agents",
+    "report_section",
+    "show_document",
+    "status_section",
+]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class AuthoritySetup:
-    """What the server needs: the signer, the TTL policy to grant with, and what keeps the
-    authority current (exactly one of `rotator` / `guard` is set)."""
+class AuthorityDriver(Protocol):
+    """What the server needs from whichever authority it runs."""
 
-    signer: LocalSigner
-    ttl_policy: TtlPolicy
-    rotator: AuthorityRotator | None = None
-    guard: PluggedChangeGuard | None = None
-    agent_reports: AgentReports | None = None  # published with the leaf ledger
+    @property
+    def signer(self) -> LocalSigner:
+        """Signs with the current authority (available once `start()` returned)."""
+        ...
+
+    @property
+    def ttl_policy(self) -> TtlPolicy:
+        """The workload TTLs to grant (capped under self-signed rotation)."""
+        ...
+
+    @property
+    def agent_reports(self) -> AgentReports:
+        """The agents' reports this process received, published with its leaf ledger."""
+        ...
+
+    @property
+    def report(self) -> AuthorityReport | None:
+        """The slots as `/debug/ca` shows them (`None`: a plugged-in CA has no slots)."""
+        ...
+
+    on_change: Callable[[SigningAuthority], None]
+    """Told each new authority after `start()` (Kubernetes mode: the root ConfigMaps)."""
+
+    def tainted_since(self) -> dict[str, datetime]:
+        """Tainted authorities and since when (what the agent report answers)."""
+        ...
+
+    async def start(self) -> None:
+        """Loads the first authority and publishes `root-cert.pem`; raises `CaSetupError`
+        for unusable material."""
+        ...
+
+    async def run(self) -> None:
+        """Keeps the authority current until cancelled (never returns on its own)."""
+        ...
 
 
 def instance_name(config: CaConfig) -> str:
@@ -66,70 +160,87 @@ def instance_name(config: CaConfig) -> str:
     return config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
 
 
-def ledger_sink_for(config: CaConfig, kube: KubernetesMode | None) -> LedgerSink:
-    """Per-replica ConfigMaps in Kubernetes mode; else files in `--data-dir`."""
-    if kube is not None:
-        return kube.ledger_sink(instance_name(config))
-    return DirectoryLedgerSink(config.data_dir, instance_name(config))
-
-
-def rotator_for(
-    config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None
-) -> AuthorityRotator:
-    """Self-signed authorities shared by every CA process: in Secret `istio-ca-secret` in
-    Kubernetes mode, else in `--data-dir`."""
-    factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
-    store: AuthorityStateStore = (
-        kube.authority_state_store(factory)
+def authority_driver_for(
+    config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None = None
+) -> AuthorityDriver:
+    """The plugged-in driver when `--cacerts-dir` holds a complete layout, else self-signed
+    slots shared by every CA process (in Secret `istio-ca-secret` in Kubernetes mode, else in
+    `--data-dir`). Raises `CaSetupError` for an unusable `--cacerts-dir`. Not started."""
+    instance = instance_name(config)
+    sink: LedgerSink = (
+        kube.ledger_sink(instance)
         if kube is not None
-        else LocalAuthorityStateStore(config.data_dir, factory, clock)
+        else DirectoryLedgerSink(config.data_dir, instance)
     )
-    settings = RotationSettings(
-        config.data_dir,
-        instance_name(config),
-        config.plugged_ca_poll_interval.total_seconds(),
-        ledger_sink_for(config, kube),
+    settings = DriverSettings(
+        config.data_dir, instance, config.plugged_ca_poll_interval.total_seconds(), sink
     )
-    return AuthorityRotator(store, rotation_policy_for(config), factory, metrics, clock, settings)
-
-
-async def set_up_authority(
-    config: CaConfig,
-    source: AuthoritySource | None,
-    metrics: CaMetrics,
-    clock: Clock,
-    kube: KubernetesMode | None,
-) -> AuthoritySetup:
-    """Loads the first authority (and publishes `root-cert.pem`); `source` is the plugged-in
-    CA, or `None` for self-signed slots. Raises `CaSetupError` for unusable material."""
+    driver: SelfSignedDriver | PluggedDriver
+    source = plugged_source_for(config.cacerts_dir)
     if source is None:
-        rotator = rotator_for(config, metrics, clock, kube)
-        signer = await rotator.start()
+        factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
+        store: AuthorityStateStore = (
+            kube.authority_state_store(factory)
+            if kube is not None
+            else LocalAuthorityStateStore(config.data_dir, factory, clock)
+        )
+        policy = rotation_policy_for(config)
+        driver = SelfSignedDriver(store, policy, factory, metrics, clock, settings, config.ttl)
         log.info("signing with self-signed authority slots (trust domain %s)", config.trust_domain)
-        ttl = cap_leaf_lifetimes(config.ttl, rotator.policy)
-        rotator.ledger.agents.pods = kube.report_pods() if kube is not None else None
-        return AuthoritySetup(signer, ttl, rotator, agent_reports=rotator.ledger.agents)
-    authority = await asyncio.to_thread(source.load, clock.now())
-    publish_root_bundle(config.data_dir, authority, {})  # a plugged-in CA has no taints
-    log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
-    record_expiry(metrics, authority)
-    ledger = LeafLedger()
-    guard = PluggedChangeGuard(
-        ledger,
-        ledger_sink_for(config, kube),
-        switch_at_coverage=config.activate_at_coverage,
-        deadline_share=config.activate_deadline,
-        on_deadline=metrics.plugged_switch_deadline.inc,
-    )
-    ledger.agents.pods = kube.report_pods() if kube is not None else None
-    return AuthoritySetup(
-        RecordingSigner(authority, ledger, clock),
-        config.ttl,
-        guard=guard,
-        agent_reports=ledger.agents,
-    )
+    else:
+        driver = PluggedDriver(
+            source,
+            metrics,
+            clock,
+            settings,
+            config.ttl,
+            switch_at_coverage=config.activate_at_coverage,
+            deadline_share=config.activate_deadline,
+        )
+        log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
+    driver.agent_reports.pods = kube.report_pods() if kube is not None else None
+    return driver
 
 
-def record_expiry(metrics: CaMetrics, authority: SigningAuthority) -> None:
-    """Istio's expiry gauges for a plugged-in CA (the rotator keeps them for slots)."""
-    metrics.record_authority(authority)
+@dataclass(frozen=True)
+class SharedState:
+    """What `meshca authority` and `meshca status` read and change."""
+
+    store: AuthorityStateStore
+    ledgers: LedgerSink  # where every CA process publishes its live leaves and agent reports
+    exists: bool
+
+
+@contextlib.contextmanager
+def open_shared_state(
+    data_dir: Path | None,
+    kubeconfig: Path | None,
+    namespace: str,
+    factory: SlotFactory,
+    clock: Clock,
+    agent: str,
+) -> Iterator[SharedState]:
+    """The shared state in `data_dir`, or in the cluster of `kubeconfig` (Secret
+    `istio-ca-secret` and the replica ConfigMaps in `namespace`); `agent` names the command to
+    the API server. Raises `CaSetupError` for unusable cluster credentials."""
+    if data_dir is not None:
+        exists = (data_dir / STATE_FILE).exists() or (data_dir / LEGACY_CERT).exists()
+        store = LocalAuthorityStateStore(data_dir, factory, clock)
+        yield SharedState(store, DirectoryLedgerSink(data_dir, agent), exists)
+        return
+    # Imported here: the Kubernetes client loads only for `--kubeconfig`.
+    from ca_server.kube.clients import build_api_client
+    from ca_server.kube.replica_reports import ConfigMapLedgerSink
+    from ca_server.kube.secret_root import KubeAuthorityStateStore
+    from meshca.kube_client import KubeCredentialsError
+
+    try:
+        api = build_api_client(kubeconfig, pool_size=2, user_agent=agent)
+    except KubeCredentialsError as exc:
+        raise CaSetupError(str(exc)) from None
+    try:
+        kube_store = KubeAuthorityStateStore(api, namespace, factory, clock)
+        ledgers = ConfigMapLedgerSink(api, namespace, agent)
+        yield SharedState(kube_store, ledgers, kube_store.exists())
+    finally:
+        api.close()

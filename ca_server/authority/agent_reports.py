@@ -72,6 +72,7 @@ from typing import Any, Protocol
 from cryptography import x509
 
 from ca_server.authn import Caller
+from ca_server.authority.slots import AgentCoverage
 from certs.bundle import bundle_digest
 from meshca.logs import audit
 from meshca.report_headers import (
@@ -732,6 +733,17 @@ def subset_digests(
                 i for i, _c in subset
             )
     return by_digest
+
+
+def gate_coverage(
+    authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports, ident: str
+) -> AgentCoverage:
+    """The activation gate's figure for authority `ident` among `authorities` (what the self-
+    signed gate and the plugged-in guard both ask, from every CA process's reports)."""
+    counted = coverage(authorities, fleet)
+    return AgentCoverage(
+        counted.trusting.get(ident, 0), counted.reporting, counted.unseen, counted.unreadable
+    )
 
 
 def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports) -> Coverage:

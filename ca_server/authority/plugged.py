@@ -1,4 +1,9 @@
-"""Changing a plugged-in CA (`--cacerts-dir`) without stranding a workload.
+"""The plugged-in authority driver: an operator's CA in `--cacerts-dir`, followed as it
+changes, without stranding a workload.
+
+`PluggedCaDirectory` reads Istio's `cacerts` layout (or cert-manager's `tls.crt tls.key
+ca.crt`), validated on load; `PluggedDriver` loads it at start and re-reads it when its files
+change (one poll per `--plugged-ca-poll-interval`), each change checked by `PluggedChangeGuard`.
 
 The operator's steps for a new root B replacing A are: `root-cert.pem` holding A+B (signing
 material still under A), then the signing material under B, then `root-cert.pem` holding B
@@ -26,26 +31,42 @@ A refused change is logged (once) with what to do, the current authority kept, a
 checked again at every poll, so it is taken as soon as it becomes safe. A restart accepts
 the directory as it is (the emergency path when the old root is compromised).
 
-`RecordingSigner` keeps the per-root leaf ledger the second rule needs; its `LedgerSink`
-publishes it so CA processes sharing the state see each other's leaves.
+The signer (`signer.LocalSigner`) records each leaf under the root it chains to: the per-root
+leaf ledger the second rule needs; the driver's `LedgerSink` publishes it so CA processes
+sharing the state see each other's leaves. The gate's figure and deadline are the self-signed
+gate's rules (`agent_reports.gate_coverage`, `slots.gate_deadline`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+from typing import Protocol
 
-from cryptography import x509
-
-from ca_server.authority.agent_reports import coverage
+from ca_server.authority.agent_reports import gate_coverage
+from ca_server.authority.driver_core import DriverCore, DriverSettings
 from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
-from ca_server.authority.signer import IssuedCertificate, LocalSigner
-from ca_server.authority.slots import AgentCoverage, authority_id
+from ca_server.authority.report import AuthorityReport
+from ca_server.authority.signer import anchor_id, anchor_of
+from ca_server.authority.slots import authority_id, gate_deadline
+from ca_server.config import TtlPolicy
 from ca_server.errors import CaSetupError
-from ca_server.ttl import Validity
-from certs import ChainError, PublicKey, SigningAuthority, SpiffeId, verify_chain
-from certs.chain import issued_by
+from ca_server.metrics import CaMetrics
+from certs import (
+    CertsError,
+    ChainError,
+    SigningAuthority,
+    load_cert,
+    load_certs,
+    load_private_key,
+    make_authority,
+    verify_chain,
+)
 from meshca.clock import Clock
 from meshca.logs import audit
 
@@ -61,47 +82,85 @@ class StrandingChangeError(CaSetupError):
         self.reason = reason
 
 
-def anchor_of(authority: SigningAuthority) -> x509.Certificate | None:
-    """The root the signing chain ends at (what a leaf from this authority verifies to)."""
-    top = (authority.cert, *authority.intermediates)[-1]
-    for root in authority.roots:
-        if root == top or issued_by(top, root):
-            return root
+# Istio's plugged-in CA layouts: (cert, key, root, chain) file names.
+ISTIO_LAYOUT = ("ca-cert.pem", "ca-key.pem", "root-cert.pem", "cert-chain.pem")
+TLS_LAYOUT = ("tls.crt", "tls.key", "ca.crt")
+
+
+class AuthoritySource(Protocol):
+    def load(self, now: datetime) -> SigningAuthority:
+        """The current signing material, validated at `now`."""
+        ...
+
+    def fingerprint(self) -> str:
+        """Changes whenever the underlying files change (cheap: compared on every poll)."""
+        ...
+
+    @property
+    def description(self) -> str: ...
+
+
+def _files_fingerprint(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            digest.update(path.read_bytes())
+        except FileNotFoundError:
+            digest.update(b"<missing>")
+    return digest.hexdigest()
+
+
+@dataclass
+class PluggedCaDirectory:
+    """Istio's `cacerts`: `ca-cert.pem ca-key.pem root-cert.pem cert-chain.pem`, or the
+    cert-manager style `tls.crt tls.key ca.crt`."""
+
+    directory: Path
+    layout: tuple[str, ...]
+
+    @property
+    def description(self) -> str:
+        return f"plugged-in CA from {self.directory}"
+
+    def fingerprint(self) -> str:
+        return _files_fingerprint([self.directory / name for name in self.layout])
+
+    def load(self, now: datetime) -> SigningAuthority:
+        files = {name: self.directory / name for name in self.layout}
+        try:
+            if self.layout == ISTIO_LAYOUT:
+                cert_name, key_name, root_name, chain_name = ISTIO_LAYOUT
+                cert = load_cert(files[cert_name].read_bytes(), what=cert_name)
+                chain = load_certs(files[chain_name].read_bytes(), what=chain_name)
+            else:
+                cert_name, key_name, root_name = TLS_LAYOUT
+                chain = load_certs(files[cert_name].read_bytes(), what=cert_name)
+                cert = chain[0]
+            key = load_private_key(files[key_name].read_bytes())
+            roots = load_certs(files[root_name].read_bytes(), what=root_name)
+            authority = make_authority(cert, key, chain, roots)
+            authority.validate(now=now)
+        except FileNotFoundError as exc:
+            raise CaSetupError(f"plugged-in CA file disappeared: {exc.filename}") from exc
+        except CertsError as exc:
+            raise CaSetupError(f"plugged-in CA in {self.directory} is unusable: {exc}") from exc
+        return authority
+
+
+def detect_plugged_ca(directory: Path) -> PluggedCaDirectory | None:
+    """All files of one layout → that layout; some → `CaSetupError` naming what is missing;
+    none → `None` (use a self-signed root)."""
+    for layout in (ISTIO_LAYOUT, TLS_LAYOUT):
+        present = [name for name in layout if (directory / name).exists()]
+        if len(present) == len(layout):
+            return PluggedCaDirectory(directory, layout)
+        if present:
+            missing = [name for name in layout if name not in present]
+            raise CaSetupError(
+                f"incomplete plugged-in CA in {directory}: found {present} but missing {missing}; "
+                f"provide all of {list(layout)} (or none, for a self-signed root)"
+            )
     return None
-
-
-class RecordingSigner(LocalSigner):
-    """A `LocalSigner` that records each leaf under the ID of the root it chains to."""
-
-    def __init__(self, authority: SigningAuthority, ledger: LeafLedger, clock: Clock) -> None:
-        super().__init__(authority)
-        self._ledger = ledger
-        self._clock = clock
-        self._anchor_id = _anchor_id(authority)
-
-    def replace(self, authority: SigningAuthority) -> None:
-        # The anchor is found once per authority (it may take signature checks), not per leaf.
-        self._anchor_id = _anchor_id(authority)
-        super().replace(authority)
-
-    def sign(
-        self,
-        public_key: PublicKey,
-        identity: SpiffeId,
-        validity: Validity,
-        *,
-        csr: x509.CertificateSigningRequest | None = None,
-    ) -> IssuedCertificate:
-        anchor_id = self._anchor_id
-        issued = super().sign(public_key, identity, validity, csr=csr)
-        if anchor_id is not None:
-            self._ledger.record(anchor_id, issued.leaf.not_valid_after_utc, self._clock.now())
-        return issued
-
-
-def _anchor_id(authority: SigningAuthority) -> str | None:
-    anchor = anchor_of(authority)
-    return authority_id(anchor) if anchor is not None else None
 
 
 class PluggedChangeGuard:
@@ -176,18 +235,15 @@ class PluggedChangeGuard:
             return
         self.save(now)  # this process's own reports count too
         bundle = [(authority_id(root), root) for root in current.roots]
-        counted = coverage(bundle, self._sink.agents(now))
         root_id = authority_id(anchor)
-        covered = AgentCoverage(
-            counted.trusting.get(root_id, 0), counted.reporting, counted.unseen, counted.unreadable
-        )
+        covered = gate_coverage(bundle, self._sink.agents(now), root_id)
         if covered.reaches(fraction):
             self._waiting = None
             return
         if self._waiting is None or self._waiting[0] != root_id:
             self._waiting = (root_id, now)
         since = self._waiting[1]
-        deadline = since + (current.cert.not_valid_after_utc - since) * self._deadline_share
+        deadline = gate_deadline(since, current.cert.not_valid_after_utc, self._deadline_share)
         if now >= deadline:
             self._waiting = None
             self._on_deadline()
@@ -232,3 +288,114 @@ def audit_reload(authority: SigningAuthority) -> None:
 
 def audit_refusal(error: StrandingChangeError) -> None:
     audit("authority-change-refused", outcome="refused", reason=error.reason)
+
+
+def plugged_source_for(cacerts_dir: Path | None) -> PluggedCaDirectory | None:
+    """The plugged-in CA when `--cacerts-dir` holds a complete layout; else `None`
+    (self-signed authority slots). Raises `CaSetupError` for a missing directory or an
+    incomplete layout."""
+    if cacerts_dir is None:
+        return None
+    if not cacerts_dir.is_dir():
+        what = "is not a directory" if cacerts_dir.exists() else "does not exist"
+        raise CaSetupError(
+            f"--cacerts-dir {cacerts_dir} {what}: give the directory holding the "
+            "plugged-in CA's files, or leave the flag out for a self-signed root"
+        )
+    plugged = detect_plugged_ca(cacerts_dir)
+    if plugged is None:
+        log.info("no plugged-in CA files in %s; using a self-signed root", cacerts_dir)
+    return plugged
+
+
+class PluggedDriver(DriverCore):
+    """A plugged-in CA (an `AuthorityDriver`): the directory, re-read when it changes, each
+    change checked by the guard before use. It has no slots, so no taints and no report."""
+
+    report: AuthorityReport | None = None
+
+    def __init__(
+        self,
+        source: AuthoritySource,
+        metrics: CaMetrics,
+        clock: Clock,
+        settings: DriverSettings,
+        ttl: TtlPolicy,
+        *,
+        switch_at_coverage: float | None = None,
+        deadline_share: float = 0.5,
+    ) -> None:
+        super().__init__(settings, clock)
+        self.source = source
+        self.ttl_policy = ttl
+        self._guard = PluggedChangeGuard(
+            self.ledger,
+            settings.ledger_sink,
+            switch_at_coverage=switch_at_coverage,
+            deadline_share=deadline_share,
+            on_deadline=metrics.plugged_switch_deadline.inc,
+        )
+        self._metrics = metrics
+
+    def tainted_since(self) -> dict[str, datetime]:
+        return {}  # a plugged-in CA has no taints
+
+    async def start(self) -> None:
+        """Loads the directory (raises `CaSetupError` for unusable material)."""
+        authority = await asyncio.to_thread(self.source.load, self.clock.now())
+        self._adopt(authority)
+
+    def _adopt(self, authority: SigningAuthority) -> None:
+        self.adopt(authority, anchor_id(authority), authority.roots, self.tainted_since())
+        self._metrics.record_authority(authority)  # Istio's expiry gauges
+
+    async def run(self) -> None:
+        """Re-reads the signing material when it changes; a broken update is refused and the
+        current authority kept, so an operator's half-copied `cacerts` never stops issuance.
+
+        Runs until cancelled: nothing the source or the reload steps raise may end it, or the
+        CA would silently stop following its authority. Unusable material is logged once per
+        change; any other failure (unreadable file, full disk, a bug) is logged and retried at
+        the next poll."""
+        seen = await asyncio.to_thread(self.source.fingerprint)
+        while True:
+            await self.clock.sleep(self.settings.poll_interval)
+            try:
+                await asyncio.to_thread(self.save_ledger)
+                seen = await self._reload_if_changed(seen)
+            except Exception:
+                log.exception(
+                    "keeping the current CA: checking %s for changes failed; retrying",
+                    self.source.description,
+                )
+
+    async def _reload_if_changed(self, seen: str) -> str:
+        """One poll: reloads if the fingerprint moved from `seen`; returns the fingerprint
+        handled."""
+        source = self.source
+        current = await asyncio.to_thread(source.fingerprint)
+        if current == seen:
+            return seen
+        now = self.clock.now()
+        try:
+            authority = await asyncio.to_thread(source.load, now)
+            await asyncio.to_thread(self._guard.check, self.signer.authority, authority, now)
+        except StrandingChangeError as exc:
+            # Checked again at every poll: waiting (for leaves to expire) can make it acceptable.
+            if self._guard.first_refusal(current, exc.reason):
+                log.error("keeping the current CA: %s", exc)
+                audit_refusal(exc)
+            return seen
+        except (CaSetupError, CertsError) as exc:
+            log.error(
+                "keeping the current CA: the changed %s is unusable: %s", source.description, exc
+            )
+            return current
+        self._adopt(authority)
+        log.info(
+            "reloaded %s; now signing with serial %x",
+            source.description,
+            authority.cert.serial_number,
+        )
+        audit_reload(authority)
+        return current
