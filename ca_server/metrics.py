@@ -28,7 +28,7 @@ from certs import SigningAuthority
 from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
 
 if TYPE_CHECKING:
-    from ca_server.authority.issued_leaves import IssuedLeaves
+    from ca_server.authority import IssuedLeaves
 
 # Istio's counter name -> the meshca counter it re-exports.
 ISTIO_COUNTER_ALIASES = {
@@ -162,7 +162,7 @@ class CaMetrics:
         )
         # Not a metric (unbounded labels): the latest leaf per identity, for `meshca status`.
         # Imported here: the authority package imports this module (its gauges).
-        from ca_server.authority.issued_leaves import IssuedLeaves
+        from ca_server.authority import IssuedLeaves
 
         self.leaves: IssuedLeaves = IssuedLeaves()
         # Kubernetes mode.

@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError
 
 from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission
 from ca_server.authn import AuthenticatorChain
-from ca_server.authority.agent_reports import (
+from ca_server.authority import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,

@@ -17,9 +17,7 @@ from google.protobuf import struct_pb2
 
 from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority.agent_reports import MAX_AGENT_ID, REPORT_HEADERS, AgentReports
-from ca_server.authority.issued_leaves import IssuedLeaf
-from ca_server.authority.signer import Signer
+from ca_server.authority import MAX_AGENT_ID, REPORT_HEADERS, AgentReports, IssuedLeaf, Signer
 from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import (

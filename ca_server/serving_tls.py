@@ -17,7 +17,7 @@ from datetime import datetime
 
 import grpc
 
-from ca_server.authority.signer import Signer
+from ca_server.authority import Signer
 from ca_server.config import CaConfig
 from certs import (
     SigningAuthority,

@@ -39,14 +39,19 @@ from typing import TYPE_CHECKING, Any
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ca_server.authority.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
-from ca_server.authority.report import AuthorityReport, ReportSnapshot
+from ca_server.authority import (
+    DEFAULT_CAPACITY,
+    AuthorityReport,
+    IssuedLeaf,
+    IssuedLeaves,
+    ReportSnapshot,
+)
 from ca_server.status import SigningChain, ca_document
 from meshca.clock import Clock
 from meshca.files import atomic_write
 
 if TYPE_CHECKING:  # the supervisor imports this module and needs no signer
-    from ca_server.authority.signer import LocalSigner
+    from ca_server.authority import LocalSigner
 
 log = logging.getLogger(__name__)
 

@@ -47,16 +47,31 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ca_server.authority.agent_reports import AgentReports, FleetReports
+from ca_server.authority.agent_reports import (
+    MAX_AGENT_ID,
+    MAX_AUTHORITY,
+    MAX_DIGEST,
+    MAX_REPORTED_AUTHORITIES,
+    REPORT_HEADERS,
+    AgentReports,
+    FleetReports,
+    valid_agent_id,
+)
 from ca_server.authority.agent_stragglers import agents_section, render_agents
 from ca_server.authority.data_dir_guard import check_data_dir
 from ca_server.authority.driver_core import DriverSettings
-from ca_server.authority.fitness import longest_leaf, refuse_short_lifetime, refuse_unfit
-from ca_server.authority.issued_leaves import IssuedLeaves
+from ca_server.authority.fitness import (
+    chain_problem,
+    longest_leaf,
+    refuse_short_lifetime,
+    refuse_unfit,
+)
+from ca_server.authority.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
 from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LedgerSink
 from ca_server.authority.plugged import PluggedDriver, plugged_source_for
 from ca_server.authority.report import (
     AuthorityReport,
+    ReportSnapshot,
     fleet_coverage,
     report_section,
     show_document,
@@ -64,7 +79,7 @@ from ca_server.authority.report import (
 )
 from ca_server.authority.root_bundle import data_dir_lock
 from ca_server.authority.self_signed import SelfSignedDriver, audit_events, rotation_policy_for
-from ca_server.authority.signer import LocalSigner
+from ca_server.authority.signer import IssuedCertificate, LocalSigner, Signer
 from ca_server.authority.slots import AuthorityCommandError, AuthorityState, Phase
 from ca_server.authority.state_store import (
     LEGACY_CERT,
@@ -83,6 +98,13 @@ if TYPE_CHECKING:  # `ca_server.kube` imports this package's stores
     from ca_server.kube.mode import KubernetesMode
 
 __all__ = [
+    "DEFAULT_CAPACITY",
+    "MAX_AGENT_ID",
+    "MAX_AUTHORITY",
+    "MAX_DIGEST",
+    "MAX_REPORTED_AUTHORITIES",
+    "REPORT_HEADERS",
+    "AgentReports",
     "AuthorityCommandError",
     "AuthorityDriver",
     "AuthorityReport",
@@ -90,15 +112,20 @@ __all__ = [
     "AuthorityStateStore",
     "CaSetupError",
     "FleetReports",
+    "IssuedCertificate",
+    "IssuedLeaf",
     "IssuedLeaves",
     "LedgerSink",
     "LocalSigner",
     "Phase",
+    "ReportSnapshot",
     "SharedState",
+    "Signer",
     "SlotFactory",
     "agents_section",
     "audit_events",
     "authority_driver_for",
+    "chain_problem",
     "check_data_dir",
     "data_dir_lock",
     "fleet_coverage",
@@ -110,6 +137,7 @@ __all__ = [
     "report_section",
     "show_document",
     "status_section",
+    "valid_agent_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -155,7 +183,7 @@ class AuthorityDriver(Protocol):
         ...
 
 
-def instance_name(config: CaConfig) -> str:
+def _instance_name(config: CaConfig) -> str:
     """This CA process's name in audit lines and in its leaf-ledger report."""
     return config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
 
@@ -166,7 +194,7 @@ def authority_driver_for(
     """The plugged-in driver when `--cacerts-dir` holds a complete layout, else self-signed
     slots shared by every CA process (in Secret `istio-ca-secret` in Kubernetes mode, else in
     `--data-dir`). Raises `CaSetupError` for an unusable `--cacerts-dir`. Not started."""
-    instance = instance_name(config)
+    instance = _instance_name(config)
     sink: LedgerSink = (
         kube.ledger_sink(instance)
         if kube is not None

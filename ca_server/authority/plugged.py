@@ -3,7 +3,7 @@ changes, without stranding a workload.
 
 `PluggedCaDirectory` reads Istio's `cacerts` layout (or cert-manager's `tls.crt tls.key
 ca.crt`), validated on load; `PluggedDriver` loads it at start and re-reads it when its files
-change (one poll per `--plugged-ca-poll-interval`), each change checked by `PluggedChangeGuard`.
+change (one poll per `--ca-reload-interval`), each change checked by `PluggedChangeGuard`.
 
 The operator's steps for a new root B replacing A are: `root-cert.pem` holding A+B (signing
 material still under A), then the signing material under B, then `root-cert.pem` holding B

@@ -12,12 +12,20 @@ import argparse
 import sys
 from datetime import UTC, datetime, timedelta
 
-from ca_server.authority.fitness import longest_leaf, refuse_short_lifetime, refuse_unfit
-from ca_server.authority.report import fleet_coverage, show_document
-from ca_server.authority.self_signed import audit_events
-from ca_server.authority.slots import AuthorityCommandError, AuthorityState, Phase
-from ca_server.authority.state_store import AuthorityStateStore, SlotFactory
-from ca_server.errors import CaSetupError
+from ca_server.authority import (
+    AuthorityCommandError,
+    AuthorityState,
+    AuthorityStateStore,
+    CaSetupError,
+    Phase,
+    SlotFactory,
+    audit_events,
+    fleet_coverage,
+    longest_leaf,
+    refuse_short_lifetime,
+    refuse_unfit,
+    show_document,
+)
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
 from meshca.commands.authority_agents import agents_listing, render_shown
 from meshca.commands.authority_view import (

@@ -7,9 +7,13 @@ import argparse
 import json
 from typing import Any
 
-from ca_server.authority.agent_reports import FleetReports
-from ca_server.authority.agent_stragglers import agents_section, render_agents
-from ca_server.authority.slots import AuthorityCommandError, AuthorityState
+from ca_server.authority import (
+    AuthorityCommandError,
+    AuthorityState,
+    FleetReports,
+    agents_section,
+    render_agents,
+)
 from meshca.commands.authority_view import render_authorities
 
 

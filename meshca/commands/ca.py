@@ -17,8 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ca_server.authority import CaSetupError
-    from ca_server.authority.data_dir_guard import check_data_dir
+    from ca_server.authority import CaSetupError, check_data_dir
     from ca_server.cpu_scheduling import apply_cpu_scheduling
     from ca_server.server import run_ca
     from ca_server.workers import WorkerSupervisor, default_worker_count, worker_argv

@@ -49,10 +49,7 @@ from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ca_server.authority.report import status_section
-from ca_server.authority.slots import AuthorityCommandError
-from ca_server.authority.state_store import SlotFactory
-from ca_server.errors import CaSetupError
+from ca_server.authority import AuthorityCommandError, CaSetupError, SlotFactory, status_section
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, format_duration
 from meshca import careful_http
 from meshca.commands import authority_view
