@@ -57,7 +57,7 @@ def ca_document(
 ) -> dict[str, Any]:
     """What `meshca status` shows for a CA: each certificate of the signing chain and bundle,
     the chain's expiry (the latest NotAfter a leaf may get), the authority slots (`slots`: an
-    `authority_report.status_section`, or `None` without slots), and the soonest-expiring
+    `authority.report.status_section`, or `None` without slots), and the soonest-expiring
     leaves."""
     certificates = [_certificate_entry("signing", authority.cert, now)]
     certificates += [_certificate_entry("intermediate", c, now) for c in authority.intermediates]

@@ -75,7 +75,7 @@ class WorkerPart:
     written_at: datetime
     chain: PublishedChain
     leaves: list[IssuedLeaf]
-    slots: dict[str, Any] | None = None  # the worker's `authority_report.status_section`
+    slots: dict[str, Any] | None = None  # the worker's `authority.report.status_section`
     slots_changed_at: datetime | None = None  # when that section last changed
 
 

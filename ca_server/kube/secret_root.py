@@ -6,7 +6,7 @@ An `AuthorityStateStore` (see `ca_server.authority.state_store`). The Secret kee
 self-signed layout for everything that reads it — `ca-cert.pem` / `ca-key.pem` the *active*
 authority, `root-cert.pem` the trust bundle (every slot's certificate while rotating),
 `cert-chain.pem` empty (the signing cert is the root), `key.pem` empty as Istio writes it — plus
-`meshca-authorities.json`: the slots themselves (see `authority_state.encode_state`).
+`meshca-authorities.json`: the slots themselves (see `authority.state_store.encode_state`).
 
 Writes are optimistic: read, change, then create (only one create can win; the losers get 409
 and retry on the winner's Secret) or replace with the resourceVersion read (a racing writer
