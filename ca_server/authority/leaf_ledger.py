@@ -131,7 +131,7 @@ class LedgerSink(Protocol):
         ...
 
     def figures(self, now: datetime) -> tuple[dict[str, int], FleetReports]:
-        """`live` and `agents` from one read of the published snapshots (a rotator round
+        """`live` and `agents` from one read of the published snapshots (a driver round
         wants both; in Kubernetes mode that is one list call instead of two)."""
         ...
 

@@ -10,9 +10,9 @@ The figures beside the state come from every CA process's published reports
 `None` for a figure that could not be read is printed as "unknown", never as zero: an API or file
 failure must not look like an empty fleet.
 
-In a running CA, `AuthorityReport` holds the last section its rotator built (each rotator round:
-the converged state plus the figures read then), so a request to `/debug/ca` reads memory only
-and never waits on files or the API server. The rotator writes from a worker thread; readers
+In a running CA, `AuthorityReport` holds the last section its driver built (each self-signed
+round: the converged state plus the figures read then), so a request to `/debug/ca` reads memory
+only and never waits on files or the API server. The driver writes from a worker thread; readers
 (the monitoring thread, a worker's status publisher) take the current snapshot, which is
 replaced whole, never changed in place.
 """

@@ -212,8 +212,6 @@ class SelfSignedDriver(DriverCore):
         self._store = store
         self.policy = policy
         self._factory = factory
-        self._clock = clock
-        self._settings = settings
         self.on_change = on_change
         self.ttl_policy = cap_leaf_lifetimes(ttl, policy)
         # What `/debug/ca` shows of the slots, rebuilt at the end of every round.
@@ -248,7 +246,7 @@ class SelfSignedDriver(DriverCore):
         (the CA keeps signing with the authority it has)."""
         seen = refused = ""
         while True:
-            await self._clock.sleep(self._sleep_seconds())
+            await self.clock.sleep(self._sleep_seconds())
             try:
                 current = await asyncio.to_thread(self._store.fingerprint)
                 due = self._step_due()
@@ -257,7 +255,7 @@ class SelfSignedDriver(DriverCore):
                     self._converge(state)
                     seen = await asyncio.to_thread(self._store.fingerprint)
                 elif self._state is not None:
-                    self._gauges.update(self._state, self.ledger.live(self._clock.now()))
+                    self._gauges.update(self._state, self.ledger.live(self.clock.now()))
                 await asyncio.to_thread(self.save_ledger)
                 await asyncio.to_thread(self._refresh_report)
                 refused = ""
@@ -287,13 +285,13 @@ class SelfSignedDriver(DriverCore):
 
     def _scheduled(self, changed: list[bool], current: AuthorityState) -> AuthorityState | None:
         """The store transaction's body: the due step, if any (noted in `changed`)."""
-        now = self._clock.now()
+        now = self.clock.now()
         updated = scheduled_step(
             current,
             self.policy,
             now,
             lambda: self._factory.new(now, Phase.PREPARED),
-            lambda: self._settings.ledger_sink.live(now),
+            lambda: self.settings.ledger_sink.live(now),
             functools.partial(self._coverage_of, current, now),
         )
         changed[:] = [updated is not None]
@@ -302,16 +300,16 @@ class SelfSignedDriver(DriverCore):
     def _coverage_of(self, state: AuthorityState, now: datetime, ident: str) -> AgentCoverage:
         """The activation gate's figure, from every CA process's agent reports (the same
         merge and rule as `meshca authority show` and the plugged-in guard)."""
-        fleet = self._settings.ledger_sink.agents(now)
+        fleet = self.settings.ledger_sink.agents(now)
         return gate_coverage([(slot.id, slot.cert) for slot in state.slots], fleet, ident)
 
     def _converge(self, state: AuthorityState) -> None:
         digest = state_digest(encode_state(state))
         if digest == self._converged_digest and self._state is not None:
-            self._gauges.update(state, self.ledger.live(self._clock.now()))
+            self._gauges.update(state, self.ledger.live(self.clock.now()))
             return
         fresh = tuple(e for e in state.history if e not in self._audited)
-        audit_events(fresh, self._settings.instance)
+        audit_events(fresh, self.settings.instance)
         self._audited.update(fresh)
         self._gate_news(fresh)
         self._gauges.gate_waiting.set(1 if gate_waiting(state) is not None else 0)
@@ -330,7 +328,7 @@ class SelfSignedDriver(DriverCore):
         self.adopt(
             state.signing_authority(), state.active.id, state.untainted_roots, state.tainted_since()
         )
-        self._gauges.update(state, self.ledger.live(self._clock.now()))
+        self._gauges.update(state, self.ledger.live(self.clock.now()))
         self._converged_digest = digest
 
     def _gate_news(self, fresh: tuple[HistoryEvent, ...]) -> None:
@@ -354,16 +352,16 @@ class SelfSignedDriver(DriverCore):
         if self._state is None:
             return False
         due = next_due(self._state, self.policy)
-        return due is not None and due <= self._clock.now()
+        return due is not None and due <= self.clock.now()
 
     def _sleep_seconds(self) -> float:
-        interval = self._settings.poll_interval
+        interval = self.settings.poll_interval
         if self._state is None:
             return interval
         due = next_due(self._state, self.policy)
         if due is None:
             return interval
-        until = (due - self._clock.now()).total_seconds()
+        until = (due - self.clock.now()).total_seconds()
         if until <= 0:
             return interval  # due but held back (an old authority's leaves are still live)
         return max(_MIN_SLEEP, min(interval, until))
@@ -375,8 +373,8 @@ class SelfSignedDriver(DriverCore):
         logged once per run of failures, not every round."""
         if self._state is None:
             return
-        now = self._clock.now()
-        sink = self._settings.ledger_sink
+        now = self.clock.now()
+        sink = self.settings.ledger_sink
         live: dict[str, int] | None = None
         fleet: FleetReports | None = None
         try:

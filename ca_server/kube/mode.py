@@ -70,7 +70,7 @@ class KubernetesMode:
         self._accounts = ServiceAccountCache(self.clients.local, metrics) if offline else None
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
-        # Every replica's reports, watched: the rotator reads them every round.
+        # Every replica's reports, watched: the self-signed driver reads them every round.
         self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
         if kube.publish_root:
@@ -197,7 +197,7 @@ class KubernetesMode:
             )
 
     def authority_changed(self, authority: SigningAuthority) -> None:
-        """A new bundle or a new taint (the rotator calls this at every change it applies)."""
+        """A new bundle or a new taint (the authority driver calls this at every change)."""
         if self._publisher is not None:
             self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
 

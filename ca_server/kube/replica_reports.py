@@ -112,7 +112,7 @@ def _shard_index(name: str) -> tuple[str, int] | None:
 
 
 class ReplicaReportsWatch:
-    """Every replica's report objects from a watch (a running CA's rotator reads them every
+    """Every replica's report objects from a watch (a running CA's driver reads them every
     round): a round then costs nothing at the API server, and only the objects that changed
     are transferred. `meshca authority show` lists instead (one call, no thread)."""
 
