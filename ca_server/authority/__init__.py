@@ -16,7 +16,7 @@ signer (`signer.LocalSigner`, which records each leaf in the leaf ledger under t
 counts under), the ledger's publication with the agent reports it carries (files in
 `--data-dir`, or per-replica ConfigMaps in Kubernetes mode), `root-cert.pem` and the taint
 notice beside it (`root_bundle`), Istio's expiry gauges, and the activation gate's rules
-(`agent_reports.gate_coverage`, `slots.gate_deadline`).
+(`agent_reports.gate_coverage`; `slots.gate_deadline` and `slots.gate_verdict`).
 
 Modules:
 - `slots`: the pure rules of the self-signed slots (phases, schedule, taints, the gate);

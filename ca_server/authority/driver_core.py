@@ -20,6 +20,7 @@ from ca_server.authority.agent_reports import AgentReports
 from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.root_bundle import publish_root_bundle
 from ca_server.authority.signer import LocalSigner
+from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
 from meshca.clock import Clock
 
@@ -35,9 +36,10 @@ class DriverSettings:
 class DriverCore:
     """The signer, the ledger and the publication steps of an authority driver."""
 
-    def __init__(self, settings: DriverSettings, clock: Clock) -> None:
+    def __init__(self, settings: DriverSettings, clock: Clock, metrics: CaMetrics) -> None:
         self.settings = settings
         self.clock = clock
+        self._metrics = metrics
         self.ledger = LeafLedger()
         # Told every new authority after `start()` (Kubernetes mode: the root ConfigMaps).
         self.on_change: Callable[[SigningAuthority], None] = lambda authority: None
@@ -64,14 +66,18 @@ class DriverCore:
         counts_under: str | None,
         client_roots: tuple[x509.Certificate, ...],
         tainted_since: Mapping[str, datetime],
+        gauge_root: x509.Certificate | None = None,
     ) -> None:
         """Signs with `authority` from now on (each leaf counted under `counts_under`), then
-        publishes `root-cert.pem` with the taint notice, then tells `on_change` (the server
-        sets it after `start()`: Kubernetes mode publishes the first authority as it starts)."""
+        publishes `root-cert.pem` with the taint notice, sets Istio's expiry gauges (for
+        `gauge_root`; default the bundle's first root to expire), then tells `on_change` (the
+        server sets it after `start()`: Kubernetes mode publishes the first authority as it
+        starts)."""
         if self._signer is None:
             self._signer = LocalSigner(authority, self.ledger, self.clock)
         self._signer.use(authority, counts_under, client_roots)
         publish_root_bundle(self.settings.data_dir, authority, tainted_since)
+        self._metrics.record_authority(authority, root=gauge_root)
         self.on_change(authority)
 
     def save_ledger(self) -> None:

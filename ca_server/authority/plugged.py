@@ -34,7 +34,7 @@ the directory as it is (the emergency path when the old root is compromised).
 The signer (`signer.LocalSigner`) records each leaf under the root it chains to: the per-root
 leaf ledger the second rule needs; the driver's `LedgerSink` publishes it so CA processes
 sharing the state see each other's leaves. The gate's figure and deadline are the self-signed
-gate's rules (`agent_reports.gate_coverage`, `slots.gate_deadline`).
+gate's rules (`agent_reports.gate_coverage`, `slots.gate_deadline`, `slots.gate_verdict`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from ca_server.authority.driver_core import DriverCore, DriverSettings
 from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.report import AuthorityReport
 from ca_server.authority.signer import anchor_id, anchor_of
-from ca_server.authority.slots import authority_id, gate_deadline
+from ca_server.authority.slots import GateVerdict, authority_id, gate_deadline, gate_verdict
 from ca_server.config import TtlPolicy
 from ca_server.errors import CaSetupError
 from ca_server.metrics import CaMetrics
@@ -237,14 +237,15 @@ class PluggedChangeGuard:
         bundle = [(authority_id(root), root) for root in current.roots]
         root_id = authority_id(anchor)
         covered = gate_coverage(bundle, self._sink.agents(now), root_id)
-        if covered.reaches(fraction):
-            self._waiting = None
-            return
         if self._waiting is None or self._waiting[0] != root_id:
             self._waiting = (root_id, now)
         since = self._waiting[1]
         deadline = gate_deadline(since, current.cert.not_valid_after_utc, self._deadline_share)
-        if now >= deadline:
+        verdict = gate_verdict(covered, fraction, deadline, now)
+        if verdict is GateVerdict.COVERED:
+            self._waiting = None
+            return
+        if verdict is GateVerdict.DEADLINE:
             self._waiting = None
             self._on_deadline()
             log.warning(
@@ -325,7 +326,7 @@ class PluggedDriver(DriverCore):
         switch_at_coverage: float | None = None,
         deadline_share: float = 0.5,
     ) -> None:
-        super().__init__(settings, clock)
+        super().__init__(settings, clock, metrics)
         self.source = source
         self.ttl_policy = ttl
         self._guard = PluggedChangeGuard(
@@ -335,7 +336,6 @@ class PluggedDriver(DriverCore):
             deadline_share=deadline_share,
             on_deadline=metrics.plugged_switch_deadline.inc,
         )
-        self._metrics = metrics
 
     def tainted_since(self) -> dict[str, datetime]:
         return {}  # a plugged-in CA has no taints
@@ -347,7 +347,6 @@ class PluggedDriver(DriverCore):
 
     def _adopt(self, authority: SigningAuthority) -> None:
         self.adopt(authority, anchor_id(authority), authority.roots, self.tainted_since())
-        self._metrics.record_authority(authority)  # Istio's expiry gauges
 
     async def run(self) -> None:
         """Re-reads the signing material when it changes; a broken update is refused and the

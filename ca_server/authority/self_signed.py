@@ -20,7 +20,8 @@ within one poll interval.
 
 The signer, the ledger and the publication steps are the ones the plugged-in driver uses
 (`driver_core`); the activation gate's coverage figure and deadline are the rules of
-`agent_reports.gate_coverage` and `slots.gate_deadline`, which the plugged-in guard reads too.
+`agent_reports.gate_coverage`, `slots.gate_deadline` and `slots.gate_verdict`, which the
+plugged-in guard reads too.
 
 Concurrency: the driver is a coroutine on the CA's event loop; store calls (file lock, disk,
 API server) run in a worker thread. The signer (`signer.LocalSigner`) runs on the event loop
@@ -78,7 +79,6 @@ class AuthorityGauges:
 
     def __init__(self, metrics: CaMetrics) -> None:
         r = metrics.registry
-        self._metrics = metrics
         self.phase = Gauge(
             "meshca_ca_authority_phase",
             "1 for the phase each authority is in (prepared, active, old)",
@@ -165,9 +165,6 @@ class AuthorityGauges:
             self.not_after.labels(slot.id).set(slot.not_after.timestamp())
             self.live_leaves.labels(slot.id).set(live.get(slot.id, 0))
         self._known = present
-        # Istio's gauges (and meshca's lifetimes) describe the active authority: the root that
-        # signs now, which a rotation replaces before it expires.
-        self._metrics.record_authority(state.signing_authority(), root=state.active.cert)
 
     def coverage(self, state: AuthorityState, fleet: FleetReports) -> None:
         """Per authority, how many reporting agents trust it (every CA process's reports)."""
@@ -208,7 +205,7 @@ class SelfSignedDriver(DriverCore):
         ttl: TtlPolicy,
         on_change: Callable[[SigningAuthority], None] = lambda authority: None,
     ) -> None:
-        super().__init__(settings, clock)
+        super().__init__(settings, clock, metrics)
         self._store = store
         self.policy = policy
         self._factory = factory
@@ -325,8 +322,14 @@ class SelfSignedDriver(DriverCore):
                 ),
             )
         self._state = state
+        # Istio's expiry gauges describe the active authority: the root that signs now, which
+        # a rotation replaces before it expires.
         self.adopt(
-            state.signing_authority(), state.active.id, state.untainted_roots, state.tainted_since()
+            state.signing_authority(),
+            state.active.id,
+            state.untainted_roots,
+            state.tainted_since(),
+            gauge_root=state.active.cert,
         )
         self._gauges.update(state, self.ledger.live(self.clock.now()))
         self._converged_digest = digest

@@ -391,6 +391,21 @@ def gate_deadline(since: datetime, expires: datetime, share: float) -> datetime:
     return since + (expires - since) * share
 
 
+class GateVerdict(enum.StrEnum):
+    COVERED = "covered"  # enough reporting agents trust the new authority: move now
+    DEADLINE = "deadline"  # not covered, but the deadline passed: move anyway, loudly
+    WAIT = "wait"  # hold the move back and look again at the next poll
+
+
+def gate_verdict(
+    covered: AgentCoverage, fraction: float, deadline: datetime, now: datetime
+) -> GateVerdict:
+    """The activation gate's one rule (self-signed activation and plugged-in switch alike)."""
+    if covered.reaches(fraction):
+        return GateVerdict.COVERED
+    return GateVerdict.DEADLINE if now >= deadline else GateVerdict.WAIT
+
+
 def gate_waiting(state: AuthorityState) -> HistoryEvent | None:
     """The gate's waiting event for the prepared authority, if activation is being held."""
     prepared = state.prepared
@@ -415,12 +430,13 @@ def _gated_activation(
     assert prepared is not None and policy.activate_at_coverage is not None
     fraction = policy.activate_at_coverage
     covered = coverage_of(prepared.id)
-    if covered.reaches(fraction):
+    deadline = policy.activation_deadline(active)
+    verdict = gate_verdict(covered, fraction, deadline, now)
+    if verdict is GateVerdict.COVERED:
         return state.activate(
             None, now, f"scheduled: five sixths of the active authority's life; {covered}"
         )
-    deadline = policy.activation_deadline(active)
-    if now >= deadline:
+    if verdict is GateVerdict.DEADLINE:
         return state.activate(
             None,
             now,

@@ -4,6 +4,7 @@ the CA's authority slots, through the same shared state the CA processes watch.
 Every change is one store transaction (the data directory's lock, or the Secret's
 resourceVersion), audited on stderr, and reaches every running CA process within its poll
 interval. Refusals (`AuthorityCommandError`) say why and what to do; nothing is written then.
+Everything it needs of the CA comes from the authority facade (`ca_server.authority`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ running: it reads the shared state as `meshca authority show` does
 in a running CA's memory, so they are not shown.
 
 The address forms read only the daemons' wire formats: HTTP, JSON and (via `meshca.sds_fetch`)
-SDS; they never import `agent`. The shared-state form reads through `ca_server`'s stores, like
+SDS; they never import `agent`. The shared-state form reads through the authority facade
+(`ca_server.authority`, the only part of the CA the commands import besides its config), like
 `meshca authority`; the Kubernetes client is loaded only for `--kubeconfig`.
 """
 
