@@ -1,12 +1,14 @@
 """Assembles the CA from its configuration and runs it until SIGTERM.
 
-Every choice between implementations (which authority source, which authenticators, which
-impersonation policy) is made here, once, at start-up. Kubernetes mode (`CaConfig.kube` set:
-`--kubeconfig`, or in-cluster credentials) swaps in the cluster-backed ones from
-`ca_server.kube`: the root in Secret `istio-ca-secret` (unless a plugged-in CA is present),
-TokenReview authentication, the node authorizer, and root ConfigMap publication.
+Every choice between implementations is made once, at start-up: the authority driver
+(self-signed or plugged-in) by `ca_server.authority.authority_driver_for`, which this module
+holds without asking its kind; the authenticators and the impersonation policy here.
+Kubernetes mode (`CaConfig.kube` set: `--kubeconfig`, or in-cluster credentials) swaps in the
+cluster-backed ones from `ca_server.kube`: the root in Secret `istio-ca-secret` (unless a
+plugged-in CA is present), TokenReview authentication, the node authorizer, and root ConfigMap
+publication.
 
-Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority watcher
+Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority driver
 (loading signing material, which may block on files or the API server, runs in a worker thread);
 the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
 Kubernetes mode adds its own threads (see `ca_server.kube`).
