@@ -39,7 +39,6 @@ event loop and reads the current authority once per request.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -140,8 +139,6 @@ __all__ = [
     "valid_agent_id",
 ]
 
-log = logging.getLogger(__name__)
-
 
 class AuthorityDriver(Protocol):
     """What the server needs from whichever authority it runs."""
@@ -194,6 +191,7 @@ def authority_driver_for(
     """The plugged-in driver when `--cacerts-dir` holds a complete layout, else self-signed
     slots shared by every CA process (in Secret `istio-ca-secret` in Kubernetes mode, else in
     `--data-dir`). Raises `CaSetupError` for an unusable `--cacerts-dir`. Not started."""
+    source = plugged_source_for(config.cacerts_dir)
     instance = _instance_name(config)
     sink: LedgerSink = (
         kube.ledger_sink(instance)
@@ -201,10 +199,13 @@ def authority_driver_for(
         else DirectoryLedgerSink(config.data_dir, instance)
     )
     settings = DriverSettings(
-        config.data_dir, instance, config.plugged_ca_poll_interval.total_seconds(), sink
+        config.data_dir,
+        instance,
+        config.plugged_ca_poll_interval.total_seconds(),
+        sink,
+        config.trust_domain,
     )
     driver: SelfSignedDriver | PluggedDriver
-    source = plugged_source_for(config.cacerts_dir)
     if source is None:
         factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
         store: AuthorityStateStore = (
@@ -214,7 +215,6 @@ def authority_driver_for(
         )
         policy = rotation_policy_for(config)
         driver = SelfSignedDriver(store, policy, factory, metrics, clock, settings, config.ttl)
-        log.info("signing with self-signed authority slots (trust domain %s)", config.trust_domain)
     else:
         driver = PluggedDriver(
             source,
@@ -225,7 +225,6 @@ def authority_driver_for(
             switch_at_coverage=config.activate_at_coverage,
             deadline_share=config.activate_deadline,
         )
-        log.info("signing with %s (trust domain %s)", source.description, config.trust_domain)
     driver.agent_reports.pods = kube.report_pods() if kube is not None else None
     return driver
 

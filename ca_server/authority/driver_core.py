@@ -21,7 +21,7 @@ from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.root_bundle import publish_root_bundle
 from ca_server.authority.signer import LocalSigner
 from ca_server.metrics import CaMetrics
-from certs import SigningAuthority
+from certs import DEFAULT_TRUST_DOMAIN, SigningAuthority
 from meshca.clock import Clock
 
 
@@ -31,6 +31,7 @@ class DriverSettings:
     instance: str  # this process's name in audit lines and its leaf-ledger report
     poll_interval: float  # seconds between looks at the shared state or the directory
     ledger_sink: LedgerSink  # where this process's ledger and agent reports are published
+    trust_domain: str = DEFAULT_TRUST_DOMAIN  # named in the start-up log line
 
 
 class DriverCore:

@@ -344,6 +344,11 @@ class PluggedDriver(DriverCore):
         """Loads the directory (raises `CaSetupError` for unusable material)."""
         authority = await asyncio.to_thread(self.source.load, self.clock.now())
         self._adopt(authority)
+        log.info(
+            "signing with %s (trust domain %s)",
+            self.source.description,
+            self.settings.trust_domain,
+        )
 
     def _adopt(self, authority: SigningAuthority) -> None:
         self.adopt(authority, anchor_id(authority), authority.roots, self.tainted_since())

@@ -236,6 +236,10 @@ class SelfSignedDriver(DriverCore):
         self._audited = set(before.history)
         state = await asyncio.to_thread(self._advance)
         self._converge(state)
+        log.info(
+            "signing with self-signed authority slots (trust domain %s)",
+            self.settings.trust_domain,
+        )
         await asyncio.to_thread(self._refresh_report)
 
     async def run(self) -> None:
