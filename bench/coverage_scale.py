@@ -85,6 +85,7 @@ class Fleet:
         self.api = api
         self.callers = _callers(args.agents)
         self.ledgers = [LeafLedger() for _ in range(args.replicas)]
+        self.agents = [AgentReports() for _ in range(args.replicas)]
         self.sinks = [
             ConfigMapLedgerSink(api.api_client(), NAMESPACE, f"ca-{i}")
             for i in range(args.replicas)
@@ -120,12 +121,12 @@ class Fleet:
         for poll in range(polls):
             for n in range(poll * per_poll, min(len(self.callers), (poll + 1) * per_poll)):
                 digest = self.both if self.has_new[n] else self.old
-                ledger = self.ledgers[self.replica_of(n, period, rebalance)]
-                ledger.agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
+                agents = self.agents[self.replica_of(n, period, rebalance)]
+                agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
             self.last_report_at = self.now
             self.now += timedelta(seconds=self.args.poll)
-            for ledger, sink in zip(self.ledgers, self.sinks, strict=True):
-                sink.save(ledger, self.now)
+            for ledger, agents, sink in zip(self.ledgers, self.agents, self.sinks, strict=True):
+                sink.save(ledger, agents, self.now)
             started = time.process_time()
             reports = self.reader._reports()
             self.list_cpu.append(time.process_time() - started)

@@ -13,7 +13,7 @@
 `authority_driver_for()` is the one place that choice is made; `ca_server.server` holds the
 result and never asks which kind it has. Both drivers share, once (`driver_core`): the one
 signer (`signer.LocalSigner`, which records each leaf in the leaf ledger under the authority it
-counts under), the ledger's publication with the agent reports it carries (files in
+counts under), the agent reports the driver owns, published with the ledger (files in
 `--data-dir`, or per-replica ConfigMaps in Kubernetes mode), `root-cert.pem` and the taint
 notice beside it (`root_bundle`), Istio's expiry gauges, and the activation gate's rules
 (`agent_reports.gate_coverage`; `slots.gate_deadline` and `slots.gate_verdict`).

@@ -1,7 +1,8 @@
-"""What both authority drivers share, written once: the signer and its leaf ledger (which
-carries the agent reports), the ledger's publication, the published trust bundle and the
-change notification. `self_signed.SelfSignedDriver` and `plugged.PluggedDriver` differ only in
-where the next authority comes from and which rule admits it.
+"""What both authority drivers share, written once: the signer and its leaf ledger, the agent
+reports the driver owns, their publication (one sink for both), the published trust bundle,
+Istio's expiry gauges and the change notification. `self_signed.SelfSignedDriver` and
+`plugged.PluggedDriver` differ only in where the next authority comes from and which rule
+admits it.
 
 Concurrency: everything here runs on the CA's event loop, except `save_ledger` and `adopt`'s
 file writes, which are short; the drivers call the blocking store reads in a worker thread.
@@ -42,6 +43,9 @@ class DriverCore:
         self.clock = clock
         self._metrics = metrics
         self.ledger = LeafLedger()
+        # The agents' reports this process received (the RPC edge records into it), published
+        # with the ledger on its cadence.
+        self.agent_reports = AgentReports()
         # Told every new authority after `start()` (Kubernetes mode: the root ConfigMaps).
         self.on_change: Callable[[SigningAuthority], None] = lambda authority: None
         self._signer: LocalSigner | None = None
@@ -55,11 +59,6 @@ class DriverCore:
     @property
     def started(self) -> bool:
         return self._signer is not None
-
-    @property
-    def agent_reports(self) -> AgentReports:
-        """The agents' reports this process received, published with its leaf ledger."""
-        return self.ledger.agents
 
     def adopt(
         self,
@@ -83,4 +82,4 @@ class DriverCore:
 
     def save_ledger(self) -> None:
         """Publishes this process's ledger and agent reports (blocking: worker thread)."""
-        self.settings.ledger_sink.save(self.ledger, self.clock.now())
+        self.settings.ledger_sink.save(self.ledger, self.agent_reports, self.clock.now())

@@ -48,7 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from ca_server.authority.agent_reports import gate_coverage
+from ca_server.authority.agent_reports import AgentReports, gate_coverage
 from ca_server.authority.driver_core import DriverCore, DriverSettings
 from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.report import AuthorityReport
@@ -167,12 +167,14 @@ class PluggedChangeGuard:
     def __init__(
         self,
         ledger: LeafLedger,
+        agents: AgentReports,
         sink: LedgerSink,
         switch_at_coverage: float | None = None,
         deadline_share: float = 0.5,
         on_deadline: Callable[[], None] = lambda: None,
     ) -> None:
         self._ledger = ledger
+        self._agents = agents
         self._sink = sink
         self._switch_at_coverage = switch_at_coverage
         self._deadline_share = deadline_share
@@ -191,7 +193,7 @@ class PluggedChangeGuard:
         return True
 
     def save(self, now: datetime) -> None:
-        self._sink.save(self._ledger, now)
+        self._sink.save(self._ledger, self._agents, now)
 
     def check(self, current: SigningAuthority, new: SigningAuthority, now: datetime) -> None:
         """Raises `CaSetupError` (saying what to do) if `new` would strand a workload."""
@@ -331,6 +333,7 @@ class PluggedDriver(DriverCore):
         self.ttl_policy = ttl
         self._guard = PluggedChangeGuard(
             self.ledger,
+            self.agent_reports,
             settings.ledger_sink,
             switch_at_coverage=switch_at_coverage,
             deadline_share=deadline_share,

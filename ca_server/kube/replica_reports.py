@@ -36,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from ca_server.authority.agent_reports import (
     REPUBLISH_EVERY,
     STALE_AFTER,
+    AgentReports,
     FleetReports,
     PodWatch,
     without_gone_pods,
@@ -164,11 +165,10 @@ class ConfigMapLedgerSink:
         self._shard_count = 0
         self._next_sweep = 0.0
 
-    def save(self, ledger: LeafLedger, now: datetime) -> None:
+    def save(self, ledger: LeafLedger, agents: AgentReports, now: datetime) -> None:
         """Publishes the shards whose content changed, then the report (leaves, shard 0, the
         heartbeat) when any of those changed or the heartbeat is due; deletes shards no longer
         needed. A routine re-report changes nothing here, so it writes nothing."""
-        agents = ledger.agents
         agents.prune(now)
         if self._merger.last is not None:
             agents.reclaim(self._merger.last)  # what readers see (this replica's last merge)

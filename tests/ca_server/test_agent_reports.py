@@ -223,17 +223,18 @@ def test_coverage_counts_an_agent_only_for_the_authorities_its_bundle_holds() ->
 
 def test_the_directory_sink_publishes_reports_beside_the_ledger(tmp_path: Path) -> None:
     mine, gone = LeafLedger(), LeafLedger()
-    mine.agents.record_report(_caller("p1", "u1"), "a", DIGEST, [], NOW)
-    gone.agents.expire_after = timedelta(seconds=1)
-    gone.agents.record_report(_caller("p2", "u2"), "b", DIGEST, [], NOW)
-    DirectoryLedgerSink(tmp_path, "gone").save(gone, NOW)
+    my_agents, gone_agents = AgentReports(), AgentReports()
+    my_agents.record_report(_caller("p1", "u1"), "a", DIGEST, [], NOW)
+    gone_agents.expire_after = timedelta(seconds=1)
+    gone_agents.record_report(_caller("p2", "u2"), "b", DIGEST, [], NOW)
+    DirectoryLedgerSink(tmp_path, "gone").save(gone, gone_agents, NOW)
     sink = DirectoryLedgerSink(tmp_path, "mine")
-    sink.save(mine, NOW)
+    sink.save(mine, my_agents, NOW)
     assert {e.pod for e in sink.agents(NOW).entries.values()} == {"default/p1", "default/p2"}
-    assert not mine.agents.changed
+    assert not my_agents.changed
     later = NOW + timedelta(minutes=1)
-    mine.agents.record_report(_caller("p3", "u3"), "c", DIGEST, [], later)
-    sink.save(mine, later)  # sweeps the gone process's spent report
+    my_agents.record_report(_caller("p3", "u3"), "c", DIGEST, [], later)
+    sink.save(mine, my_agents, later)  # sweeps the gone process's spent report
     assert sorted(p.name for p in (tmp_path / "agents").iterdir()) == ["mine.json"]
     assert {e.pod for e in sink.agents(later).entries.values()} == {"default/p1", "default/p3"}
 
