@@ -40,12 +40,12 @@ sys.path[:0] = [
     str(Path(__file__).resolve().parents[1] / "proto"),
 ]
 
-from ca_server.agent_reports import AgentReports, FleetReports, coverage  # noqa: E402
 from ca_server.authn import Caller  # noqa: E402
-from ca_server.authority_slots import AgentCoverage  # noqa: E402
+from ca_server.authority.agent_reports import AgentReports, FleetReports, coverage  # noqa: E402
+from ca_server.authority.leaf_ledger import LeafLedger  # noqa: E402
+from ca_server.authority.report_shards import ShardMerger  # noqa: E402
+from ca_server.authority.slots import AgentCoverage  # noqa: E402
 from ca_server.kube.replica_reports import ConfigMapLedgerSink  # noqa: E402
-from ca_server.leaf_ledger import LeafLedger  # noqa: E402
-from ca_server.report_shards import ShardMerger  # noqa: E402
 from certs import KeySpec, SpiffeId, new_self_signed_authority  # noqa: E402
 from certs.bundle import bundle_digest  # noqa: E402
 from tests.support.kube_api import KubeApiServer  # noqa: E402
@@ -85,6 +85,7 @@ class Fleet:
         self.api = api
         self.callers = _callers(args.agents)
         self.ledgers = [LeafLedger() for _ in range(args.replicas)]
+        self.agents = [AgentReports() for _ in range(args.replicas)]
         self.sinks = [
             ConfigMapLedgerSink(api.api_client(), NAMESPACE, f"ca-{i}")
             for i in range(args.replicas)
@@ -120,12 +121,12 @@ class Fleet:
         for poll in range(polls):
             for n in range(poll * per_poll, min(len(self.callers), (poll + 1) * per_poll)):
                 digest = self.both if self.has_new[n] else self.old
-                ledger = self.ledgers[self.replica_of(n, period, rebalance)]
-                ledger.agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
+                agents = self.agents[self.replica_of(n, period, rebalance)]
+                agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
             self.last_report_at = self.now
             self.now += timedelta(seconds=self.args.poll)
-            for ledger, sink in zip(self.ledgers, self.sinks, strict=True):
-                sink.save(ledger, self.now)
+            for ledger, agents, sink in zip(self.ledgers, self.agents, self.sinks, strict=True):
+                sink.save(ledger, agents, self.now)
             started = time.process_time()
             reports = self.reader._reports()
             self.list_cpu.append(time.process_time() - started)

@@ -48,15 +48,11 @@ from cryptography import x509  # noqa: E402
 
 from bench.vs_cfssl import IDENTITY, write_pki  # noqa: E402
 from ca_server.admission import Admission  # noqa: E402
-from ca_server.authority_setup import set_up_authority  # noqa: E402
+from ca_server.authority import authority_driver_for  # noqa: E402
 from ca_server.config import CaConfig, add_ca_arguments  # noqa: E402
 from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
 from ca_server.metrics import CaMetrics  # noqa: E402
-from ca_server.server import (  # noqa: E402
-    authority_source_for,
-    build_authenticators,
-    impersonation_policy_for,
-)
+from ca_server.server import build_authenticators, impersonation_policy_for  # noqa: E402
 from ca_server.service import CertificateService  # noqa: E402
 from certs import (  # noqa: E402
     build_workload_certificate,
@@ -108,16 +104,17 @@ async def build_service(workdir: Path) -> tuple[CertificateService, str]:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     clock = SystemClock()
     metrics = CaMetrics()
-    setup = await set_up_authority(config, authority_source_for(config), metrics, clock, None)
+    driver = authority_driver_for(config, metrics, clock)
+    await driver.start()
     service = CertificateService(
-        authenticators=build_authenticators(config, setup.signer, clock),
+        authenticators=build_authenticators(config, driver.signer, clock),
         impersonation=impersonation_policy_for(None),
-        signer=setup.signer,
-        ttl_policy=setup.ttl_policy,
+        signer=driver.signer,
+        ttl_policy=driver.ttl_policy,
         metrics=metrics,
         clock=clock,
         admission=Admission(config.admission, clock.monotonic),
-        agent_reports=setup.agent_reports,
+        agent_reports=driver.agent_reports,
     )
     token = load_dev_issuer(config.data_dir).mint(
         IDENTITY.namespace, IDENTITY.service_account, ttl=timedelta(hours=24)

@@ -34,7 +34,7 @@ STEPS: list[tuple[str, tuple[str, ...]]] = [
     ("metrics (prometheus_client)", ("prometheus_client/",)),
     ("audit line", ("meshca/logs.py", "logging/__init__.py", "json/")),
     ("CSR parse + verify", ("load_csr (",)),
-    ("leaf build + sign + PEM", ("sign (ca_server/signer.py", "response_chain (")),
+    ("leaf build + sign + PEM", ("sign (ca_server/authority/signer.py", "response_chain (")),
     ("strict checks (authz)", ("authorize_csr (",)),
     ("authentication", ("authenticate (",)),
     ("TTL / not_after", ("grant_validity (", "not_after (")),

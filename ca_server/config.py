@@ -165,13 +165,14 @@ class CaConfig:
     ttl: TtlPolicy = field(default_factory=TtlPolicy)
     root_key: KeySpec = field(default_factory=KeySpec)
     root_lifetime: timedelta = timedelta(days=3650)
-    # Self-signed rotation (see `ca_server.authority_slots`): prepare the next authority when
+    # Self-signed rotation (see `ca_server.authority.slots`): prepare the next authority when
     # half the active one's life is left but at most `root_prepare_cap` before its expiry;
     # activate when a sixth is left but at most `root_activate_cap` before.
     root_rotation: bool = True
     root_prepare_cap: timedelta = timedelta(days=180)
     root_activate_cap: timedelta = timedelta(days=90)
-    # The activation gate (see `authority_slots.RotationPolicy`): None activates by the clock.
+    # The activation gate (see `ca_server.authority.slots.SlotRotationPolicy`): None activates
+    # by the clock.
     activate_at_coverage: float | None = None
     activate_deadline: float = 0.5
     serving_hosts: tuple[str, ...] = DEFAULT_SERVING_HOSTS

@@ -2,10 +2,11 @@
 
 Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
 headers on its CSRs (`ca_server.wire`): its agent id, the digest of the trust bundle it
-serves and the authorities of the leaves it serves — so coverage (`ca_server.agent_reports`)
-stays fresh while nobody renews. The answer lists the tainted authorities (with how long ago
-each was tainted), which is how every agent, due a renewal or not, learns that leaves must be
-re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces that).
+serves and the authorities of the leaves it serves — so coverage
+(`ca_server.authority.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
+authorities (with how long ago each was tainted), which is how every agent, due a renewal or not,
+learns that leaves must be re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces
+that).
 
 Admission first (`ca_server.admission`, the same per-process policy as CreateCertificate, at
 the lowest priority): when the CA already has `max_in_flight_reports` requests in flight, the
@@ -24,7 +25,7 @@ a missing or malformed agent id, and for a report larger than any an agent sends
 `MAX_REPORT_BYTES` on the wire (refused before it is even parsed), or a field or list beyond its
 cap (`check_report_size`, before any element is looked at); the message says what to fix.
 The report counts for the pod the caller's credential proves, never for its agent id
-(`ca_server.agent_reports`). Concurrency: runs on the CA's
+(`ca_server.authority.agent_reports`). Concurrency: runs on the CA's
 `grpc.aio` event loop; recording takes a lock for a dictionary update.
 """
 
@@ -40,7 +41,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ca_server.admission import Admission
-from ca_server.agent_reports import (
+from ca_server.authn import AuthenticatorChain
+from ca_server.authority import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,
@@ -48,7 +50,6 @@ from ca_server.agent_reports import (
     AgentReports,
     valid_agent_id,
 )
-from ca_server.authn import AuthenticatorChain
 from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request

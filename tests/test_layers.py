@@ -237,3 +237,134 @@ def test_the_ca_package_root_exports_what_it_declares():
         assert getattr(ca_server, name) is getattr(__import__(module, fromlist=[name]), name)
     with pytest.raises(AttributeError):
         _ = ca_server.no_such_export
+
+
+# -- the CA's facades ------------------------------------------------------------------------
+#
+#     meshca/commands/   may import from ca_server only: the package root `ca_server`,
+#                        `ca_server.authority` (the facade) and `ca_server.config`
+#     ca_server/authority/<module>   private to the package: the rest of the product reaches it
+#                        through `ca_server.authority` only, except `ca_server.kube`, which
+#                        implements the package's store and publication protocols in the cluster
+#                        and imports the modules that define them (`KUBE_MAY_IMPLEMENT`)
+#
+# Tests and benches may import anything (they test the parts).
+
+COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.config")
+AUTHORITY = "ca_server.authority"
+KUBE_MAY_IMPLEMENT = tuple(
+    f"{AUTHORITY}.{name}"
+    for name in ("slots", "state_store", "leaf_ledger", "agent_reports", "report_shards")
+)
+
+
+def imported_from(source: str) -> Iterator[str]:
+    """The modules `source` imports from, at any depth: `import a.b` -> a.b; `from a.b import c`
+    -> a.b, and a.b.c too when that is a module of this repository (not a name in a.b)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                path = ROOT.joinpath(*name.split("."))
+                if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+                    yield name
+
+
+def facade_violations(module: str, source: str) -> list[str]:
+    found = set()
+    for name in imported_from(source):
+        if within(module, ("meshca.commands",)):
+            if within(name, ("ca_server",)) and name not in COMMAND_FACADES:
+                found.add(f"{module} imports {name}: use ca_server.authority or ca_server.config")
+        elif not within(module, (AUTHORITY,)) and within(name, (AUTHORITY,)) and name != AUTHORITY:
+            if within(module, ("ca_server.kube",)) and name in KUBE_MAY_IMPLEMENT:
+                continue
+            found.add(f"{module} imports {name}: import it from the facade ca_server.authority")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", ["meshca", "ca_server", "agent"])
+def test_the_ca_is_reached_through_its_facades(package: str):
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found += facade_violations(module_name(path), path.read_text(encoding="utf-8"))
+    assert found == []
+
+
+def test_the_facade_rule_sees_what_it_must():
+    """The checker itself, on sources that break each rule."""
+    assert facade_violations("meshca.commands.status", "from ca_server.authority import x\n") == []
+    assert facade_violations("meshca.commands.status", "import ca_server.config\n") == []
+    assert facade_violations("meshca.commands.status", "from ca_server import authority\n") == []
+    assert facade_violations(
+        "meshca.commands.status", "def f():\n    from ca_server.kube.clients import c\n"
+    ) == [
+        "meshca.commands.status imports ca_server.kube.clients: use ca_server.authority or "
+        "ca_server.config"
+    ]
+    assert facade_violations("meshca.commands.authority", "from ca_server import errors\n") != []
+    assert facade_violations("ca_server.service", "from ca_server.authority.slots import x\n") != []
+    assert facade_violations("ca_server.service", "from ca_server.authority import signer\n") != []
+    assert (
+        facade_violations(
+            "ca_server.authority.plugged", "from ca_server.authority.slots import x\n"
+        )
+        == []
+    )
+    assert (
+        facade_violations("ca_server.kube.secret_root", "import ca_server.authority.slots\n") == []
+    )
+    assert (
+        facade_violations("ca_server.kube.mode", "import ca_server.authority.self_signed\n") != []
+    )
+
+
+def identifiers(source: str) -> set[str]:
+    """Every name the code uses (variables, attributes, imported names, definitions), lowered;
+    docstrings and comments are not code."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.alias):
+            found.update(node.name.split("."))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.arg):
+            found.add(node.arg)
+    return {name.lower() for name in found}
+
+
+def test_the_server_does_not_branch_on_the_authority_mode():
+    """`ca_server.server` holds an `AuthorityDriver` and never asks which kind: it imports the
+    facade, not the drivers, and its code names none of their parts."""
+    source = (ROOT / "ca_server" / "server.py").read_text(encoding="utf-8")
+    imported = set(imported_from(source))
+    assert {name for name in imported if within(name, (AUTHORITY,))} <= {AUTHORITY}
+    used = identifiers(source)
+    for part in (
+        "SlotSigner",
+        "RecordingSigner",
+        "rotator",
+        "guard",
+        "cacerts_dir",
+        "SelfSignedDriver",
+        "PluggedDriver",
+        "tainted_since_for",
+        "authority_source_for",
+        "watch_authority",
+    ):
+        assert part.lower() not in used, f"ca_server/server.py uses {part}"
+    assert "authority_driver_for" in used
+
+
+def test_the_server_rule_sees_a_branch():
+    source = "def f(signer):\n    if isinstance(signer, SlotSigner):\n        pass\n"
+    assert {"isinstance", "slotsigner", "signer"} <= identifiers(source)
+    assert "rotator" in identifiers("x = setup.rotator\n")
+    assert "rotator" not in identifiers('"""the rotator"""\n')

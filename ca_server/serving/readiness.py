@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 
-from ca_server.authority_fitness import chain_problem
+from ca_server.authority import chain_problem
 from certs import SigningAuthority
 from meshca.clock import Clock
 

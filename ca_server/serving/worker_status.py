@@ -11,7 +11,7 @@ written file (after a rotation that is the newest one), the leaves merged throug
 `IssuedLeaves` of the single CA's capacity, recorded oldest issuance first so that the latest leaf
 per identity wins. The view is therefore at most about `interval` old.
 
-The authority slots (`ca_server.authority_report`) are shared state: every worker converges on
+The authority slots (`ca_server.authority.report`) are shared state: every worker converges on
 the same slots and reads the same published figures, so any worker's section is the CA's. A
 worker writes its section with its part (and again whenever its section changes); the
 supervisor shows the section that changed most recently, i.e. the newest view of the slots (a
@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ca_server.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
+from ca_server.authority import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
 from ca_server.serving.status import SigningChain, ca_document
 from meshca.clock import Clock
 from meshca.files import atomic_write
@@ -52,7 +52,7 @@ FORMAT = 1
 
 
 class SlotsSnapshot(Protocol):
-    """The authority slots' latest report (`ca_server.authority_report.ReportSnapshot`)."""
+    """The authority slots' latest report (`ca_server.authority.ReportSnapshot`)."""
 
     @property
     def section(self) -> dict[str, Any]: ...  # `authority_report.status_section`
@@ -79,7 +79,7 @@ class WorkerPart:
     written_at: datetime
     chain: PublishedChain
     leaves: list[IssuedLeaf]
-    slots: dict[str, Any] | None = None  # the worker's `authority_report.status_section`
+    slots: dict[str, Any] | None = None  # the worker's `authority.report.status_section`
     slots_changed_at: datetime | None = None  # when that section last changed
 
 

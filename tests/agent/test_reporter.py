@@ -26,7 +26,7 @@ from agent.reporter import PeriodicReporter
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from meshca.clock import SystemClock
 from meshca_proto import report_pb2, report_pb2_grpc
 from tests.agent.pki import IDENTITY, FakeCaServicer, FakeSigner, start_fake_ca

@@ -36,7 +36,7 @@ from agent.secrets import SecretCache
 from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock, SystemClock
 from meshca.taint_notice import MAX_NOTICE_BYTES, TAINT_NOTICE_NAME, encode_taint_notice

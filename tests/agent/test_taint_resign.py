@@ -21,7 +21,7 @@ from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.signing import SignedCertificate, SigningRequest
 from agent.taints import SOURCE_REPORT, taints_from_report
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import SpiffeId, load_cert
 from meshca.clock import FakeClock
 from tests.agent.wiring import advance_settled, until

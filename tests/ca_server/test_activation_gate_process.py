@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
+from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, load_certs
 from meshca.clock import FakeClock
 from tests.support.agent_process import AgentProcess

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.trust_bundle import bundle_digest
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_certs
 from tests.support.agent_reports import report_headers, reporting_csr
 from tests.support.authority_cli import data_dir_target, meshca_authority

@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from agent.trust_bundle import bundle_digest
-from ca_server.authority_slots import authority_id
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
+from ca_server.authority.slots import authority_id
+from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, load_certs
 from meshca.clock import FakeClock
 from meshca_proto import report_pb2

@@ -9,7 +9,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import (
     SpiffeId,
     build_csr,

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from cryptography import x509
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import (
     CLOCK_SKEW_BACKDATE,
     SpiffeId,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from agent.propagation import leaf_authority
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_certs
 from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority

@@ -6,11 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.agent_reports import FleetEntry, FleetReports
-from ca_server.authority_report import AuthorityReport, status_section
-from ca_server.authority_slots import AuthorityState, Phase
-from ca_server.authority_state import SlotFactory
-from ca_server.issued_leaves import IssuedLeaf, IssuedLeaves
+from ca_server.authority.agent_reports import FleetEntry, FleetReports
+from ca_server.authority.issued_leaves import IssuedLeaf, IssuedLeaves
+from ca_server.authority.report import AuthorityReport, status_section
+from ca_server.authority.signer import LocalSigner
+from ca_server.authority.slots import AuthorityState, Phase
+from ca_server.authority.state_store import SlotFactory
 from ca_server.serving.status import ca_document
 from ca_server.serving.worker_status import (
     WorkerStatusPublisher,
@@ -18,7 +19,6 @@ from ca_server.serving.worker_status import (
     encode_part,
     merged_document,
 )
-from ca_server.signer import LocalSigner
 from certs import KeySpec, SigningAuthority, new_self_signed_authority
 from meshca.clock import FakeClock
 

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_cert, load_certs
 from certs.bundle import bundle_digest
 from meshca.commands.status import CLEAR_SCREEN

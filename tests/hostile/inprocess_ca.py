@@ -20,6 +20,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from ca_server.authn import AuthenticatorChain
+from ca_server.authority.signer import LocalSigner
 from ca_server.config import CaConfig, JwtIssuerConfig
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.metrics import CaMetrics
@@ -27,7 +28,6 @@ from ca_server.request_decoding import add_certificate_service
 from ca_server.server import build_authenticators
 from ca_server.service import CertificateService
 from ca_server.serving.tls import ServingTls
-from ca_server.signer import LocalSigner
 from certs import (
     SigningAuthority,
     SpiffeId,

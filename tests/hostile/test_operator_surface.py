@@ -22,15 +22,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from ca_server.authority_slots import AuthorityState, Phase, Slot
-from ca_server.authority_state import (
+from ca_server.authority.data_dir_guard import UNLOCKED_STALE_AFTER
+from ca_server.authority.slots import AuthorityState, Phase, Slot
+from ca_server.authority.state_store import (
     STATE_FILE,
     LocalAuthorityStateStore,
     SlotFactory,
     decode_state,
     encode_state,
 )
-from ca_server.data_dir_guard import UNLOCKED_STALE_AFTER
 from certs import (
     KeySpec,
     SpiffeId,
