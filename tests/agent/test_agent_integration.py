@@ -27,6 +27,8 @@ from tests.support.ca_process import CaProcess
 from tests.support.processes import MeshcaProcess, free_port, wait_for
 from tests.support.sds_client import fetch_secrets, leaf_serial
 
+pytestmark = pytest.mark.process  # every test runs a CA and agents
+
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:

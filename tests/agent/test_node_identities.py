@@ -56,7 +56,7 @@ def pod(namespace: str, name: str, account: str, phase: str = "Running") -> clie
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeApiServer]:
+def kube(starts_processes: None) -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
     for namespace in ("shop", "web"):
         server.create_namespace(namespace)

