@@ -40,8 +40,8 @@ from agent.taints import SOURCE_REPORT  # noqa: E402
 from meshca.clock import SystemClock  # noqa: E402
 from meshca.logs import configure_logging  # noqa: E402
 from meshca_proto import ca_pb2  # noqa: E402
-from tests.agent.pki import NODE_TOKEN, FakeCaServicer, start_fake_ca  # noqa: E402
-from tests.agent.wiring import node_agent_config, scheduler_of  # noqa: E402
+from tests.support.agent_wiring import node_agent_config, scheduler_of  # noqa: E402
+from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, start_fake_ca  # noqa: E402
 from tests.support.pki import TestCa  # noqa: E402
 
 

@@ -35,8 +35,8 @@ from agent.secrets import RootSecret  # noqa: E402
 from agent.trust_bundle import root_fingerprint  # noqa: E402
 from certs import load_certs  # noqa: E402
 from meshca.clock import SystemClock  # noqa: E402
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca  # noqa: E402
-from tests.agent.wiring import node_agent_config, scheduler_of  # noqa: E402
+from tests.support.agent_wiring import node_agent_config, scheduler_of  # noqa: E402
+from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca  # noqa: E402
 from tests.support.pki import TestCa  # noqa: E402
 
 

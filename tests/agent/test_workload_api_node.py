@@ -29,8 +29,8 @@ from agent.workload_api import REFUSED_NOT_ATTESTED
 from agent.workload_attestor import NodeCaller, ProcessCgroups
 from certs import load_cert, load_private_key
 from meshca.clock import SystemClock
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import until
+from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.kube_api import KubeApiServer
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env
