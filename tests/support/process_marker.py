@@ -9,9 +9,10 @@ How a test gets the marker:
 - **Through its fixtures.** A fixture that starts a process or server requests the
   `starts_processes` fixture; every test whose fixture closure holds it (directly or through
   other fixtures, whatever their names) is marked at collection.
-- **Through its own body.** A test that starts one itself (`subprocess.run`, `CaProcess(...)`,
-  `KubeApiServer()`) carries `@pytest.mark.process` (or its module a `pytestmark`). The `envoy`
-  marker implies `process`.
+- **Through its own body.** A test that starts one itself (`subprocess.run`,
+  `CaProcess(...).start()`, `KubeApiServer().start()`) carries `@pytest.mark.process`; a module
+  whose every test does so says it once (`pytestmark = pytest.mark.process  # what they start`).
+  The `envoy` marker implies `process`.
 
 How no test can forget it: while an unmarked test sets up or runs, starting a child process
 (`subprocess`, `os.fork`, `os.posix_spawn`, `multiprocessing`) or calling `refuse_unless_marked`
