@@ -51,7 +51,7 @@ from bench.vs_cfssl import (
     ensure_tools,
     write_pki,
 )
-from ca_server.workers import default_worker_count
+from ca_server.serving.workers import default_worker_count
 from certs import (
     build_serving_certificate,
     cert_to_pem,

@@ -31,7 +31,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from ca_server.cpu_scheduling import apply_cpu_scheduling
+from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
 from certs import (
     SpiffeId,
     build_workload_certificate,

@@ -32,10 +32,12 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
+from agent.metrics import AgentMetrics
 from agent.sds import SECRET_TYPE_URL, SdsServer
 from agent.secrets import DEFAULT_RESOURCE, SecretCache
 from agent.workload_api import WorkloadApiServer, _Encodings
 from certs import load_der_certs
+from meshca.clock import SystemClock
 from meshca_proto import workload_pb2
 from tests.support.loop import LoopThread
 from tests.support.pki import TestCa
@@ -146,6 +148,7 @@ async def run(directory: Path, streams: int, rotations: int, rounds: int) -> Non
         loop.run(cache.publish(ca.root_secret()))
         loop.run(cache.publish(ca.issue("bench").tls_secret()))
         wapi = WorkloadApiServer(cache, directory / "wapi.sock", trust_domain="cluster.local",
+                                 metrics=AgentMetrics(SystemClock()),
                                  max_streams=streams + 10)  # fmt: skip
         sds = SdsServer(cache, directory / "sds.sock")
         loop.run(wapi.start())

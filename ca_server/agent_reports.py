@@ -20,7 +20,7 @@ headers are *unknown*: at most one per SPIFFE identity, counted apart, never as 
 agent restart in the same pod (a new agent id) replaces the pod's entry.
 
 Lifetime of an entry (the rule, in one place): it expires `EXPIRE_AFTER` (four times the longest
-report interval an agent accepts, `meshca.report_headers.MAX_REPORT_INTERVAL`, so 40 min) after
+report interval an agent accepts, `meshca.wire.MAX_REPORT_INTERVAL`, so 40 min) after
 it was last refreshed — a live agent refreshes it every interval (at most 10 min + 20 % jitter),
 so only a gone agent's entry expires; an agent with reports turned off (`--report-interval 0`)
 counts for that long after each CSR. It is removed at once when the informer says its pod is
@@ -72,14 +72,10 @@ from typing import Any, Protocol
 from cryptography import x509
 
 from ca_server.authn import Caller
+from ca_server.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from certs.bundle import bundle_digest
 from meshca.logs import audit
-from meshca.report_headers import (
-    AGENT_ID_HEADER,
-    LEAF_AUTHORITY_HEADER,
-    MAX_REPORT_INTERVAL,
-    TRUST_BUNDLE_HEADER,
-)
+from meshca.wire import MAX_REPORT_INTERVAL
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ca_server.issued_leaves import IssuedLeaves
+from ca_server.wire import REPORT_SERVICE
 from certs import SigningAuthority
 from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
 
@@ -65,8 +66,8 @@ def retire_series(gauge: Gauge, *labels: str) -> None:
 
 
 def _multiprocess() -> bool:
-    # What the supervisor sets for its workers (`ca_server.workers`), and what prometheus-client
-    # reads to choose its multiprocess values.
+    # What the supervisor sets for its workers (`ca_server.serving.workers`), and what
+    # prometheus-client reads to choose its multiprocess values.
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
@@ -198,7 +199,7 @@ class CaMetrics:
         )
         self.agent_reports = Counter(
             "meshca_ca_agent_reports",
-            "Periodic agent reports (meshca.v1.AgentReportService/Report), by outcome: "
+            f"Periodic agent reports ({REPORT_SERVICE}/Report), by outcome: "
             "recorded, or the refusal's reason",
             ["outcome"],
             registry=r,

@@ -1,7 +1,7 @@
 """The RPC edge of meshca's own agent report: `meshca.v1.AgentReportService/Report`.
 
 Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
-headers on its CSRs (`meshca.report_headers`): its agent id, the digest of the trust bundle it
+headers on its CSRs (`ca_server.wire`): its agent id, the digest of the trust bundle it
 serves and the authorities of the leaves it serves — so coverage (`ca_server.agent_reports`)
 stays fresh while nobody renews. The answer lists the tainted authorities (with how long ago
 each was tainted), which is how every agent, due a renewal or not, learns that leaves must be
@@ -39,7 +39,7 @@ from typing import NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission
+from ca_server.admission import Admission
 from ca_server.agent_reports import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
@@ -52,12 +52,13 @@ from ca_server.authn import AuthenticatorChain
 from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request
+from ca_server.wire import REPORT_SERVICE, RETRY_PUSHBACK_TRAILER
 from meshca.clock import Clock
+from meshca.grpc_services import add_service
 from meshca_proto import report_pb2, report_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = report_pb2.DESCRIPTOR.services_by_name["AgentReportService"].full_name
 # An agent's report is well under 2 KiB (an id, a digest, up to 8 authority IDs); four times
 # that is refused before protobuf parses it.
 MAX_REPORT_BYTES = 8 * 1024
@@ -205,12 +206,9 @@ def decode_report(data: bytes) -> report_pb2.AgentReportRequest | UndecodableRep
 
 def add_report_service(service: AgentReportService, server: grpc.aio.Server) -> None:
     """Like the generated `add_AgentReportServiceServicer_to_server`, with `decode_report`."""
-    handlers = {
-        "Report": grpc.unary_unary_rpc_method_handler(
-            service.Report,
-            request_deserializer=decode_report,
-            response_serializer=report_pb2.AgentReportResponse.SerializeToString,
-        )
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    handler = grpc.unary_unary_rpc_method_handler(
+        service.Report,
+        request_deserializer=decode_report,
+        response_serializer=report_pb2.AgentReportResponse.SerializeToString,
+    )
+    add_service(server, REPORT_SERVICE, {"Report": handler})

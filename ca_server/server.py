@@ -6,36 +6,29 @@ impersonation policy) is made here, once, at start-up. Kubernetes mode (`CaConfi
 `ca_server.kube`: the root in Secret `istio-ca-secret` (unless a plugged-in CA is present),
 TokenReview authentication, the node authorizer, and root ConfigMap publication.
 
+How the process is served is chosen once too: the serving role (`ca_server.serving.role`), a
+single CA or worker `slot` of `meshca ca --workers N`, supplies the gRPC server options, the
+monitoring and debug HTTP servers (or, for a worker, the ready file and the status it publishes
+to its supervisor); this module composes it with the authority and the services and never asks
+which role it has.
+
 Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority watcher
 (loading signing material, which may block on files or the API server, runs in a worker thread);
 the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
 Kubernetes mode adds its own threads (see `ca_server.kube`).
-
-As worker `slot` of `meshca ca --workers N` (`CaConfig.worker` set; see `ca_server.workers`)
-the same assembly serves the same ports as its siblings (`SO_REUSEPORT`: the kernel spreads
-connections across the workers), leaves `/metrics`, `/ready` and `/debug/ca` (on
-`--debug-listen`) to the supervisor (publishing its part of `/debug/ca`:
-`ca_server.worker_status`), and tells it that it is serving
-by creating its ready file. A worker dies with its supervisor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from ca_server.admission import Admission
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
-from ca_server.authority_report import AuthorityReport, report_section
 from ca_server.authority_setup import record_expiry, set_up_authority
 from ca_server.config import CaConfig
 from ca_server.data_dir_guard import check_data_dir
@@ -50,8 +43,6 @@ from ca_server.plugged_rotation import (
     audit_refusal,
     audit_reload,
 )
-from ca_server.readiness import SigningReadiness
-from ca_server.report_service import SERVICE_NAME as REPORT_SERVICE_NAME
 from ca_server.report_service import (
     AgentReportService,
     TaintedSince,
@@ -68,23 +59,18 @@ from ca_server.root_store import (
 )
 from ca_server.rotation import SlotSigner
 from ca_server.service import CertificateService
-from ca_server.serving_tls import ServingTls
+from ca_server.serving.endpoints import Health, add_listening_port
+from ca_server.serving.readiness import SigningReadiness
+from ca_server.serving.role import ServingRole, ServingView, serving_role_for
+from ca_server.serving.tls import ServingTls
 from ca_server.signer import LocalSigner
-from ca_server.status import ca_document
-from ca_server.worker_status import WorkerStatusPublisher
-from ca_server.workers import die_with_parent
+from ca_server.wire import CERTIFICATE_SERVICE, REPORT_SERVICE
 from certs import CertsError, SigningAuthority
 from meshca.clock import Clock, SystemClock
-from meshca.files import atomic_write, ensure_dir
-from meshca.listen import ListenError
-from meshca.status_http import StatusServer, json_response, metrics_route, text
+from meshca.files import ensure_dir
 from meshca.waiting import cancel_and_wait
-from meshca_proto import ca_pb2
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].full_name
-_MAX_MESSAGE_BYTES = 1024 * 1024
 
 
 def authority_source_for(
@@ -138,19 +124,6 @@ def tainted_since_for(signer: LocalSigner) -> TaintedSince:
 def impersonation_policy_for(kube: KubernetesMode | None) -> ImpersonationPolicy:
     """The node authorizer when Kubernetes mode has trusted node accounts; else refuse."""
     return kube.impersonation_policy() if kube is not None else DenyImpersonation()
-
-
-@dataclass
-class CaState:
-    signing: SigningReadiness
-    ready: bool = False
-
-    def readiness(self) -> tuple[int, str]:
-        """`/ready`: 200 once serving, while the signing chain is valid; else 503 and why."""
-        if not self.ready:
-            return 503, "starting\n"
-        problem = self.signing.problem()
-        return (503, f"not ready: {problem}\n") if problem else (200, "ready\n")
 
 
 async def watch_authority(
@@ -228,21 +201,25 @@ async def _reload_if_changed(
 async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     """Runs the CA until SIGTERM/SIGINT. Raises `CaSetupError` for unusable configuration."""
     clock = clock or SystemClock()
-    if config.worker is not None:
-        die_with_parent()
+    role = serving_role_for(config)
+    role.prepare()
     check_data_dir(config.data_dir)  # before anything there is trusted or written
     ensure_dir(config.data_dir)
     metrics = CaMetrics()
     kube = KubernetesMode(config, config.kube, metrics, clock) if config.kube is not None else None
     try:
-        await _serve(config, clock, metrics, kube)
+        await _serve(config, clock, metrics, kube, role)
     finally:
         if kube is not None:
             await kube.stop()
 
 
 async def _serve(
-    config: CaConfig, clock: Clock, metrics: CaMetrics, kube: KubernetesMode | None
+    config: CaConfig,
+    clock: Clock,
+    metrics: CaMetrics,
+    kube: KubernetesMode | None,
+    role: ServingRole,
 ) -> None:
     source = authority_source_for(config, kube)
     setup = await set_up_authority(config, source, metrics, clock, kube)
@@ -251,7 +228,7 @@ async def _serve(
         await kube.start(authority, tainted_since_for(signer))
 
     started = clock.now()
-    state = CaState(signing=SigningReadiness(lambda: signer.authority, clock))
+    readiness = SigningReadiness(lambda: signer.authority, clock)
     admission = Admission(config.admission, clock.monotonic)  # one policy: CSRs, then reports
     service = CertificateService(
         authenticators=build_authenticators(config, signer, clock, kube),
@@ -263,7 +240,7 @@ async def _serve(
         admission=admission,
         agent_reports=setup.agent_reports,
     )
-    server = grpc.aio.server(options=server_options(config))
+    server = grpc.aio.server(options=role.server_options())
     add_certificate_service(service, server)
     if setup.agent_reports is not None:
         add_report_service(
@@ -277,11 +254,7 @@ async def _serve(
             ),
             server,
         )
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, REPORT_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
+    health = Health(server, [CERTIFICATE_SERVICE, REPORT_SERVICE], checked=[CERTIFICATE_SERVICE])
     # Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets
     # its own port (`--mtls-listen`) where the certificate is required and verified.
     tls = ServingTls(config, signer, clock, require_client_cert=False)
@@ -290,33 +263,24 @@ async def _serve(
         mtls = ServingTls(config, signer, clock, require_client_cert=True)
         add_listening_port(server, "--mtls-listen", config.mtls_listen, mtls.credentials())
     report = setup.rotator.report if setup.rotator is not None else None
-    monitoring = _monitoring(config, metrics, state)
-    debug = _debug(config, metrics, signer, started, clock, report)
-    for http in (monitoring, debug):
-        if http is not None:
-            http.start()
+    role.start(
+        ServingView(
+            authority=lambda: signer.authority,
+            leaves=metrics.leaves,
+            slots=lambda: report.snapshot if report is not None else None,
+            registry=metrics.registry,
+            readiness=readiness,
+            started=started,
+            clock=clock,
+        )
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    publisher: WorkerStatusPublisher | None = None
-    publishing: asyncio.Task[None] | None = None
-    if config.worker is not None:
-        # Published before the ready file, so the supervisor's `/debug/ca` answers once
-        # `/ready` does.
-        publisher = WorkerStatusPublisher(
-            config.worker.status_file, signer, metrics.leaves, clock, report=report
-        )
-        await asyncio.to_thread(publisher.publish)
-        publishing = asyncio.create_task(publisher.run())
-    state.ready = True
-    if config.worker is not None:
-        ready_file = config.worker.ready_file
-        atomic_write(ready_file, ready_file_text(None))
-        state.signing.on_change = lambda problem: atomic_write(ready_file, ready_file_text(problem))
+    await health.serving()
+    await role.serving()
     log.info(
         "CA serving on %s%s; monitoring on %s%s",
         config.listen,
@@ -325,7 +289,7 @@ async def _serve(
         f"; debug (/debug/ca) on {config.debug_listen}" if config.debug_listen else "",
     )
     on_reload = kube.authority_changed if kube is not None else (lambda authority: None)
-    validity = asyncio.create_task(state.signing.watch(config.plugged_ca_poll_interval))
+    validity = asyncio.create_task(readiness.watch(config.plugged_ca_poll_interval))
     if setup.rotator is not None:
         setup.rotator.on_change = on_reload
         watcher = asyncio.create_task(setup.rotator.run())
@@ -338,86 +302,9 @@ async def _serve(
         await stop.wait()
     finally:
         log.info("shutting down")
-        await cancel_and_wait(validity)  # before the ready file goes: it may rewrite it
-        state.ready = False
-        if config.worker is not None:
-            config.worker.ready_file.unlink(missing_ok=True)
-        for task in (watcher, publishing):
-            await cancel_and_wait(task)
-        if publisher is not None:
-            publisher.remove()
-        await health_servicer.enter_graceful_shutdown()
+        await cancel_and_wait(validity)  # before the role stops saying ready: it may rewrite it
+        await role.leaving()
+        await cancel_and_wait(watcher)
+        await health.leaving()
         await server.stop(config.shutdown_grace.total_seconds())
-        for http in (monitoring, debug):
-            if http is not None:
-                http.stop()
-
-
-def ready_file_text(problem: str | None) -> bytes:
-    """A worker's ready file: its pid, then why it is not ready (read by `workers._Slot`)."""
-    return f"{os.getpid()}\n{f'not ready: {problem}' if problem else ''}\n".encode()
-
-
-def server_options(config: CaConfig) -> list[tuple[str, int]]:
-    """A single CA owns its ports (a second one on the same port fails to start, loudly);
-    workers share theirs with their siblings."""
-    return [
-        ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 1 if config.worker is not None else 0),
-    ]
-
-
-def _monitoring(config: CaConfig, metrics: CaMetrics, state: CaState) -> StatusServer | None:
-    """`/metrics`, `/healthz` and `/ready` of a single CA; a worker's are served by its
-    supervisor. No identities or serials here: those are on the debug address only."""
-    if config.worker is not None:
-        return None
-    return StatusServer(
-        config.monitoring_listen,
-        {
-            "/metrics": metrics_route(metrics.registry),
-            "/healthz": lambda: text(200, "ok\n"),
-            "/ready": lambda: text(*state.readiness()),
-        },
-    )
-
-
-def _debug(
-    config: CaConfig,
-    metrics: CaMetrics,
-    signer: LocalSigner,
-    started: datetime,
-    clock: Clock,
-    report: AuthorityReport | None = None,
-) -> StatusServer | None:
-    """`/debug/ca` (workload identities and serials, what `meshca status` reads) and `/metrics`
-    (its rates) on `--debug-listen`, only when given; a worker's are served by its supervisor.
-    `report` holds the authority slots (self-signed slots only)."""
-    if config.worker is not None or config.debug_listen is None:
-        return None
-    return StatusServer(
-        config.debug_listen,
-        {
-            "/metrics": metrics_route(metrics.registry),
-            "/debug/ca": lambda: json_response(
-                ca_document(
-                    signer.authority, metrics.leaves, started, clock.now(), report_section(report)
-                )
-            ),
-        },
-        name="debug",
-        flag="--debug-listen",
-    )
-
-
-def add_listening_port(
-    server: grpc.aio.Server, flag: str, address: str, credentials: grpc.ServerCredentials
-) -> None:
-    """`add_secure_port`, with a failure to bind said as one line naming the flag."""
-    try:
-        server.add_secure_port(address, credentials)
-    except RuntimeError:
-        raise ListenError(
-            f"{flag} {address}: cannot listen there (the port is in use, or not an address of "
-            "this host): stop what holds it or pick another port"
-        ) from None
+        role.stop()

@@ -15,7 +15,7 @@ import grpc
 from cryptography import x509
 from google.protobuf import struct_pb2
 
-from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
+from ca_server.admission import Admission, is_renewal
 from ca_server.agent_reports import MAX_AGENT_ID, REPORT_HEADERS, AgentReports
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
 from ca_server.authz import authorize_csr
@@ -33,6 +33,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
 from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
+from ca_server.wire import IMPERSONATED_IDENTITY, RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr
 from meshca.clock import Clock
 from meshca.logs import audit
@@ -40,10 +41,8 @@ from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
 # The request's headers as gRPC hands them over: (key, value) pairs, binary values as bytes.
 Metadata = tuple[tuple[str, str | bytes], ...]
-CERT_SIGNER = "CertSigner"
 MAX_REPORT_HEADER = MAX_AGENT_ID  # the longest valid report header value (an agent id)
 
 
@@ -192,7 +191,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             target = SpiffeId.parse(requested)
         except CertsError as exc:
             raise AuthenticationError(
-                "impersonation-invalid", f"ImpersonatedIdentity metadata: {exc}"
+                "impersonation-invalid", f"{IMPERSONATED_IDENTITY} metadata: {exc}"
             ) from exc
         await self._impersonation.authorize(caller, target)
         return target

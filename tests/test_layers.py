@@ -93,3 +93,147 @@ def test_every_command_is_a_module_of_its_own():
     for name, (module, _) in COMMANDS.items():
         assert module == f"meshca.commands.{name}"
         assert (ROOT / "meshca" / "commands" / f"{name}.py").is_file()
+
+
+# -- the CA's composition root, its wire names and its package root ---------------------------
+
+WIRE_MODULES = ("meshca/wire.py", "ca_server/wire.py")
+WIRE_LITERALS = (
+    "ImpersonatedIdentity",
+    "CertSigner",
+    "x-meshca-",
+    "grpc-retry-pushback-ms",
+    "istiod.istio-system.svc",
+    "istio.v1.auth.IstioCertificateService",
+    "meshca.v1.AgentReportService",
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of `tree` (prose may name a header; code may not)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def spelt_wire_names(source: str) -> list[str]:
+    """The wire literals `source` spells in code (string constants, f-string parts), not in
+    its docstrings."""
+    tree = ast.parse(source)
+    prose = _docstrings(tree)
+    return sorted(
+        {
+            literal
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if id(node) not in prose
+            for literal in WIRE_LITERALS
+            if literal in node.value
+        }
+    )
+
+
+def test_server_py_never_asks_which_serving_role_it_has():
+    """`ca_server.serving.role` is chosen once (`serving_role_for`); the composition root only
+    calls it. A `.worker` read in `server.py` is a branch on worker mode coming back."""
+    tree = ast.parse((ROOT / "ca_server" / "server.py").read_text(encoding="utf-8"))
+    reads = [
+        f"line {node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "worker"
+    ]
+    assert reads == []
+
+
+def test_the_check_sees_a_worker_branch():
+    source = "def f(config):\n    if config.worker is not None:\n        pass\n"
+    tree = ast.parse(source)
+    assert any(isinstance(n, ast.Attribute) and n.attr == "worker" for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("package", ["meshca", "ca_server", "agent"])
+def test_wire_names_are_spelt_only_in_the_wire_modules(package: str):
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if path.relative_to(ROOT).as_posix() in WIRE_MODULES:
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}: {name}"
+            for name in spelt_wire_names(path.read_text(encoding="utf-8"))
+        ]
+    assert found == []
+
+
+def test_the_wire_check_sees_code_and_skips_prose():
+    source = (
+        '"""Sends `x-meshca-renewal`."""\n'
+        'HEADER = "x-meshca-renewal"\n'
+        "def f(ms):\n"
+        '    """Reads grpc-retry-pushback-ms."""\n'
+        '    return f"retry after the grpc-retry-pushback-ms hint {ms}"\n'
+    )
+    assert spelt_wire_names(source) == ["grpc-retry-pushback-ms", "x-meshca-"]
+
+
+def test_the_ca_wire_names_the_services_the_protos_define():
+    from ca_server import wire
+    from meshca_proto import ca_pb2, report_pb2
+
+    assert (
+        ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].full_name
+    ) == wire.CERTIFICATE_SERVICE
+    assert (
+        report_pb2.DESCRIPTOR.services_by_name["AgentReportService"].full_name
+    ) == wire.REPORT_SERVICE
+
+
+@pytest.mark.parametrize("command", ["ca", "token"])
+def test_the_ca_and_token_commands_reach_the_ca_through_its_package_root(command: str):
+    source = (ROOT / "meshca" / "commands" / f"{command}.py").read_text(encoding="utf-8")
+    reached = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            reached |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            reached.add(node.module)
+    assert {m for m in reached if within(m, ("ca_server",))} <= {"ca_server", "ca_server.config"}
+
+
+def _root_imports() -> tuple[list[str], dict[str, str]]:
+    """`ca_server/__init__.py`'s imports at run time, and the names it imports for the type
+    checker only (name → module)."""
+    tree = ast.parse((ROOT / "ca_server" / "__init__.py").read_text(encoding="utf-8"))
+    runtime: list[str] = []
+    typing_only: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for sub in node.body:
+                assert isinstance(sub, ast.ImportFrom) and sub.module
+                typing_only |= {alias.name: sub.module for alias in sub.names}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            runtime += list(imported_modules(ast.unparse(node)))
+    return runtime, typing_only
+
+
+def test_the_ca_package_root_loads_nothing_until_asked():
+    """`import ca_server.config` (every command's parser) loads the package root: it must not
+    load gRPC, the server or the authority with it."""
+    runtime, _ = _root_imports()
+    assert not [m for m in runtime if within(m, ("ca_server", "grpc", "meshca_proto"))]
+
+
+def test_the_ca_package_root_exports_what_it_declares():
+    import ca_server
+
+    _, typing_only = _root_imports()
+    assert typing_only == ca_server._EXPORTS  # what mypy sees is what run time gives
+    assert sorted(ca_server.__all__) == sorted(typing_only)
+    for name, module in typing_only.items():
+        assert getattr(ca_server, name) is getattr(__import__(module, fromlist=[name]), name)
+    with pytest.raises(AttributeError):
+        _ = ca_server.no_such_export

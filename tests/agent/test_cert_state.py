@@ -23,9 +23,10 @@ from agent.cert_state import (
 from agent.config import AgentConfig
 from agent.errors import TokenFileMissing
 from agent.file_output import FileOutput
+from agent.identity_sources import SingleIdentitySource
 from agent.metrics import AgentMetrics
 from agent.output_dir import CertificateFiles, write_generation
-from agent.scheduler import CertificateScheduler, IdentityState, SingleIdentitySource
+from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import (
     SpiffeId,
@@ -35,6 +36,7 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import until
 from tests.support.fake_ca import IDENTITY, FakeSigner
 from tests.support.pki import TestCa
@@ -173,14 +175,8 @@ async def manager_restoring(
     metrics = AgentMetrics(clock)
     output = FileOutput.single(directory, clock)
     cache.add_listener(output.on_secret)
-    manager = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        start_hook=output.restore,
-        metrics=metrics,
-        rng=random.Random(3),
+    manager = scheduler_for(
+        config, signer, cache, clock, metrics, start_hook=output.restore, rng=random.Random(3)
     )
     source = SingleIdentitySource(
         lambda: config.identity or IDENTITY, clock, manager.policy.backoff
@@ -351,9 +347,7 @@ def test_node_scheduler_restores_each_identity_from_its_own_directory(
         config = AgentConfig(
             secret_ttl=TTL, node_mode=True, identities=(("shop", "cart"),), output_certs=tmp_path
         )
-        scheduler = CertificateScheduler.from_config(
-            config, signer, cache, clock, start_hook=output.restore, metrics=metrics
-        )
+        scheduler = scheduler_for(config, signer, cache, clock, metrics, start_hook=output.restore)
         task = asyncio.create_task(scheduler.run())
         scheduler.set_identities(frozenset({cart, orders}))
         try:

@@ -17,6 +17,7 @@ from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from certs import SpiffeId
 from meshca.clock import FakeClock
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import until
 from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
@@ -45,9 +46,8 @@ async def running(
         node_mode=True,
         identities=(("ns", "static"),),
     )
-    manager = CertificateScheduler.from_config(
-        config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(7)
-    )
+    metrics = AgentMetrics(clock)
+    manager = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(7))
     task = asyncio.create_task(manager.run())
     try:
         yield manager, signer, cache, clock

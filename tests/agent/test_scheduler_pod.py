@@ -19,6 +19,7 @@ from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import FakeClock
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import until
 from tests.support.fake_ca import IDENTITY, FakeSigner
 from tests.support.pki import TestCa
@@ -80,9 +81,8 @@ async def running_manager() -> AsyncIterator[Harness]:
     )
     signer = FakeSigner(TestCa(START - timedelta(days=1)), clock)
     cache = SecretCache()
-    manager = CertificateScheduler.from_config(
-        config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(3)
-    )
+    metrics = AgentMetrics(clock)
+    manager = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(3))
     task = asyncio.create_task(manager.run())
     manager.set_identities(frozenset({IDENTITY}))
     try:

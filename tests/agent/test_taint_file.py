@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.ca_client import SignedCertificate
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig
 from agent.errors import NoPreviousCertificate
 from agent.metrics import AgentMetrics
 from agent.scheduler import CertificateScheduler, StartHook
 from agent.secrets import SecretCache
+from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
 from ca_server.authority_slots import authority_id
@@ -48,6 +48,7 @@ from tests.agent.test_taint_resign import (
     report_taint,
 )
 from tests.agent.test_trust_bundle_distribution import kubelet_project
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import advance_settled, until
 from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
@@ -103,15 +104,9 @@ async def rig(
     config = AgentConfig(
         secret_ttl=TTL, node_mode=True, identities=(("ns", "static"),), taint_resign_window=WINDOW
     )
-    metrics = AgentMetrics(clock)
-    scheduler = CertificateScheduler.from_config(
-        config,
-        signer,
-        SecretCache(),
-        clock,
-        metrics=metrics,
-        rng=random.Random(5),
-        start_hook=start_hook,
+    metrics, cache = AgentMetrics(clock), SecretCache()
+    scheduler = scheduler_for(
+        config, signer, cache, clock, metrics, rng=random.Random(5), start_hook=start_hook
     )
     path = taint_notice_beside(mount / "root-cert.pem")
     assert path == mount / TAINT_NOTICE_NAME

@@ -23,6 +23,7 @@ from agent.taints import SOURCE_REPORT, taints_from_report
 from ca_server.authority_slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock
+from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import advance_settled, until
 from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
@@ -52,10 +53,8 @@ async def node_scheduler() -> AsyncIterator[
         identities=(("ns", "static"),),
         taint_resign_window=WINDOW,
     )
-    metrics = AgentMetrics(clock)
-    scheduler = CertificateScheduler.from_config(
-        config, signer, SecretCache(), clock, metrics=metrics, rng=random.Random(11)
-    )
+    metrics, cache = AgentMetrics(clock), SecretCache()
+    scheduler = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(11))
     task = asyncio.create_task(scheduler.run())
     try:
         yield scheduler, signer, clock, metrics

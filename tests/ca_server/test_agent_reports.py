@@ -31,7 +31,7 @@ from ca_server.agent_reports import (
 from ca_server.authn import Caller
 from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, SpiffeId, new_self_signed_authority
-from meshca.report_headers import MAX_REPORT_INTERVAL
+from meshca.wire import MAX_REPORT_INTERVAL
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
 DIGEST = "ab" * 32

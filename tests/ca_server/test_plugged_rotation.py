@@ -21,7 +21,7 @@ from certs import (
     verify_chain,
 )
 from certs.bundle import bundle_digest
-from meshca.report_headers import AGENT_ID_HEADER, TRUST_BUNDLE_HEADER
+from meshca.wire import AGENT_ID_HEADER, TRUST_BUNDLE_HEADER
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.pki import TestCa

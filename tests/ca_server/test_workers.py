@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ca_server.workers import default_worker_count
+from ca_server.serving.workers import default_worker_count
 from certs import SpiffeId, build_csr, generate_private_key, load_cert, private_key_to_pem
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate

@@ -26,7 +26,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import add_certificate_service
 from ca_server.server import build_authenticators
 from ca_server.service import CertificateService
-from ca_server.serving_tls import ServingTls
+from ca_server.serving.tls import ServingTls
 from ca_server.signer import LocalSigner
 from certs import (
     SigningAuthority,

@@ -538,7 +538,7 @@ def _ready_body(ca: CaProcess) -> str:
 
 def test_readiness_reports_a_chain_not_valid_yet(caplog: pytest.LogCaptureFixture):
     """A clock behind the one that made the root (unit: the check `/ready` and the watch call)."""
-    from ca_server.readiness import SigningReadiness
+    from ca_server.serving.readiness import SigningReadiness
     from certs import new_self_signed_authority
     from meshca.clock import FakeClock
 
@@ -548,7 +548,7 @@ def test_readiness_reports_a_chain_not_valid_yet(caplog: pytest.LogCaptureFixtur
     )
     clock = FakeClock(made - timedelta(days=1))
     readiness = SigningReadiness(lambda: authority, clock)
-    with caplog.at_level("INFO", logger="ca_server.readiness"):
+    with caplog.at_level("INFO", logger="ca_server.serving.readiness"):
         first, again = readiness.problem(), readiness.problem()
         clock.advance(timedelta(days=1))
         assert readiness.problem() is None

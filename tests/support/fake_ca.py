@@ -14,14 +14,11 @@ from typing import Any
 
 import grpc
 
-from agent.ca_client import (
-    IMPERSONATED_IDENTITY_KEY,
-    CaRequestError,
-    SignedCertificate,
-    SigningRequest,
-)
+from agent.errors import CaRequestError
+from agent.signing import SignedCertificate, SigningRequest
 from certs import SpiffeId, describe_csr, load_cert, load_csr
 from meshca.clock import Clock
+from meshca.wire import IMPERSONATED_IDENTITY
 from meshca_proto import ca_pb2, ca_pb2_grpc
 from tests.support.pki import TestCa
 
@@ -155,9 +152,9 @@ class FakeCaServicer(ca_pb2_grpc.IstioCertificateServiceServicer):
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> str:
         fields = request.metadata.fields
-        if IMPERSONATED_IDENTITY_KEY not in fields:
+        if IMPERSONATED_IDENTITY not in fields:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no ImpersonatedIdentity")
-        uri = fields[IMPERSONATED_IDENTITY_KEY].string_value
+        uri = fields[IMPERSONATED_IDENTITY].string_value
         if self.allowed is not None and SpiffeId.parse(uri) not in self.allowed:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{uri} not on the node")
         if describe_csr(load_csr(request.csr)).uri_sans != (uri,):

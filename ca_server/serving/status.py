@@ -22,7 +22,7 @@ SLOT_KEYS = ("authorities", "agents_unknown", "coverage", "agents")  # `status_s
 class SigningChain(Protocol):
     """The public half of a signing authority, all `/debug/ca` shows of it: a worker's
     `SigningAuthority`, or the chain a worker published for its supervisor
-    (`ca_server.worker_status.PublishedChain`), which has no key."""
+    (`ca_server.serving.worker_status.PublishedChain`), which has no key."""
 
     @property
     def cert(self) -> x509.Certificate: ...
