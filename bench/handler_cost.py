@@ -1,6 +1,6 @@
 """What meshca's own code costs per certificate, without gRPC: the CA's handler in-process.
 
-Run: `.venv/bin/python bench/handler_cost.py [--requests 3000] [--repetitions 5]`
+Run: `.venv/bin/python -m bench.handler_cost [--requests 3000] [--repetitions 5]`
 
 `bench/vs_cfssl.py` and `bench/profile_ca.py` measure the whole server, where about half the CPU
 is gRPC's and asyncio's machinery and a run-to-run spread of ±3 % hides a cut of a few
@@ -31,7 +31,6 @@ import asyncio
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,22 +38,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
+from cryptography import x509
 
-from cryptography import x509  # noqa: E402
-
-from bench.vs_cfssl import IDENTITY, write_pki  # noqa: E402
-from ca_server.admission import Admission  # noqa: E402
-from ca_server.authority import authority_driver_for  # noqa: E402
-from ca_server.config import CaConfig, add_ca_arguments  # noqa: E402
-from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
-from ca_server.metrics import CaMetrics  # noqa: E402
-from ca_server.server import build_authenticators, impersonation_policy_for  # noqa: E402
-from ca_server.service import CertificateService  # noqa: E402
-from certs import (  # noqa: E402
+from bench.vs_cfssl import IDENTITY, write_pki
+from ca_server.admission import Admission
+from ca_server.authority import authority_driver_for
+from ca_server.config import CaConfig, add_ca_arguments
+from ca_server.dev_issuer import load_dev_issuer
+from ca_server.metrics import CaMetrics
+from ca_server.server import build_authenticators, impersonation_policy_for
+from ca_server.service import CertificateService
+from certs import (
     build_workload_certificate,
     cert_to_pem,
     load_cert,
@@ -62,10 +56,10 @@ from certs import (  # noqa: E402
     make_authority,
     public_key_of,
 )
-from certs.keys import load_private_key  # noqa: E402
-from meshca.clock import SystemClock  # noqa: E402
-from meshca.logs import configure_logging  # noqa: E402
-from meshca_proto import ca_pb2  # noqa: E402
+from certs.keys import load_private_key
+from meshca.clock import SystemClock
+from meshca.logs import configure_logging
+from meshca_proto import ca_pb2
 
 
 class BenchContext:

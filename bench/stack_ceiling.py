@@ -1,6 +1,6 @@
 """What stands between meshca and cfssl: the same stack doing less, measured in the same run.
 
-Run: `.venv/bin/python bench/stack_ceiling.py [--duration 5] [--concurrency 8 32]
+Run: `.venv/bin/python -m bench.stack_ceiling [--duration 5] [--concurrency 8 32]
 [--repetitions 3] [--compare-normal]`
 
 Issue 12 asks `meshca ca` ÷ cfssl ≥ 0.6 and default workers ≥ 1.8 times one worker. This bench
@@ -8,7 +8,7 @@ measures the ceilings those two figures sit under on the machine it runs on, wit
 `bench/vs_cfssl.py`'s load generator (h2load), root, CSR, token and server-side counting:
 
 - `cfssl`: `cfssl serve`, as in `bench/vs_cfssl.py`;
-- `noop-1`, `noop-N`: 1 and N processes of `bench/stack_floor_server.py --handler noop`, a
+- `noop-1`, `noop-N`: 1 and N processes of `python -m bench.stack_floor_server --handler noop`, a
   `grpc.aio` server on meshca's TLS answering a canned chain: what one RPC costs on this stack
   with nothing done (past a few thousand RPCs/s the single-threaded h2load is the limit, so
   read its CPU per RPC, not its N / 1);
@@ -41,13 +41,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from bench.stack_floor_server import read_counters  # noqa: E402
-from bench.vs_cfssl import (  # noqa: E402
+from bench.stack_floor_server import read_counters
+from bench.vs_cfssl import (
     Cfssl,
     Contender,
     Meshca,
@@ -56,8 +51,8 @@ from bench.vs_cfssl import (  # noqa: E402
     ensure_tools,
     write_pki,
 )
-from ca_server.serving.workers import default_worker_count  # noqa: E402
-from certs import (  # noqa: E402
+from ca_server.serving.workers import default_worker_count
+from certs import (
     build_serving_certificate,
     cert_to_pem,
     generate_private_key,
@@ -65,9 +60,7 @@ from certs import (  # noqa: E402
     load_private_key,
     private_key_to_pem,
 )
-from tests.support.processes import free_port, wait_for  # noqa: E402
-
-FLOOR_SERVER = Path(__file__).resolve().parent / "stack_floor_server.py"
+from tests.support.processes import child_env, free_port, wait_for
 
 
 class FloorServers(Contender):
@@ -86,7 +79,7 @@ class FloorServers(Contender):
             " ".join(
                 [
                     sys.executable,
-                    str(FLOOR_SERVER),
+                    "-m bench.stack_floor_server",
                     f"--port {self.port} --handler {handler}",
                     f"--cert {workdir / 'serving.crt'} --key {workdir / 'serving.key'}",
                     f"--root {workdir / 'ca.pem'} --root-key {workdir / 'ca-key.pem'}",
@@ -99,6 +92,7 @@ class FloorServers(Contender):
         self._log = open(workdir / f"{self.name}.log", "wb")  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(
             ["sh", "-c", f"{command} & wait"],
+            env=child_env(),  # the source tree on PYTHONPATH: `-m bench...` from any directory
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             start_new_session=True,

@@ -1,7 +1,7 @@
 """A gRPC server on meshca's stack that does only the least a CA must, for `bench/stack_ceiling.py`.
 
 Run by the bench, not by hand:
-`python bench/stack_floor_server.py --port P --handler noop|sign --cert C --key K --root R
+`python -m bench.stack_floor_server --port P --handler noop|sign --cert C --key K --root R
 --root-key RK --counters FILE --slot N`
 
 It serves `istio.v1.auth.IstioCertificateService/CreateCertificate` with what meshca uses
@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import mmap
 import struct
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,20 +31,15 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from ca_server.serving.cpu_scheduling import apply_cpu_scheduling  # noqa: E402
-from certs import (  # noqa: E402
+from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
+from certs import (
     SpiffeId,
     build_workload_certificate,
     cert_to_pem,
     load_csr,
     public_key_of,
 )
-from meshca_proto import ca_pb2  # noqa: E402
+from meshca_proto import ca_pb2
 
 SERVICE = "istio.v1.auth.IstioCertificateService"
 IDENTITY = SpiffeId("cluster.local", "default", "bench")

@@ -31,7 +31,7 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import SystemClock
-from tests.agent.pki import IDENTITY, FakeCaServicer, start_fake_ca
+from tests.support.fake_ca import IDENTITY, FakeCaServicer, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import free_port
 

@@ -37,12 +37,12 @@ from agent.token import FileTokenProvider
 from certs import SpiffeId
 from meshca.clock import SystemClock
 from meshca.pods import pod_info
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
-from tests.agent.wiring import scheduler_of
 from tests.deploy.rbac import is_allowed
 from tests.k8s.api_calls import NODE_AGENT_RBAC, describe, required_rules
+from tests.support.agent_wiring import scheduler_of
+from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.kube_api import KubeApiServer
 from tests.support.pki import TestCa
 
@@ -70,7 +70,7 @@ def pod(namespace: str, name: str, account: str, phase: str = "Running") -> clie
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeApiServer]:
+def kube(starts_processes: None) -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
     for namespace in ("shop", "web"):
         server.create_namespace(namespace)

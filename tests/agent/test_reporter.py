@@ -29,9 +29,9 @@ from agent.token import FileTokenProvider
 from ca_server.authority.slots import authority_id
 from meshca.clock import SystemClock
 from meshca_proto import report_pb2, report_pb2_grpc
-from tests.agent.pki import IDENTITY, FakeCaServicer, FakeSigner, start_fake_ca
-from tests.agent.wiring import until
 from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import until
+from tests.support.fake_ca import IDENTITY, FakeCaServicer, FakeSigner, start_fake_ca
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 

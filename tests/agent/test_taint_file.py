@@ -45,12 +45,12 @@ from tests.agent.test_taint_resign import (
     START,
     TTL,
     WINDOW,
-    SwitchableSigner,
     report_taint,
 )
 from tests.agent.test_trust_bundle_distribution import kubelet_project
-from tests.agent.wiring import advance_settled, until
 from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import advance_settled, until
+from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
 
 POLL = 0.02  # the watch's stat interval here (the agent's default is 1 s)
@@ -76,7 +76,7 @@ def project(mount: Path, notice: str | None) -> None:
 @dataclass
 class Rig:
     scheduler: CertificateScheduler
-    signer: SwitchableSigner
+    signer: FakeSigner
     clock: FakeClock
     metrics: AgentMetrics
     watch: TaintFileWatch
@@ -100,7 +100,7 @@ async def rig(
     """A node scheduler whose identities all hold a leaf of `signer.pki`, and the taint file
     beside `mount/root-cert.pem` followed into it."""
     clock = FakeClock(START)
-    signer = SwitchableSigner(TestCa(START), clock)
+    signer = FakeSigner(TestCa(START), clock)
     config = AgentConfig(
         secret_ttl=TTL, node_mode=True, identities=(("ns", "static"),), taint_resign_window=WINDOW
     )
@@ -165,7 +165,7 @@ def test_a_taint_in_the_configmap_mount_resigns_every_leaf_once_across_both_sour
 
             before = len(r.signer.calls)
             await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
-            assert sorted(i for i, _ in r.signer.calls[before:]) == sorted(IDENTITIES)
+            assert sorted(r.signer.identities[before:]) == sorted(IDENTITIES)
             new = authority_id(r.signer.pki.cert)
             assert r.scheduler.leaf_authorities() == {new}
             assert resigns(r.metrics) == len(IDENTITIES)
@@ -284,7 +284,7 @@ def test_a_taint_known_before_a_previous_runs_leaf_is_restored_resigns_it(mount:
             state = r.scheduler.states[only]
             assert not state.restored and state.authority == authority_id(r.signer.pki.cert)
             assert resigns(r.metrics) == 1
-            assert [identity for identity, _ in r.signer.calls] == [only]
+            assert r.signer.identities == [only]
 
     asyncio.run(main())
 

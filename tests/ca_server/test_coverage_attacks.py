@@ -28,6 +28,8 @@ from tests.support.ca_client import ca_stub, create_certificate, report_channel,
 from tests.support.ca_process import CaProcess
 from tests.support.processes import wait_for
 
+pytestmark = pytest.mark.process  # every test runs a CA
+
 FORGED = 100
 
 

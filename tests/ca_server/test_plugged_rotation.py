@@ -9,6 +9,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from ca_server.authority.slots import authority_id
 from certs import (
     SpiffeId,
@@ -24,6 +26,8 @@ from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.pki import TestCa
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # every test runs a CA
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 NOW = datetime.now(UTC)

@@ -42,6 +42,8 @@ from tests.support.processes import (
 )
 from tests.support.status_cli import meshca_status, status_json
 
+pytestmark = pytest.mark.process  # every test runs a CA and `meshca status`
+
 AGENT_COLUMNS = [
     "RESOURCE NAME", "TYPE", "STATUS", "VALID CERT", "SERIAL NUMBER", "NOT BEFORE", "NOT AFTER",
     "TIME LEFT", "NEXT ROTATION", "LAST ERROR",

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ca_server.authority.agent_reports import AgentReports
 from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from ca_server.authority.slots import authority_id
@@ -17,6 +19,8 @@ from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
 from tests.support.agent_reports import pod_caller
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
+
+pytestmark = pytest.mark.process  # every test runs `meshca authority`
 
 FIELDS = {
     "id",
