@@ -3,27 +3,32 @@ Envoy (SDS over a Unix socket), to SPIFFE-aware applications (the SPIFFE Workloa
 Unix socket) and to everything else (files).
 
 Certificate path (one direction, one module each):
-identity source (`scheduler.SingleIdentitySource` for a pod, `node_identities` for a node) →
+identity source (`identity_sources`: the pod's one identity, or `node_identities` for a node) →
 `scheduler` (when is each identity due: `rotation`, the pure policy; restore first through the
-`file_output` start hook, which reads via `cert_state` and `output_dir`) → `ca_client` (the CA
-call; the answer must pass `acceptance`; its roots go to `trust_bundle`, which also watches the
-root file) → `secrets.SecretCache` → consumers: `sds` (Envoy), `workload_api` (SPIFFE
-clients), `file_output` (`output_dir`'s `..data` layout), `metrics`, `status` (readiness).
+`file_output` start hook, which reads via `cert_state` and `output_dir`) → a `signing` request
+to `ca_client` (the CA call; the answer must pass `acceptance`; its roots go to `trust_bundle`,
+which also watches the root file) → `secrets.SecretCache` → consumers: `sds` (Envoy),
+`workload_api` (SPIFFE clients), `file_output` (`output_dir`'s `..data` layout), `metrics`,
+`status` (readiness).
 
 Module map:
 
 - `main`: the `Agent`, composed once from `config`; holds one `certificate_source`
   (CA-backed scheduler, or `file_mounted` files) and never asks which kind.
+- `identity_sources`: which identities to serve, one source chosen once (`SingleIdentitySource`
+  for a pod agent; `node_identities`: the node's pods or a static list).
 - `scheduler`: the one driver over a set of identities (priority, bounded concurrency,
   per-identity backoff); `rotation`: when to renew and retry, key + CSR; `backoff`.
+- `signing`: what the pipeline passes (`SigningRequest` in, `SignedCertificate` out) and the
+  `CertificateSigner` the scheduler asks.
 - `acceptance`: the one "may this certificate be served" rule, for the CA's answer, restored
   files and mounted files.
-- `ca_client` (gRPC/TLS to the CA), `token` (service-account token and the identity in it),
-  `propagation` (what every CSR reports to the CA: agent id, bundle digest, leaf authority),
-  `reporter` (the same facts between renewals; the answer's tainted authorities go to the
-  scheduler, which re-signs their leaves paced over `--taint-resign-window`), `taint_file`
-  (the same taints, sooner: the CA's notice beside the root file), `taints` (the one rule
-  both feed: what is known of the taints, only ever added to).
+- `ca_client` (gRPC/TLS to the CA: the `CertificateSigner` in use), `token` (service-account token
+  and the identity in it), `propagation` (what every CSR reports to the CA: agent id, bundle digest,
+  leaf authority), `reporter` (the same facts between renewals; the answer's tainted authorities go
+  to the scheduler, which re-signs their leaves paced over `--taint-resign-window`), `taint_file`
+  (the same taints, sooner: the CA's notice beside the root file), `taints` (the one rule both feed:
+  what is known of the taints, only ever added to).
 - `trust_bundle`: the served `ROOTCA`, learned from the watched root file and the CA's answers;
   a change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and

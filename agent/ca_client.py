@@ -27,7 +27,8 @@ family of `agent.errors`. Latency is measured on the injected clock's `monotonic
 Trust bundle: `trust(pem)` (called by `agent.trust_bundle` when the served bundle changes) makes
 the next call use a channel trusting that bundle; the old channel is closed once its calls
 finish. With a `PropagationReport` (`agent.propagation`) every call also carries the agent id,
-its bundle digest and the authority of the leaf being renewed (`SigningRequest.leaf_authority`);
+its bundle digest and the authority of the leaf being renewed (`agent.signing.SigningRequest`'s
+`leaf_authority`);
 `report()` sends the same facts between renewals on meshca's own report RPC (`agent.reporter`
 calls it) and returns the CA's tainted authorities.
 """
@@ -38,12 +39,10 @@ import asyncio
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
-from cryptography import x509
 from google.protobuf import struct_pb2
 
 from agent.acceptance import accept_certificate
@@ -58,6 +57,7 @@ from agent.errors import (
 )
 from agent.metrics import AgentMetrics
 from agent.propagation import AgentReport, PropagationReport
+from agent.signing import SignedCertificate, SigningRequest
 from agent.token import TokenProvider
 from certs import (
     CertsError,
@@ -69,6 +69,13 @@ from certs import (
     load_private_key,
 )
 from meshca.clock import Clock
+from meshca.wire import (
+    CA_SERVING_HOSTS,
+    CA_TLS_NAME,
+    IMPERSONATED_IDENTITY,
+    RENEWAL_HEADER,
+    RETRY_PUSHBACK_TRAILER,
+)
 from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc
 
 __all__ = [
@@ -78,15 +85,10 @@ __all__ = [
     "CaConnectionError",
     "CaRequestError",
     "CaResponseError",
-    "SignedCertificate",
-    "SigningRequest",
 ]
 
 log = logging.getLogger(__name__)
 
-CA_SERVING_NAMES = frozenset({"localhost", "127.0.0.1", "istiod.istio-system.svc"})
-CA_TLS_NAME = "istiod.istio-system.svc"
-IMPERSONATED_IDENTITY_KEY = "ImpersonatedIdentity"
 RETIRE_GRACE_SECONDS = 10.0
 CALL_RETRY_BACKOFF = Backoff(initial=0.1, maximum=1.0)
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
@@ -97,29 +99,17 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
 ]
 
 
-@dataclass(frozen=True)
-class SigningRequest:
-    """One CSR to have signed: what the scheduler hands any signer (`CaClient`, test fakes)."""
-
-    csr_pem: str
-    identity: SpiffeId  # the answer must name exactly this
-    key: PrivateKey = field(repr=False)  # ... and certify this key (never sent)
-    ttl: timedelta
-    impersonate: SpiffeId | None = None  # node mode: ask on behalf of this workload identity
-    renewal: bool = False  # the caller still holds a valid certificate for `identity`
-    leaf_authority: str | None = None  # SKI hex of the issuer of the leaf being renewed
-
-
-# Request header telling a meshca CA that this agent still holds a valid certificate, so the
-# CA may shed this request before first certificates when it is overloaded.
-RENEWAL_HEADER = "x-meshca-renewal"
-RETRY_PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 # A hinted retry waits the hint times a factor in [1, 1 + this]: never sooner than the CA asked,
 # and spread so the agents it refused together do not come back together.
 PUSHBACK_JITTER = 0.5
 # Statuses that mean the call never got an answer from the CA (an UNAVAILABLE that carries a
 # retry hint is the CA answering "not now", so it does not count).
 UNANSWERED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def _unanswered(code: grpc.StatusCode, retry_after: float | None) -> bool:
+    """The call got no answer from the CA (see `UNANSWERED`)."""
+    return code in UNANSWERED and retry_after is None
 
 
 def retry_pushback(trailers: Sequence[tuple[str, str | bytes]] | None) -> float | None:
@@ -134,25 +124,6 @@ def retry_pushback(trailers: Sequence[tuple[str, str | bytes]] | None) -> float 
     return None
 
 
-@dataclass(frozen=True)
-class SignedCertificate:
-    """A validated certificate from the CA, with the time it arrived (rotation is measured from
-    then, not from the backdated NotBefore)."""
-
-    chain_pem: str  # leaf first, then intermediates
-    root_bundle_pem: str
-    leaf: x509.Certificate
-    received_at: datetime
-
-    @property
-    def not_after(self) -> datetime:
-        return self.leaf.not_valid_after_utc
-
-    @property
-    def serial_hex(self) -> str:
-        return format(self.leaf.serial_number, "x")
-
-
 class CaClient:
     """Asks the CA to sign CSRs. Create once, `await close()` at shutdown."""
 
@@ -163,11 +134,11 @@ class CaClient:
         tokens: TokenProvider,
         clock: Clock,
         *,
+        metrics: AgentMetrics,
         cluster_id: str = "",
         extra_headers: Sequence[tuple[str, str]] = (),
         timeout: timedelta = timedelta(seconds=10),
         prov_cert: Path | None = None,
-        metrics: AgentMetrics | None = None,
         retry: Backoff = CALL_RETRY_BACKOFF,
         max_attempts: int = 3,
         rng: random.Random | None = None,
@@ -239,8 +210,7 @@ class CaClient:
                 else:
                     delay = self._retry.delay(attempt - 1, self._rng)
                 log.info("CA call failed (%s); retry %d in %.2fs", exc, attempt, delay)
-                if self._metrics:
-                    self._metrics.record_retry()
+                self._metrics.record_retry()
                 await self._clock.sleep(delay)
 
     async def _sign_once(self, request: SigningRequest) -> SignedCertificate:
@@ -263,8 +233,8 @@ class CaClient:
             )
         except grpc.aio.AioRpcError as exc:
             retry_after = retry_pushback(exc.trailing_metadata())
-            unanswered = exc.code() in UNANSWERED and retry_after is None
-            self._record(started, exc.code().name, answered=not unanswered)
+            answered = not _unanswered(exc.code(), retry_after)
+            self._record(started, exc.code().name, answered=answered)
             raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
         self._record(started, "OK", answered=True)
         return self._validate(list(response.cert_chain), request.identity, request.key)
@@ -299,18 +269,15 @@ class CaClient:
         except grpc.aio.AioRpcError as exc:
             # A report shed with a retry hint is the CA answering "busy", not silence.
             retry_after = retry_pushback(exc.trailing_metadata())
-            if self._metrics:  # the report also tells whether the CA is reachable
-                unanswered = exc.code() in UNANSWERED and retry_after is None
-                self._metrics.record_reachability(answered=not unanswered)
+            # The report also tells whether the CA is reachable.
+            self._metrics.record_reachability(answered=not _unanswered(exc.code(), retry_after))
             raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
-        if self._metrics:
-            self._metrics.record_reachability(answered=True)
+        self._metrics.record_reachability(answered=True)
         return {t.id: t.seconds_since_taint for t in response.tainted}
 
     def _record(self, started: float, outcome: str, *, answered: bool) -> None:
-        if self._metrics:
-            elapsed = self._clock.monotonic() - started
-            self._metrics.record_ca_request(elapsed, outcome, answered=answered)
+        elapsed = self._clock.monotonic() - started
+        self._metrics.record_ca_request(elapsed, outcome, answered=answered)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         headers: list[tuple[str, str]] = []
@@ -454,14 +421,14 @@ def _files_stamp(*paths: Path) -> tuple[tuple[int, int, int], ...]:
 def impersonation_metadata(identity: SpiffeId) -> struct_pb2.Struct:
     """`IstioCertificateRequest.metadata` asking for `identity` on a workload's behalf."""
     metadata = struct_pb2.Struct()
-    metadata.update({IMPERSONATED_IDENTITY_KEY: identity.uri})
+    metadata.update({IMPERSONATED_IDENTITY: identity.uri})
     return metadata
 
 
 def channel_options(addr: str) -> list[tuple[str, int | str]]:
     """Fast reconnects, and the CA's TLS name for addresses its certificate does not list."""
     options = list(CHANNEL_OPTIONS)
-    if _host_of(addr) not in CA_SERVING_NAMES:
+    if _host_of(addr) not in CA_SERVING_HOSTS:
         options.append(("grpc.ssl_target_name_override", CA_TLS_NAME))
     return options
 

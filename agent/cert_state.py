@@ -36,13 +36,13 @@ from datetime import datetime
 from pathlib import Path
 
 from agent.acceptance import accept_certificate
-from agent.ca_client import SignedCertificate
 from agent.errors import CertificateNotRestored, CertificateRefused, NoPreviousCertificate
 from agent.output_dir import (
     CERT_CHAIN_FILE,
     ROOT_CERT_FILE,
     read_current,
 )
+from agent.signing import SignedCertificate
 from certs import (
     CLOCK_SKEW_BACKDATE,
     CertsError,

@@ -6,6 +6,7 @@
     │     + `agent.trust_bundle`: the served ROOTCA from the watched root file and CA answers
     │     + `agent.taint_file`: the CA's taint notice beside the root file -> scheduler
     │     + `agent.reporter`: the periodic report to the CA; its answer's taints -> scheduler
+    │     + `agent.identity_sources`: which identities (one source, chosen once)
     │     pod agent:  SingleIdentitySource -> default        (restores from OUTPUT/)
     │     node agent: pods on the node | static list -> SPIFFE IDs, by impersonation
     │                                                        (restores from OUTPUT/<ns>/<sa>/)
@@ -29,21 +30,19 @@ from agent.ca_client import CaClient
 from agent.config import AgentConfig
 from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
+from agent.identity_sources import IdentitySource, identity_source_for
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport, new_agent_id
 from agent.reporter import PeriodicReporter
-from agent.scheduler import CertificateScheduler, SingleIdentitySource
+from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.taint_file import TaintFileWatch, taint_notice_beside
-from agent.token import FileTokenProvider, IdentityResolver
+from agent.token import FileTokenProvider
 from agent.trust_bundle import RootFileWatch, TrustBundleKeeper
 from meshca.clock import Clock
 from meshca.waiting import cancel_and_wait
 
 if TYPE_CHECKING:
-    # Node mode's identity sources: imported where node mode is chosen, so a pod agent never
-    # loads them (nor, through them, the Kubernetes client).
-    from agent.node_identities import IdentitySource
     from agent.workload_attestor import PodDirectory
 
 log = logging.getLogger(__name__)
@@ -84,10 +83,11 @@ class CaCertificateSource:
         scheduler: CertificateScheduler,
         identities: IdentitySource,
         ca_client: CaClient,
-        trust_bundle: TrustBundleKeeper | None = None,
-        root_file: RootFileWatch | None = None,
-        reporter: PeriodicReporter | None = None,
-        taint_file: TaintFileWatch | None = None,
+        trust_bundle: TrustBundleKeeper,
+        *,
+        root_file: RootFileWatch | None,
+        reporter: PeriodicReporter | None,
+        taint_file: TaintFileWatch | None,
     ) -> None:
         self.scheduler = scheduler
         self.identities = identities
@@ -180,58 +180,52 @@ def certificate_source_for(
         config.ca_root_ca,
         tokens,
         clock,
+        metrics=metrics,
         cluster_id=config.cluster_id,
         extra_headers=config.ca_headers,
         timeout=config.ca_request_timeout,
         prov_cert=config.prov_cert,
-        metrics=metrics,
         report=report,
     )
-    root_file: RootFileWatch | None = None
-    if config.ca_root_ca is not None:  # with the OS roots (SYSTEM) the CA's TLS is not ours
-        trust_bundle.add_trust_listener(ca_client.trust)
-        root_file = RootFileWatch(
-            config.ca_root_ca,
-            trust_bundle,
-            clock,
-            metrics,
-            interval=config.root_file_poll_interval.total_seconds(),
-        )
     scheduler = CertificateScheduler.from_config(
         config,
         ca_client,
         cache,
         clock,
-        start_hook=file_output.restore if file_output is not None else None,
         metrics=metrics,
         trust_bundle=trust_bundle,
+        start_hook=file_output.restore if file_output is not None else None,
     )
+    root_file: RootFileWatch | None = None
     taint_file: TaintFileWatch | None = None
-    if config.ca_root_ca is not None:  # the CA publishes its taint notice beside its bundle
+    if config.ca_root_ca is not None:  # with the OS roots (SYSTEM) the CA's TLS is not ours
+        trust_bundle.add_trust_listener(ca_client.trust)
+        interval = config.root_file_poll_interval.total_seconds()
+        root_file = RootFileWatch(
+            config.ca_root_ca, trust_bundle, clock, metrics, interval=interval
+        )
+        # The CA publishes its taint notice beside its bundle.
         taint_file = TaintFileWatch(
             taint_notice_beside(config.ca_root_ca),
             scheduler.taints_learned,
             clock,
             metrics,
-            interval=config.root_file_poll_interval.total_seconds(),
+            interval=interval,
         )
-    identities: IdentitySource
-    if config.node_mode:
-        from agent.node_identities import identity_source_for
-
-        identities = identity_source_for(config)
-    else:
-        identities = SingleIdentitySource(
-            IdentityResolver(config.identity, tokens, config.trust_domain),
-            clock,
-            scheduler.policy.backoff,
-            on_failure=scheduler.source_failed,
-        )
+    identities = identity_source_for(
+        config, tokens, clock, scheduler.policy.backoff, scheduler.source_failed
+    )
     reporter = None
     if config.report_interval:
         reporter = PeriodicReporter(
             ca_client, scheduler, report, clock, config.report_interval, metrics
         )
     return CaCertificateSource(
-        scheduler, identities, ca_client, trust_bundle, root_file, reporter, taint_file
+        scheduler,
+        identities,
+        ca_client,
+        trust_bundle,
+        root_file=root_file,
+        reporter=reporter,
+        taint_file=taint_file,
     )

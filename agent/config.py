@@ -24,9 +24,9 @@ from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
 from meshca.listen import parse_listen
-from meshca.report_headers import MAX_REPORT_INTERVAL
+from meshca.wire import CA_TLS_NAME, MAX_REPORT_INTERVAL
 
-DEFAULT_CA_ADDR = "istiod.istio-system.svc:15012"
+DEFAULT_CA_ADDR = f"{CA_TLS_NAME}:15012"
 DEFAULT_CA_ROOT_CA = "./var/run/secrets/istio/root-cert.pem"
 DEFAULT_TOKEN_PATH = "./var/run/secrets/tokens/istio-token"
 DEFAULT_SDS_SOCKET = "./var/run/secrets/workload-spiffe-uds/socket"
@@ -42,7 +42,7 @@ DEFAULT_FILE_SECRET_DIRS = "/etc/certs:/etc/istio:/var/run/secrets"
 SYSTEM_ROOTS = "SYSTEM"
 # Two minutes: a fleet of 10 000 agents sends ~80 light reports/s, and a new root's coverage or a
 # taint is known within two minutes. Bounded so a typo cannot flood the CA or starve it, and
-# at most ten minutes (`meshca.report_headers`): the CA expires a report a few intervals later.
+# at most ten minutes (`meshca.wire`): the CA expires a report a few intervals later.
 DEFAULT_REPORT_INTERVAL = timedelta(minutes=2)
 MIN_REPORT_INTERVAL = timedelta(seconds=1)
 # Five minutes: 10 000 identities re-signing after a taint arrive at ~33 CSRs/s, well within

@@ -1,9 +1,8 @@
-"""Where the node agent learns which identities to serve: pods on its node, or a static list.
+"""The node agent's identity sources: pods on its node, or a static list.
 
-An `IdentitySource` reports the *whole* current set of identities (a snapshot) every time it
-changes; the consumer (`agent.scheduler.CertificateScheduler.set_identities`) reconciles. Full
-snapshots make a re-list after a lost watch trivially correct: there is no add/remove delta to
-get wrong.
+Both are `agent.identity_sources.IdentitySource`s (full snapshots, `on_change` on the loop);
+`agent.identity_sources.identity_source_for` chooses between them and the pod agent's
+`SingleIdentitySource`, and imports this module only in node mode.
 
 - `StaticIdentitySource`: `--identities ns/sa,...` and/or `--identities-file PATH`, reported
   once at start. No API server involved.
@@ -12,8 +11,6 @@ get wrong.
   resourceVersion; a 410 Gone (history compacted) or a broken connection re-lists. An identity
   (namespace, service account) exists while at least one of its pods on the node is live — the
   one rule in `meshca.pods`: a pod counts until it is terminal (Succeeded/Failed) or deleted.
-
-`identity_source_for(config)` is the one place that chooses between them.
 
 Concurrency model: the `kubernetes` client is synchronous, so the informer runs its list/watch
 loop on one daemon thread. After every change it calls back on that thread; the source then
@@ -32,10 +29,11 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError, parse_identities
+from agent.identity_sources import IdentitySet, OnChange
 from certs import SpiffeId, SpiffeIdError
 from meshca.pods import BY_NODE, BY_UID, PodInfo, node_of, pod_info, uid_of
 
@@ -44,20 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IdentitySet = frozenset[SpiffeId]
-OnChange = Callable[[IdentitySet], None]
-
 RELIST_BACKOFF = Backoff(initial=0.5, multiplier=2.0, maximum=30.0, jitter=0.5)
-
-
-class IdentitySource(Protocol):
-    """Reports the identities to serve; `on_change` is always called on the event loop."""
-
-    def start(self, on_change: OnChange) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def describe(self) -> str: ...
 
 
 # --- static list -----------------------------------------------------------------------------
@@ -235,7 +220,7 @@ class PodIdentitySource:
             log.info("pod watch expired (410 Gone); re-listing pods on %s", self.node_name)
 
 
-# --- choosing --------------------------------------------------------------------------------
+# --- the API client -------------------------------------------------------------------------------
 
 
 def kube_api_client_factory(config: AgentConfig) -> Callable[[], Any]:
@@ -250,13 +235,3 @@ def kube_api_client_factory(config: AgentConfig) -> Callable[[], Any]:
         )
 
     return build
-
-
-def identity_source_for(config: AgentConfig) -> IdentitySource:
-    """The one place node mode picks its identity source: a static list when one is configured
-    (no API server needed), else the pods on `config.node_name`."""
-    if config.static_identities:
-        return StaticIdentitySource(config.trust_domain, config.identities, config.identities_file)
-    if not config.node_name:
-        raise ConfigError("--node-mode watching pods needs --node-name or NODE_NAME")
-    return PodIdentitySource(config.node_name, config.trust_domain, kube_api_client_factory(config))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from cryptography import x509
 
 from certs import issuer_key_id
-from meshca.report_headers import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
+from meshca.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 
 AGENT_ID_SUFFIX_BYTES = 4
 

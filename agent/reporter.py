@@ -64,7 +64,7 @@ class PeriodicReporter:
     propagation: PropagationReport
     clock: Clock
     interval: timedelta
-    metrics: AgentMetrics | None = None
+    metrics: AgentMetrics
     rng: random.Random = field(default_factory=random.Random)
     sent: int = 0
 
@@ -129,5 +129,4 @@ class PeriodicReporter:
         return FAILING if FAILING in (trouble, now) else BUSY
 
     def _count(self, outcome: str) -> None:
-        if self.metrics is not None:
-            self.metrics.reports.labels(outcome).inc()
+        self.metrics.reports.labels(outcome).inc()

@@ -4,17 +4,18 @@ The shape of SPIRE's agent manager and ztunnel's SecretManager: an identity sour
 set of identities to serve; a pure policy (`agent.rotation`) decides when each is due; this
 module's driver acts. The pod agent and the node agent are the same scheduler fed differently:
 
-- pod agent: `SingleIdentitySource` reports the one identity (configured, or read from the
-  token) and `resource_name` publishes it as `default`; the CA is asked for it directly;
-- node agent: an `agent.node_identities` source (pods on the node, or a static list) reports
-  many; each is published under its SPIFFE ID and asked for by impersonation
+- pod agent: a `SingleIdentitySource` (`agent.identity_sources`) reports the one identity
+  (configured, or read from the token) and `resource_name` publishes it as `default`; the CA is
+  asked for it directly;
+- node agent: a node source (`agent.node_identities`: pods on the node, or a static list)
+  reports many; each is published under its SPIFFE ID and asked for by impersonation
   (`impersonate=True`, the node agent authenticates as itself).
 
 Per identity, in order: the start hook (restore a previous run's certificate, see
 `agent.file_output.FileOutput.restore`), else key + CSR → `signer.sign` → publish root, then
-leaf → schedule the renewal at the jittered grace ratio. With a `TrustBundleKeeper` the root is
-not published as is: the answer's bundle is one source of the served `ROOTCA`
-(`agent.trust_bundle`), and a bundle change never makes the scheduler ask for a leaf. A failure
+leaf → schedule the renewal at the jittered grace ratio. The root is not published as is: the
+answer's bundle is one source of the served `ROOTCA` (`agent.trust_bundle`'s keeper), and a
+bundle change never makes the scheduler ask for a leaf. A failure
 keeps serving the cached certificate and retries that identity alone with backoff, never past
 its expiry.
 
@@ -59,13 +60,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Protocol
 
-from agent.backoff import Backoff
-from agent.ca_client import SignedCertificate, SigningRequest
 from agent.cert_state import RestoredCertificate
-from agent.config import AgentConfig, ConfigError
-from agent.errors import CertificateNotRestored, NoPreviousCertificate, TokenError
+from agent.config import AgentConfig
+from agent.errors import CertificateNotRestored, NoPreviousCertificate
+from agent.identity_sources import IdentitySet
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
 from agent.rotation import (
@@ -75,27 +74,17 @@ from agent.rotation import (
     RotationPolicy,
     new_key_and_csr,
 )
-from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, SecretCache, TlsSecret
+from agent.secrets import DEFAULT_RESOURCE, SecretCache, TlsSecret
+from agent.signing import CertificateSigner, SignedCertificate, SigningRequest
 from agent.taints import KnownTaints
 from agent.trust_bundle import SOURCE_CA_RESPONSE, SOURCE_RESTORED, TrustBundleKeeper
 from certs import KeySpec, SpiffeId, describe_certificate, private_key_to_pem
 from meshca.clock import Clock
-from meshca.waiting import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-IdentitySet = frozenset[SpiffeId]
-OnChange = Callable[[IdentitySet], None]
-"""What an identity source (`agent.node_identities.IdentitySource`) reports to: `set_identities`."""
-
 FIRST = 0  # priority classes: lower goes first
 RENEWAL = 1
-
-
-class CertificateSigner(Protocol):
-    """What the scheduler needs from a CA client (`agent.ca_client.CaClient`, or a test fake)."""
-
-    async def sign(self, request: SigningRequest) -> SignedCertificate: ...
 
 
 StartHook = Callable[[SpiffeId, str, datetime], RestoredCertificate]
@@ -199,14 +188,14 @@ class CertificateScheduler:
         cache: SecretCache,
         clock: Clock,
         *,
+        metrics: AgentMetrics,
+        trust_bundle: TrustBundleKeeper,
         resource_name: Callable[[SpiffeId], str] = publish_as_spiffe_id,
         impersonate: bool = False,
         max_concurrent: int = 1,
         start_hook: StartHook | None = None,
         restore_from: Path | None = None,
-        metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
-        trust_bundle: TrustBundleKeeper | None = None,
     ) -> None:
         self.policy = policy
         self.max_concurrent = max(1, max_concurrent)
@@ -220,7 +209,7 @@ class CertificateScheduler:
         self._restore_from = restore_from  # only for log lines
         self._metrics = metrics
         self._rng = rng or random.Random()
-        self._trust_bundle = trust_bundle  # None: ROOTCA is each answer's bundle, as is
+        self._trust_bundle = trust_bundle
         self.queue = FetchQueue()
         self.states: dict[SpiffeId, IdentityState] = {}
         self.synced = False
@@ -240,10 +229,10 @@ class CertificateScheduler:
         cache: SecretCache,
         clock: Clock,
         *,
+        metrics: AgentMetrics,
+        trust_bundle: TrustBundleKeeper,
         start_hook: StartHook | None = None,
-        metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
-        trust_bundle: TrustBundleKeeper | None = None,
     ) -> CertificateScheduler:
         """The scheduler for a pod agent, or with `config.node_mode` a node agent: naming,
         impersonation, concurrency cap and backoff follow the mode."""
@@ -261,14 +250,14 @@ class CertificateScheduler:
             signer,
             cache,
             clock,
+            metrics=metrics,
+            trust_bundle=trust_bundle,
             resource_name=publish_as_spiffe_id if node else publish_as_default,
             impersonate=node,
             max_concurrent=config.max_concurrent_fetches if node else 1,
             start_hook=start_hook,
             restore_from=config.output_certs,
-            metrics=metrics,
             rng=rng,
-            trust_bundle=trust_bundle,
         )
 
     # -- the identity source's side ---------------------------------------------------------
@@ -295,8 +284,7 @@ class CertificateScheduler:
         state.cancel_timer()
         self.queue.discard(identity)
         log.info("identity %s is gone; no longer rotating its certificate", identity)
-        if self._metrics:
-            self._metrics.secrets.forget(state.name)  # also if no certificate was served yet
+        self._metrics.secrets.forget(state.name)  # also if no certificate was served yet
         task = asyncio.get_running_loop().create_task(self._cache.remove(state.name))
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
@@ -353,8 +341,7 @@ class CertificateScheduler:
             delay,
         )
         state.next_rotation_at = due
-        if self._metrics:
-            self._metrics.taint_resigns.inc()
+        self._metrics.taint_resigns.inc()
         self._schedule(state, delay, RENEWAL)
         return True
 
@@ -505,14 +492,10 @@ class CertificateScheduler:
         schedules its renewal. The state changes only once the secrets are published (and so
         written out by the cache's listeners): readiness never runs ahead of SDS and files."""
         # Root first: a peer may already present a leaf from a new root.
-        if self._trust_bundle is None:
-            await self._cache.publish(RootSecret(ROOT_RESOURCE, signed.root_bundle_pem))
-        else:
-            source = SOURCE_RESTORED if restored_from else SOURCE_CA_RESPONSE
-            await self._trust_bundle.learn(signed.root_bundle_pem, source, replacing=state.name)
+        source = SOURCE_RESTORED if restored_from else SOURCE_CA_RESPONSE
+        await self._trust_bundle.learn(signed.root_bundle_pem, source, replacing=state.name)
         await self._cache.publish(TlsSecret(state.name, signed.chain_pem, key_pem))
-        if self._trust_bundle is not None:
-            await self._trust_bundle.recheck()
+        await self._trust_bundle.recheck()
         if self.states.get(state.identity) is not state:  # it left while we published
             await self._cache.remove(state.name)
             return
@@ -526,12 +509,11 @@ class CertificateScheduler:
         now = self._clock.now()
         delay = self.policy.renewal_delay(signed.not_after, signed.received_at, now, self._rng)
         state.next_rotation_at = now + timedelta(seconds=delay)
-        if self._metrics:
-            counter = self._metrics.restores if restored_from else self._metrics.rotations
-            counter.inc()
-            self._metrics.secrets.renewed(
-                state.name, signed.serial_hex, signed.received_at, state.next_rotation_at
-            )
+        counter = self._metrics.restores if restored_from else self._metrics.rotations
+        counter.inc()
+        self._metrics.secrets.renewed(
+            state.name, signed.serial_hex, signed.received_at, state.next_rotation_at
+        )
         log.info(
             "certificate serial %s for %s %s; expires %s, rotating in %.1fs",
             signed.serial_hex,
@@ -559,9 +541,8 @@ class CertificateScheduler:
         state.failures += 1
         now = self._clock.now()
         state.last_failure = FailureRecord(message, now, state.failures)
-        if self._metrics:
-            self._metrics.rotation_failures.inc()
-            self._metrics.secrets.renewal_failed(state.name, message, now)
+        self._metrics.rotation_failures.inc()
+        self._metrics.secrets.renewal_failed(state.name, message, now)
         expires = state.current.not_after if state.current else None
         delay = self.policy.retry_delay(state.failures - 1, now, expires, self._rng)
         log.warning(
@@ -603,8 +584,6 @@ class CertificateScheduler:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
-        if self._metrics is None:
-            return
         self._metrics.node_identities.set(len(self.states))
         self._metrics.fetches_in_flight.set(self.in_flight)
         self._metrics.fetches_queued.set(len(self.queue))
@@ -619,55 +598,3 @@ class CertificateScheduler:
                 await timer
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)
-
-
-@dataclass(eq=False)
-class SingleIdentitySource:
-    """The pod agent's identity source: one identity, the configured one or the token's.
-
-    `resolve` (an `agent.token.IdentityResolver`) may fail until the kubelet writes the token;
-    the source retries with `backoff` on `clock`, tells `on_failure` why (readiness shows it),
-    and reports the identity once it is known. Same interface as the node sources
-    (`agent.node_identities.IdentitySource`).
-    """
-
-    resolve: Callable[[], SpiffeId]
-    clock: Clock
-    backoff: Backoff
-    on_failure: Callable[[str], None] | None = None
-    rng: random.Random = field(default_factory=random.Random)
-    identity: SpiffeId | None = field(default=None, init=False)
-    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
-
-    def describe(self) -> str:
-        return str(self.identity) if self.identity else "the service-account token"
-
-    def start(self, on_change: OnChange) -> None:
-        """Reports at once when the identity is known (so readiness never sees an unreported
-        pod agent), else retries in a task until it is."""
-        if not self._try_report(on_change):
-            self._task = asyncio.create_task(self._retry(on_change), name="identity")
-
-    def _try_report(self, on_change: OnChange) -> bool:
-        try:
-            identity = self.resolve()
-        except (TokenError, ConfigError) as exc:
-            log.warning("identity not known yet (%s); will retry", exc)
-            if self.on_failure is not None:
-                self.on_failure(str(exc))
-            return False
-        self.identity = identity
-        on_change(frozenset({identity}))
-        return True
-
-    async def _retry(self, on_change: OnChange) -> None:
-        attempt = 0
-        while True:
-            await self.clock.sleep(self.backoff.delay(attempt, self.rng))
-            attempt += 1
-            if self._try_report(on_change):
-                return
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)

@@ -54,6 +54,7 @@ from agent.secrets import (
     RootSecret,
     Secret,
     SecretCache,
+    SecretUpdates,
     TlsSecret,
 )
 
@@ -80,12 +81,6 @@ class SdsMetrics(Protocol):
 # --- resolving names -------------------------------------------------------------------------
 
 
-class SecretSource(Protocol):
-    """Anything yielding a name's current secret (once it exists), then each new version."""
-
-    def updates(self, name: str) -> AsyncIterator[Secret]: ...
-
-
 class SecretResolver:
     """Maps a requested resource name to the stream of its versions.
 
@@ -93,7 +88,7 @@ class SecretResolver:
     `agent.file_mounted.FileSecretProvider`). Without `files`, those names are refused.
     """
 
-    def __init__(self, cache: SecretSource, files: SecretSource | None = None) -> None:
+    def __init__(self, cache: SecretUpdates, files: SecretUpdates | None = None) -> None:
         self._cache = cache
         self._files = files
 
@@ -527,14 +522,14 @@ class SdsServer:
 
     def __init__(
         self,
-        resolver: SecretResolver | SecretCache | SecretSource,
+        resolver: SecretResolver | SecretCache | SecretUpdates,
         socket_path: str | os.PathLike[str],
         *,
         metrics: SdsMetrics | None = None,
         socket_mode: int = 0o600,
         fetch_timeout: float = DEFAULT_FETCH_TIMEOUT,
     ) -> None:
-        self.resolver: SecretSource = (
+        self.resolver: SecretUpdates = (
             resolver if isinstance(resolver, SecretResolver) else SecretResolver(resolver)
         )
         self.socket_path = Path(socket_path)

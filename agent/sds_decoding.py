@@ -17,6 +17,8 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import DecodeError
 
+from meshca.grpc_services import add_service
+
 SERVICE_NAME = "envoy.service.secret.v3.SecretDiscoveryService"
 
 
@@ -61,5 +63,4 @@ def add_sds_servicer(servicer: Any, server: grpc.aio.Server) -> None:
             response_serializer=discovery_pb2.DiscoveryResponse.SerializeToString,
         ),
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    add_service(server, SERVICE_NAME, handlers)

@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from certs import load_certs
 
@@ -21,6 +22,14 @@ DEFAULT_RESOURCE = "default"
 ROOT_RESOURCE = "ROOTCA"
 FILE_CERT_PREFIX = "file-cert:"
 FILE_ROOT_PREFIX = "file-root:"
+
+
+class SecretUpdates(Protocol):
+    """Anything yielding a name's current secret (once it exists), then each new version: the
+    `SecretCache`, and what SDS and the Workload API serve from (`agent.sds.SecretResolver`,
+    `agent.file_mounted.FileSecretProvider`)."""
+
+    def updates(self, name: str) -> AsyncIterator[Secret]: ...
 
 
 @dataclass(frozen=True)

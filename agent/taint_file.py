@@ -68,13 +68,13 @@ class TaintFileWatch:
         path: Path,
         on_taints: OnTaints,
         clock: Clock,
-        metrics: AgentMetrics | None = None,
+        metrics: AgentMetrics,
         *,
         interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self.path = path
         self._on_taints = on_taints
-        self._refused = metrics.taint_notice_refused if metrics is not None else None
+        self._refused = metrics.taint_notice_refused
         self._file = PolledFile(
             path,
             clock,
@@ -116,8 +116,7 @@ class TaintFileWatch:
 
     def _refuse(self, reason: str) -> None:
         self.refused += 1
-        if self._refused is not None:
-            self._refused.inc()
+        self._refused.inc()
         log.warning(
             "ignoring the taint notice %s: %s; the taints already known stay, and the periodic "
             "report still delivers new ones",

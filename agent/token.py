@@ -108,7 +108,7 @@ def identity_from_token(token: str, trust_domain: str) -> SpiffeId:
 class IdentityResolver:
     """Which identity to ask the CA for: the configured one, or else the token's.
 
-    Called by `agent.scheduler.SingleIdentitySource` until it answers, so an agent started
+    Called by `agent.identity_sources.SingleIdentitySource` until it answers, so an agent started
     before its token exists still finds its identity once the kubelet writes the token.
     """
 

@@ -147,11 +147,11 @@ class TrustBundleKeeper:
         self,
         cache: SecretCache,
         clock: Clock,
-        metrics: AgentMetrics | None = None,
+        metrics: AgentMetrics,
     ) -> None:
         self._cache = cache
         self._clock = clock
-        self._metrics = TrustBundleMetrics(metrics) if metrics is not None else None
+        self._metrics = TrustBundleMetrics(metrics)
         self._from: dict[str, TrustBundle] = {}  # source -> its last accepted bundle
         self._latest: TrustBundle | None = None
         self.served: TrustBundle | None = None
@@ -180,8 +180,7 @@ class TrustBundleKeeper:
             bundle = TrustBundle.parse(data, what=f"trust bundle ({source})", now=now)
         except TrustBundleRefused as exc:
             self.refusals += 1
-            if self._metrics is not None:
-                self._metrics.refused(source).inc()
+            self._metrics.refused(source).inc()
             kept = "keeping the served bundle" if self.served else "no bundle served yet"
             log.warning("refusing the %s trust bundle: %s; %s", source, exc, kept)
             return False
@@ -200,16 +199,15 @@ class TrustBundleKeeper:
         served = latest.with_roots(retained)
         self.retained = tuple(retained)
         if self.served is not None and served.digest == self.served.digest:
-            if self._metrics is not None:  # the same roots, maybe kept for another reason
-                self._metrics.served(self.served, len(retained))
+            # The same roots, maybe kept for another reason.
+            self._metrics.served(self.served, len(retained))
             return False
         before = self.served
         self.served = served
         self.updates += 1
         source = next((s for s, b in self._from.items() if b is latest), "unknown")
-        if self._metrics is not None:
-            self._metrics.updated(source)
-            self._metrics.served(served, len(retained))
+        self._metrics.updated(source)
+        self._metrics.served(served, len(retained))
         log.info(
             "trust bundle %s: %d root(s), digest %s (from the %s; was %s); no new leaves needed",
             "now served" if before is None else "changed",
@@ -293,17 +291,13 @@ class RootFileWatch:
         path: Path,
         keeper: TrustBundleKeeper,
         clock: Clock,
-        metrics: AgentMetrics | None = None,
+        metrics: AgentMetrics,
         *,
         interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self.path = path
         self._keeper = keeper
-        self._refused = (
-            metrics.trust_bundle_refused.labels(source=SOURCE_ROOT_FILE)
-            if metrics is not None
-            else None
-        )
+        self._refused = metrics.trust_bundle_refused.labels(source=SOURCE_ROOT_FILE)
         self._file = PolledFile(
             path, clock, on_change=self._changed, on_error=self._unreadable, interval=interval
         )
@@ -319,8 +313,7 @@ class RootFileWatch:
     def _unreadable(self, reason: str) -> None:
         """A root file that cannot be read changes nothing served; it is counted as a refused
         bundle from the root file."""
-        if self._refused is not None:
-            self._refused.inc()
+        self._refused.inc()
         kept = "keeping the served bundle" if self._keeper.served else "no bundle served yet"
         log.warning("refusing the root-file trust bundle: %s; %s", reason, kept)
 

@@ -55,9 +55,17 @@ from google.protobuf.message import DecodeError
 
 from agent.config import MAX_SOCKET_PATH_BYTES
 from agent.errors import CallerNotAttested
-from agent.metrics import CounterChild, LabeledCounter
-from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, RootSecret, Secret, TlsSecret
+from agent.metrics import LabeledCounter
+from agent.secrets import (
+    DEFAULT_RESOURCE,
+    ROOT_RESOURCE,
+    RootSecret,
+    Secret,
+    SecretUpdates,
+    TlsSecret,
+)
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
+from meshca.grpc_services import add_service
 from meshca_proto import workload_pb2
 
 log = logging.getLogger(__name__)
@@ -113,12 +121,6 @@ class WorkloadApiMetrics(Protocol):
 
     @property
     def workload_api_refusals(self) -> LabeledCounter: ...
-
-
-class SecretUpdates(Protocol):
-    """The agent's `SecretCache`: a name's current secret once it exists, then each change."""
-
-    def updates(self, name: str) -> AsyncIterator[Secret]: ...
 
 
 class CallerResolver(Protocol):
@@ -425,7 +427,7 @@ class WorkloadApiServer:
         *,
         trust_domain: str,
         callers: CallerResolver | None = None,
-        metrics: WorkloadApiMetrics | None = None,
+        metrics: WorkloadApiMetrics,
         socket_mode: int = 0o600,
         max_streams: int = DEFAULT_MAX_STREAMS,
         max_streams_per_caller: int | None = None,
@@ -452,12 +454,11 @@ class WorkloadApiServer:
         self.responses = dict.fromkeys(STREAM_RPCS, 0)
         self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
         self._server: grpc.aio.Server | None = None
-        if metrics is not None:  # every series at 0 from the start, for increase()
-            for rpc in STREAM_RPCS:
-                metrics.workload_api_streams.labels(rpc=rpc)
-                metrics.workload_api_responses.labels(rpc=rpc)
-            for reason in REFUSAL_REASONS:
-                metrics.workload_api_refusals.labels(reason=reason)
+        for rpc in STREAM_RPCS:  # every series at 0 from the start, for increase()
+            metrics.workload_api_streams.labels(rpc=rpc)
+            metrics.workload_api_responses.labels(rpc=rpc)
+        for reason in REFUSAL_REASONS:
+            metrics.workload_api_refusals.labels(reason=reason)
 
     @property
     def address(self) -> str:
@@ -488,9 +489,8 @@ class WorkloadApiServer:
             )
         self._streams_of[caller] = held + 1
         self.open_streams[rpc] += 1
-        gauge = self.metrics.workload_api_streams.labels(rpc=rpc) if self.metrics else None
-        if gauge is not None:
-            gauge.inc()
+        gauge = self.metrics.workload_api_streams.labels(rpc=rpc)
+        gauge.inc()
         try:
             yield
         finally:
@@ -500,22 +500,15 @@ class WorkloadApiServer:
                 self._streams_of[caller] = remaining
             else:
                 del self._streams_of[caller]
-            if gauge is not None:
-                gauge.dec()
+            gauge.dec()
 
     def count_response(self, rpc: str) -> None:
         self.responses[rpc] += 1
-        self._counter("workload_api_responses", rpc=rpc).inc()
+        self.metrics.workload_api_responses.labels(rpc=rpc).inc()
 
     def count_refusal(self, reason: str) -> None:
         self.refusals[reason] += 1
-        self._counter("workload_api_refusals", reason=reason).inc()
-
-    def _counter(self, name: str, **labels: str) -> CounterChild:
-        if self.metrics is None:
-            return _NoCounter()
-        family: LabeledCounter = getattr(self.metrics, name)
-        return family.labels(**labels)
+        self.metrics.workload_api_refusals.labels(reason=reason).inc()
 
     def summary(self) -> dict[str, Any]:
         """What `meshca status` shows of the Workload API (a snapshot of plain values)."""
@@ -536,11 +529,7 @@ class WorkloadApiServer:
         else:
             address = self.relay.grpc_address
         server = grpc.aio.server()
-        handlers = _handlers(_Servicer(self))
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),)
-        )
-        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        add_service(server, SERVICE_NAME, _handlers(_Servicer(self)))
         if server.add_insecure_port(address) == 0:
             raise OSError(f"could not listen on {address}")
         await server.start()
@@ -569,11 +558,6 @@ class WorkloadApiServer:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                     os.unlink(self.socket_path)
-
-
-class _NoCounter:
-    def inc(self, amount: float = 1) -> None:
-        return None
 
 
 def prepare_socket_path(path: Path) -> None:

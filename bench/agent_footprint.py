@@ -1,6 +1,6 @@
 """The agent's footprint: start → first SDS secret, and resident memory, sidecar and node mode.
 
-Run: `.venv/bin/python bench/agent_footprint.py [--repetitions 3] [--node-identities 100 1000]`
+Run: `.venv/bin/python -m bench.agent_footprint [--repetitions 3] [--node-identities 100 1000]`
 
 Everything is real: a `meshca ca` process, `python -m meshca agent ...` processes launched as a
 pod would, and an SDS client (gRPC `FetchSecrets` over the agent's Unix socket) that polls from
@@ -49,9 +49,7 @@ from pathlib import Path
 
 import grpc
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
-
-from bench.proc_memory import (  # noqa: E402
+from bench.proc_memory import (
     GROUP_NAMES,
     Resident,
     memory_by_mapping,
@@ -59,10 +57,10 @@ from bench.proc_memory import (  # noqa: E402
     status_mib,
     total,
 )
-from tests.support.ca_process import CaProcess  # noqa: E402
-from tests.support.kube_api import KubeApiServer  # noqa: E402
-from tests.support.processes import child_env, free_port, stop_child  # noqa: E402
-from tests.support.sds_client import fetch_secrets  # noqa: E402
+from tests.support.ca_process import CaProcess
+from tests.support.kube_api import KubeApiServer
+from tests.support.processes import child_env, free_port, stop_child
+from tests.support.sds_client import fetch_secrets
 
 CA_NAMESPACE = "istio-system"
 NODE = "node-a"

@@ -1,6 +1,6 @@
 """CA issuance throughput and latency, end to end over TLS gRPC, against in-process signing.
 
-Run: `.venv/bin/python bench/ca_issuance.py [--requests 400] [--concurrency 1 8 32] [--workers N]`
+Run: `.venv/bin/python -m bench.ca_issuance [--requests 400] [--concurrency 1 8 32] [--workers N]`
 
 It starts a real `meshca ca` process, then measures:
 - baseline: the `certs` library signing a workload leaf in this process (the floor any CA pays);
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -22,20 +21,15 @@ from pathlib import Path
 
 import grpc
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from certs import (  # noqa: E402
+from certs import (
     SpiffeId,
     build_csr,
     build_root_certificate,
     build_workload_certificate,
     generate_private_key,
 )
-from meshca_proto import ca_pb2, ca_pb2_grpc  # noqa: E402
-from tests.support.ca_process import CaProcess  # noqa: E402
+from meshca_proto import ca_pb2, ca_pb2_grpc
+from tests.support.ca_process import CaProcess
 
 IDENTITY = SpiffeId("cluster.local", "default", "bench")
 

@@ -1,7 +1,7 @@
 """Coverage at 100,000 agents across 3 CA replicas (issue #17): is the figure exact, how stale,
 how much does it cost the API server and the CA?
 
-Run: `.venv/bin/python bench/coverage_scale.py [--agents 100000] [--replicas 3]
+Run: `.venv/bin/python -m bench.coverage_scale [--agents 100000] [--replicas 3]
 [--report-interval 120] [--poll 15]`
 
 Fed through the same code path as the CA, in one process with an injected clock: each agent's
@@ -35,20 +35,15 @@ import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from ca_server.agent_reports import AgentReports, FleetReports, coverage  # noqa: E402
-from ca_server.authn import Caller  # noqa: E402
-from ca_server.authority_slots import AgentCoverage  # noqa: E402
-from ca_server.kube.replica_reports import ConfigMapLedgerSink  # noqa: E402
-from ca_server.leaf_ledger import LeafLedger  # noqa: E402
-from ca_server.report_shards import ShardMerger  # noqa: E402
-from certs import KeySpec, SpiffeId, new_self_signed_authority  # noqa: E402
-from certs.bundle import bundle_digest  # noqa: E402
-from tests.support.kube_api import KubeApiServer  # noqa: E402
+from ca_server.authn import Caller
+from ca_server.authority.agent_reports import AgentReports, FleetReports, coverage
+from ca_server.authority.leaf_ledger import LeafLedger
+from ca_server.authority.report_shards import ShardMerger
+from ca_server.authority.slots import AgentCoverage
+from ca_server.kube.replica_reports import ConfigMapLedgerSink
+from certs import KeySpec, SpiffeId, new_self_signed_authority
+from certs.bundle import bundle_digest
+from tests.support.kube_api import KubeApiServer
 
 NAMESPACE = "istio-system"
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -85,6 +80,7 @@ class Fleet:
         self.api = api
         self.callers = _callers(args.agents)
         self.ledgers = [LeafLedger() for _ in range(args.replicas)]
+        self.agents = [AgentReports() for _ in range(args.replicas)]
         self.sinks = [
             ConfigMapLedgerSink(api.api_client(), NAMESPACE, f"ca-{i}")
             for i in range(args.replicas)
@@ -120,12 +116,12 @@ class Fleet:
         for poll in range(polls):
             for n in range(poll * per_poll, min(len(self.callers), (poll + 1) * per_poll)):
                 digest = self.both if self.has_new[n] else self.old
-                ledger = self.ledgers[self.replica_of(n, period, rebalance)]
-                ledger.agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
+                agents = self.agents[self.replica_of(n, period, rebalance)]
+                agents.record_report(self.callers[n], f"agent-{n}", digest, ["aa"], self.now)
             self.last_report_at = self.now
             self.now += timedelta(seconds=self.args.poll)
-            for ledger, sink in zip(self.ledgers, self.sinks, strict=True):
-                sink.save(ledger, self.now)
+            for ledger, agents, sink in zip(self.ledgers, self.agents, self.sinks, strict=True):
+                sink.save(ledger, agents, self.now)
             started = time.process_time()
             reports = self.reader._reports()
             self.list_cpu.append(time.process_time() - started)

@@ -1,6 +1,6 @@
 """What meshca's own code costs per certificate, without gRPC: the CA's handler in-process.
 
-Run: `.venv/bin/python bench/handler_cost.py [--requests 3000] [--repetitions 5]`
+Run: `.venv/bin/python -m bench.handler_cost [--requests 3000] [--repetitions 5]`
 
 `bench/vs_cfssl.py` and `bench/profile_ca.py` measure the whole server, where about half the CPU
 is gRPC's and asyncio's machinery and a run-to-run spread of ±3 % hides a cut of a few
@@ -32,7 +32,6 @@ import asyncio
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,36 +39,27 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
+from cryptography import x509
 
-from cryptography import x509  # noqa: E402
-
-from bench.vs_cfssl import IDENTITY, write_pki  # noqa: E402
-from ca_server.admission import Admission  # noqa: E402
-from ca_server.authority_setup import set_up_authority  # noqa: E402
-from ca_server.config import CaConfig, add_ca_arguments  # noqa: E402
-from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
-from ca_server.metrics import CaMetrics  # noqa: E402
-from ca_server.server import (  # noqa: E402
-    authority_source_for,
-    build_authenticators,
-    impersonation_policy_for,
-)
-from ca_server.service import CertificateService  # noqa: E402
-from certs import (  # noqa: E402
+from bench.vs_cfssl import IDENTITY, write_pki
+from ca_server.admission import Admission
+from ca_server.authority import authority_driver_for
+from ca_server.config import CaConfig, add_ca_arguments
+from ca_server.dev_issuer import load_dev_issuer
+from ca_server.metrics import CaMetrics
+from ca_server.server import build_authenticators, impersonation_policy_for
+from ca_server.service import CertificateService
+from certs import (
     cert_to_pem,
     load_cert,
     load_csr,
     make_authority,
     public_key_of,
 )
-from certs.keys import load_private_key  # noqa: E402
-from meshca.clock import SystemClock  # noqa: E402
-from meshca.logs import configure_logging  # noqa: E402
-from meshca_proto import ca_pb2  # noqa: E402
+from certs.keys import load_private_key
+from meshca.clock import SystemClock
+from meshca.logs import configure_logging
+from meshca_proto import ca_pb2
 
 
 class BenchContext:
@@ -108,16 +98,17 @@ async def build_service(workdir: Path) -> tuple[CertificateService, str]:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     clock = SystemClock()
     metrics = CaMetrics()
-    setup = await set_up_authority(config, authority_source_for(config), metrics, clock, None)
+    driver = authority_driver_for(config, metrics, clock)
+    await driver.start()
     service = CertificateService(
-        authenticators=build_authenticators(config, setup.signer, clock),
+        authenticators=build_authenticators(config, driver.signer, clock),
         impersonation=impersonation_policy_for(None),
-        signer=setup.signer,
-        ttl_policy=setup.ttl_policy,
+        signer=driver.signer,
+        ttl_policy=driver.ttl_policy,
         metrics=metrics,
         clock=clock,
         admission=Admission(config.admission, clock.monotonic),
-        agent_reports=setup.agent_reports,
+        agent_reports=driver.agent_reports,
     )
     token = load_dev_issuer(config.data_dir).mint(
         IDENTITY.namespace, IDENTITY.service_account, ttl=timedelta(hours=24)

@@ -1,7 +1,7 @@
 """What the sidecar's imports cost in Python memory, above the grpc + cryptography floor, by the
 library that pulled each module in.
 
-Run: `.venv/bin/python bench/import_memory.py`
+Run: `.venv/bin/python -m bench.import_memory`
 
 `bench/agent_footprint.py` shows that the agent's RSS above the minimal gRPC + X.509 program is
 anonymous memory, and that it is there once the modules are imported. This says whose: in a
@@ -24,11 +24,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
-
-from tests.support.processes import child_env  # noqa: E402
+from tests.support.processes import child_env
 
 FLOOR = ("asyncio", "grpc.aio", "cryptography.x509")
 # What `meshca agent ...` imports before it runs (tests/agent/test_lean_imports.py says the same).

@@ -1,6 +1,6 @@
 """API-server calls the CA makes per 1,000 certificates in Kubernetes mode: TokenReview vs offline.
 
-Run: `.venv/bin/python bench/kube_api_calls.py [--pods 1000] [--concurrency 32]`
+Run: `.venv/bin/python -m bench.kube_api_calls [--pods 1000] [--concurrency 32]`
 
 The fake API server (`tests/support/kube_api`, real HTTP, counting every request) holds `--pods`
 running pods, each with its own projected service-account token (a real JWT signed by the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -27,15 +26,10 @@ from pathlib import Path
 
 import grpc
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from certs import SpiffeId, build_csr, generate_private_key  # noqa: E402
-from meshca_proto import ca_pb2, ca_pb2_grpc  # noqa: E402
-from tests.support.ca_process import CaProcess  # noqa: E402
-from tests.support.kube_api import KubeApiServer  # noqa: E402
+from certs import SpiffeId, build_csr, generate_private_key
+from meshca_proto import ca_pb2, ca_pb2_grpc
+from tests.support.ca_process import CaProcess
+from tests.support.kube_api import KubeApiServer
 
 NAMESPACE = "bench"
 ACCOUNTS = 20

@@ -1,6 +1,6 @@
 """Node authorizer cost per decision with 100 and 2,000 pods on the caller's node.
 
-Run: `.venv/bin/python bench/node_authorizer.py [--decisions 20000] [--sizes 100 2000]`
+Run: `.venv/bin/python -m bench.node_authorizer [--decisions 20000] [--sizes 100 2000]`
 
 The fake API server (`tests/support/kube_api`) gets two nodes, one per size, each with its node
 agent's pod and that many running pods; the CA's real `PodCache` lists them through its real
@@ -17,21 +17,17 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import cast
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
-
-from ca_server.authn import Caller  # noqa: E402
-from ca_server.kube.node_authorizer import NodeAuthorizer  # noqa: E402
-from ca_server.kube.pod_cache import PodCache  # noqa: E402
-from ca_server.metrics import CaMetrics  # noqa: E402
-from certs import SpiffeId  # noqa: E402
-from meshca.pods import PodInfo  # noqa: E402
-from tests.support.kube_api import KubeApiServer  # noqa: E402
+from ca_server.authn import Caller
+from ca_server.kube.node_authorizer import NodeAuthorizer
+from ca_server.kube.pod_cache import PodCache
+from ca_server.metrics import CaMetrics
+from certs import SpiffeId
+from meshca.pods import PodInfo
+from tests.support.kube_api import KubeApiServer
 
 TRUST_DOMAIN = "cluster.local"
 ACCOUNTS = [("istio-system", "ztunnel")]

@@ -1,6 +1,6 @@
 """Where one CA worker spends its time under load: a GIL profile split by request step.
 
-Run: `.venv/bin/python bench/profile_ca.py [--duration 6] [--concurrency 8]`
+Run: `.venv/bin/python -m bench.profile_ca [--duration 6] [--concurrency 8]`
 
 Needs `py-spy` (`.venv/bin/pip install py-spy`; not a project dependency) and h2load (see
 `bench/vs_cfssl.py`). It starts `meshca ca --workers 1` with a plugged-in P-256 root, drives it
@@ -21,20 +21,15 @@ import tempfile
 import threading
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from bench.proc_cpu import cpu_seconds  # noqa: E402
-from bench.vs_cfssl import Meshca, ensure_tools, write_pki  # noqa: E402
+from bench.proc_cpu import cpu_seconds
+from bench.vs_cfssl import Meshca, ensure_tools, write_pki
 
 # (step, substrings of a py-spy frame "function (file:line)"); the innermost match wins.
 STEPS: list[tuple[str, tuple[str, ...]]] = [
     ("metrics (prometheus_client)", ("prometheus_client/",)),
     ("audit line", ("meshca/logs.py", "logging/__init__.py", "json/")),
     ("CSR parse + verify", ("load_csr (",)),
-    ("leaf build + sign + PEM", ("sign (ca_server/signer.py", "response_chain (")),
+    ("leaf build + sign + PEM", ("sign (ca_server/authority/signer.py", "response_chain (")),
     ("strict checks (authz)", ("authorize_csr (",)),
     ("authentication", ("authenticate (",)),
     ("TTL / not_after", ("grant_validity (", "not_after (")),

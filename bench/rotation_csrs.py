@@ -1,6 +1,6 @@
 """How many CSRs a whole CA rotation costs: a rotating CA against a steady one, same agents.
 
-Run: `.venv/bin/python bench/rotation_csrs.py [--agents 5] [--root-ttl 48] [--leaf-ttl 6]`
+Run: `.venv/bin/python -m bench.rotation_csrs [--agents 5] [--root-ttl 48] [--leaf-ttl 6]`
 
 Two real `meshca ca` processes side by side, each with `--agents` real `meshca agent`
 processes (pod mode, through the CLI, `--ca-root` the CA's `root-cert.pem`) asking for
@@ -22,21 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from tests.support.agent_process import AgentProcess  # noqa: E402
-from tests.support.ca_process import CaProcess  # noqa: E402
-from tests.support.csr_audit import CsrTally, issued_lines, tally  # noqa: E402
-from tests.support.processes import wait_for  # noqa: E402
+from tests.support.agent_process import AgentProcess
+from tests.support.ca_process import CaProcess
+from tests.support.csr_audit import CsrTally, issued_lines, tally
+from tests.support.processes import wait_for
 
 BUNDLE_EVENTS = ("authority-prepared", "authority-dropped", "authority-revoked")
 

@@ -1,6 +1,6 @@
 """What stands between meshca and cfssl: the same stack doing less, measured in the same run.
 
-Run: `.venv/bin/python bench/stack_ceiling.py [--duration 5] [--concurrency 8 32]
+Run: `.venv/bin/python -m bench.stack_ceiling [--duration 5] [--concurrency 8 32]
 [--repetitions 3] [--single] [--compare-normal]`
 
 `meshca ca` ÷ cfssl and what bounds it, measured on the machine it runs on with
@@ -44,13 +44,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from bench.stack_floor_server import read_counters  # noqa: E402
-from bench.vs_cfssl import (  # noqa: E402
+from bench.stack_floor_server import read_counters
+from bench.vs_cfssl import (
     Cfssl,
     Contender,
     Meshca,
@@ -59,8 +54,8 @@ from bench.vs_cfssl import (  # noqa: E402
     ensure_tools,
     write_pki,
 )
-from ca_server.workers import default_worker_count  # noqa: E402
-from certs import (  # noqa: E402
+from ca_server.serving.workers import default_worker_count
+from certs import (
     build_serving_certificate,
     cert_to_pem,
     generate_private_key,
@@ -68,9 +63,8 @@ from certs import (  # noqa: E402
     load_private_key,
     private_key_to_pem,
 )
-from tests.support.processes import free_port, wait_for  # noqa: E402
+from tests.support.processes import child_env, free_port, wait_for
 
-FLOOR_SERVER = Path(__file__).resolve().parent / "stack_floor_server.py"
 RPC_LAYERS = ("aio", "sync", "cq")
 
 
@@ -90,7 +84,7 @@ class FloorServers(Contender):
             " ".join(
                 [
                     sys.executable,
-                    str(FLOOR_SERVER),
+                    "-m bench.stack_floor_server",
                     f"--port {self.port} --handler {handler} --rpc {rpc}",
                     f"--cert {workdir / 'serving.crt'} --key {workdir / 'serving.key'}",
                     f"--root {workdir / 'ca.pem'} --root-key {workdir / 'ca-key.pem'}",
@@ -103,6 +97,7 @@ class FloorServers(Contender):
         self._log = open(workdir / f"{self.name}.log", "wb")  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(
             ["sh", "-c", f"{command} & wait"],
+            env=child_env(),  # the source tree on PYTHONPATH: `-m bench...` from any directory
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             start_new_session=True,

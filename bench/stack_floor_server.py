@@ -1,7 +1,7 @@
 """A gRPC server on meshca's stack that does only the least a CA must, for `bench/stack_ceiling.py`.
 
 Run by the bench, not by hand:
-`python bench/stack_floor_server.py --port P --handler noop|sign|sign-builder --rpc aio|sync|cq
+`python -m bench.stack_floor_server --port P --handler noop|sign|sign-builder --rpc aio|sync|cq
 --cert C --key K --root R --root-key RK --counters FILE --slot N`
 
 It serves `istio.v1.auth.IstioCertificateService/CreateCertificate` with meshca's TLS,
@@ -32,7 +32,6 @@ import asyncio
 import base64
 import mmap
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -43,14 +42,9 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from ca_server.cpu_scheduling import apply_cpu_scheduling  # noqa: E402
-from ca_server.serving.cq_server import CompletionQueueServer  # noqa: E402
-from certs import (  # noqa: E402
+from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
+from ca_server.serving.cq_server import CompletionQueueServer
+from certs import (
     SpiffeId,
     build_workload_certificate,
     cert_to_pem,
@@ -58,7 +52,7 @@ from certs import (  # noqa: E402
     make_authority,
     public_key_of,
 )
-from meshca_proto import ca_pb2  # noqa: E402
+from meshca_proto import ca_pb2
 
 SERVICE = "istio.v1.auth.IstioCertificateService"
 IDENTITY = SpiffeId("cluster.local", "default", "bench")

@@ -1,7 +1,7 @@
 """A certificate storm against a real CA: N distinct identities asking at once, and a renewal
 storm on top of it.
 
-Run: `.venv/bin/python bench/storm.py [--identities 10000] [--in-flight 256] [--renewals 2000]
+Run: `.venv/bin/python -m bench.storm [--identities 10000] [--in-flight 256] [--renewals 2000]
 [--workers N] [--max-in-flight M]`
 
 It starts `meshca ca` (default workers unless `--workers`), mints one development token per
@@ -69,20 +69,15 @@ from pathlib import Path
 
 import grpc
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from agent.config import DEFAULT_REPORT_INTERVAL  # noqa: E402
-from ca_server.dev_issuer import load_dev_issuer  # noqa: E402
-from ca_server.token_cache import VerifiedTokenCache  # noqa: E402
-from certs import SpiffeId, build_csr, generate_private_key  # noqa: E402
-from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc  # noqa: E402
-from tests.support.ca_process import CaProcess  # noqa: E402
-from tests.support.kube_api import KubeApiServer  # noqa: E402
-from tests.support.metrics import sample_value  # noqa: E402
-from tests.support.processes import child_env, stop_child, wait_for  # noqa: E402
+from agent.config import DEFAULT_REPORT_INTERVAL
+from ca_server.dev_issuer import load_dev_issuer
+from ca_server.token_cache import VerifiedTokenCache
+from certs import SpiffeId, build_csr, generate_private_key
+from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc
+from tests.support.ca_process import CaProcess
+from tests.support.kube_api import KubeApiServer
+from tests.support.metrics import sample_value
+from tests.support.processes import child_env, stop_child, wait_for
 
 RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,

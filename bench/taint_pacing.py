@@ -1,6 +1,6 @@
 """What re-signing after a taint costs the CA: meshca's paced re-sign versus everybody at once.
 
-Run: `.venv/bin/python bench/taint_pacing.py [--identities 300] [--window 30]`
+Run: `.venv/bin/python -m bench.taint_pacing [--identities 300] [--window 30]`
 
 A node agent (the wired-up `agent.main.Agent`, static identities) against an in-process TLS
 gRPC CA that timestamps every CSR. In one run it measures:
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,20 +28,15 @@ from pathlib import Path
 
 import grpc
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from agent.main import Agent  # noqa: E402
-from agent.propagation import leaf_authority  # noqa: E402
-from agent.taints import SOURCE_REPORT  # noqa: E402
-from meshca.clock import SystemClock  # noqa: E402
-from meshca.logs import configure_logging  # noqa: E402
-from meshca_proto import ca_pb2  # noqa: E402
-from tests.agent.pki import NODE_TOKEN, FakeCaServicer, start_fake_ca  # noqa: E402
-from tests.agent.wiring import node_agent_config, scheduler_of  # noqa: E402
-from tests.support.pki import TestCa  # noqa: E402
+from agent.main import Agent
+from agent.propagation import leaf_authority
+from agent.taints import SOURCE_REPORT
+from meshca.clock import SystemClock
+from meshca.logs import configure_logging
+from meshca_proto import ca_pb2
+from tests.support.agent_wiring import node_agent_config, scheduler_of
+from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, start_fake_ca
+from tests.support.pki import TestCa
 
 
 class TimestampingCa(FakeCaServicer):

@@ -1,6 +1,6 @@
 """What a trust bundle change costs a node agent: meshca's push versus re-minting every leaf.
 
-Run: `.venv/bin/python bench/trust_bundle_change.py [--identities 200]`
+Run: `.venv/bin/python -m bench.trust_bundle_change [--identities 200]`
 
 A node agent (the wired-up `agent.main.Agent`, static identities, files in `--output-dir`)
 against an in-process TLS gRPC CA that counts every CSR. In one run it measures:
@@ -18,26 +18,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from agent.main import Agent  # noqa: E402
-from agent.secrets import RootSecret  # noqa: E402
-from agent.trust_bundle import root_fingerprint  # noqa: E402
-from certs import load_certs  # noqa: E402
-from meshca.clock import SystemClock  # noqa: E402
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca  # noqa: E402
-from tests.agent.wiring import node_agent_config, scheduler_of  # noqa: E402
-from tests.support.pki import TestCa  # noqa: E402
+from agent.main import Agent
+from agent.secrets import RootSecret
+from agent.trust_bundle import root_fingerprint
+from certs import load_certs
+from meshca.clock import SystemClock
+from tests.support.agent_wiring import node_agent_config, scheduler_of
+from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
+from tests.support.pki import TestCa
 
 
 def roots_in(pem: str | bytes) -> set[bytes]:

@@ -1,6 +1,6 @@
 """meshca's CA against cfssl, side by side, with the same load generator, root key and CSR.
 
-Run: `.venv/bin/python bench/vs_cfssl.py [--duration 5] [--concurrency 1 8 32] [--repetitions 3]
+Run: `.venv/bin/python -m bench.vs_cfssl [--duration 5] [--concurrency 1 8 32] [--repetitions 3]
 [--compare-aio]`
 
 Needs Debian's `golang-cfssl` (cfssl 1.2) and `nghttp2-client` (h2load). As root with apt-get
@@ -44,13 +44,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
-
-from bench.proc_cpu import cpu_seconds  # noqa: E402
-from certs import (  # noqa: E402
+from bench.proc_cpu import cpu_seconds
+from certs import (
     SpiffeId,
     build_csr,
     build_root_certificate,
@@ -58,10 +53,10 @@ from certs import (  # noqa: E402
     generate_private_key,
     private_key_to_pem,
 )
-from meshca_proto import ca_pb2  # noqa: E402
-from tests.support.ca_process import mint_token  # noqa: E402
-from tests.support.metrics import sample_value  # noqa: E402
-from tests.support.processes import child_env, free_port, wait_for  # noqa: E402
+from meshca_proto import ca_pb2
+from tests.support.ca_process import mint_token
+from tests.support.metrics import sample_value
+from tests.support.processes import child_env, free_port, wait_for
 
 IDENTITY = SpiffeId("cluster.local", "default", "bench")
 GRPC_PATH = "/istio.v1.auth.IstioCertificateService/CreateCertificate"

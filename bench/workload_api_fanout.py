@@ -1,6 +1,6 @@
 """What one rotation costs the Workload API with many clients: push fan-out, against SDS.
 
-Run: `.venv/bin/python bench/workload_api_fanout.py [--streams 200] [--rotations 5]`
+Run: `.venv/bin/python -m bench.workload_api_fanout [--streams 200] [--rotations 5]`
 
 One `SecretCache`, served at once by the agent's real `WorkloadApiServer` and `SdsServer` on
 Unix sockets, both on one event loop thread (as in the agent). `--streams` clients stream from
@@ -23,28 +23,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[1]),
-    str(Path(__file__).resolve().parents[1] / "proto"),
-]
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 
-import grpc  # noqa: E402
-from envoy.config.core.v3 import base_pb2  # noqa: E402
-from envoy.service.discovery.v3 import discovery_pb2  # noqa: E402
-
-from agent.sds import SECRET_TYPE_URL, SdsServer  # noqa: E402
-from agent.secrets import DEFAULT_RESOURCE, SecretCache  # noqa: E402
-from agent.workload_api import WorkloadApiServer, _Encodings  # noqa: E402
-from certs import load_der_certs  # noqa: E402
-from meshca_proto import workload_pb2  # noqa: E402
-from tests.support.loop import LoopThread  # noqa: E402
-from tests.support.pki import TestCa  # noqa: E402
+from agent.metrics import AgentMetrics
+from agent.sds import SECRET_TYPE_URL, SdsServer
+from agent.secrets import DEFAULT_RESOURCE, SecretCache
+from agent.workload_api import WorkloadApiServer, _Encodings
+from certs import load_der_certs
+from meshca.clock import SystemClock
+from meshca_proto import workload_pb2
+from tests.support.loop import LoopThread
+from tests.support.pki import TestCa
 
 HEADER = (("workload.spiffe.io", "true"),)
 
@@ -152,6 +148,7 @@ async def run(directory: Path, streams: int, rotations: int, rounds: int) -> Non
         loop.run(cache.publish(ca.root_secret()))
         loop.run(cache.publish(ca.issue("bench").tls_secret()))
         wapi = WorkloadApiServer(cache, directory / "wapi.sock", trust_domain="cluster.local",
+                                 metrics=AgentMetrics(SystemClock()),
                                  max_streams=streams + 10)  # fmt: skip
         sds = SdsServer(cache, directory / "sds.sock")
         loop.run(wapi.start())

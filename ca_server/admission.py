@@ -34,9 +34,7 @@ from dataclasses import dataclass
 
 from ca_server.config import AdmissionPolicy
 from ca_server.errors import OverloadedError
-
-RENEWAL_HEADER = "x-meshca-renewal"
-RETRY_PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
+from ca_server.wire import RENEWAL_HEADER, RETRY_PUSHBACK_TRAILER
 
 # Bounds of the retry hint: come back no sooner than this (a retry storm of its own otherwise),
 # and no later (so a client never idles long after the queue has drained).

@@ -19,7 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from ca_server.cpu_scheduling import CPU_SCHEDULING_CHOICES
+from ca_server.serving.cpu_scheduling import CPU_SCHEDULING_CHOICES
+from ca_server.wire import CA_SERVING_HOSTS, RENEWAL_HEADER, REPORT_SERVICE, RETRY_PUSHBACK_TRAILER
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, SpiffeId, format_duration
 from certs.errors import SpiffeIdError
 from meshca.accounts import parse_account_list
@@ -27,7 +28,7 @@ from meshca.durations import parse_duration
 from meshca.listen import parse_listen
 
 DEFAULT_AUDIENCE = "istio-ca"
-DEFAULT_SERVING_HOSTS = ("localhost", "127.0.0.1", "istiod.istio-system.svc")
+DEFAULT_SERVING_HOSTS = CA_SERVING_HOSTS
 DEFAULT_NAMESPACE = "istio-system"
 DEFAULT_CLUSTER_ID = "Kubernetes"
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -147,7 +148,8 @@ class WorkerRole:
     @property
     def status_file(self) -> Path:
         """Where this worker publishes its part of the supervisor's `/debug/ca`
-        (`ca_server.worker_status`): beside its ready file, in the supervisor's run directory."""
+        (`ca_server.serving.worker_status`): beside its ready file, in the supervisor's run
+        directory."""
         return self.ready_file.with_name(f"debug-ca-{self.slot}.json")
 
 
@@ -166,13 +168,14 @@ class CaConfig:
     ttl: TtlPolicy = field(default_factory=TtlPolicy)
     root_key: KeySpec = field(default_factory=KeySpec)
     root_lifetime: timedelta = timedelta(days=3650)
-    # Self-signed rotation (see `ca_server.authority_slots`): prepare the next authority when
+    # Self-signed rotation (see `ca_server.authority.slots`): prepare the next authority when
     # half the active one's life is left but at most `root_prepare_cap` before its expiry;
     # activate when a sixth is left but at most `root_activate_cap` before.
     root_rotation: bool = True
     root_prepare_cap: timedelta = timedelta(days=180)
     root_activate_cap: timedelta = timedelta(days=90)
-    # The activation gate (see `authority_slots.RotationPolicy`): None activates by the clock.
+    # The activation gate (see `ca_server.authority.slots.SlotRotationPolicy`): None activates
+    # by the clock.
     activate_at_coverage: float | None = None
     activate_deadline: float = 0.5
     serving_hosts: tuple[str, ...] = DEFAULT_SERVING_HOSTS
@@ -181,7 +184,7 @@ class CaConfig:
     shutdown_grace: timedelta = timedelta(seconds=2)
     kube: KubeConfig | None = None
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
-    cpu_scheduling: str = "batch"  # `ca_server.cpu_scheduling`
+    cpu_scheduling: str = "batch"  # `ca_server.serving.cpu_scheduling`
     rpc_server: str = "auto"  # RPC_SERVER_CHOICES, `ca_server.serving.cq_server`
     worker: WorkerRole | None = None
 
@@ -580,20 +583,20 @@ def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
         type=_positive(int),
         default=AdmissionPolicy.max_in_flight,
         help="requests one worker works on at once; beyond it, UNAVAILABLE with a "
-        "grpc-retry-pushback-ms hint (default %(default)s)",
+        f"{RETRY_PUSHBACK_TRAILER} hint (default %(default)s)",
     )
     capacity.add_argument(
         "--max-in-flight-renewals",
         type=_positive(int),
         default=None,
-        help="in-flight level at which renewals (x-meshca-renewal: 1) are refused "
+        help=f"in-flight level at which renewals ({RENEWAL_HEADER}: 1) are refused "
         "(default: half of --max-in-flight), so first certificates get through first",
     )
     capacity.add_argument(
         "--max-in-flight-reports",
         type=_positive(int),
         default=None,
-        help="in-flight level at which agent reports (meshca.v1.AgentReportService) are "
+        help=f"in-flight level at which agent reports ({REPORT_SERVICE}) are "
         "refused (default: a quarter of --max-in-flight, at most the renewals' level); "
         "reports never take a certificate request's slot",
     )

@@ -81,8 +81,8 @@ class DevIssuer:
 def ensure_dev_issuer(data_dir: Path) -> DevIssuer:
     """Loads the issuer from `data_dir`, creating key and JWKS on first use.
 
-    Callers hold the data directory's lock (see `root_store.data_dir_lock`) so two CA processes
-    starting together create one key.
+    Callers hold the data directory's lock (see `ca_server.authority.data_dir_lock`) so two CA
+    processes starting together create one key.
     """
     directory = ensure_dir(data_dir / _DIR)
     key_path = directory / _KEY

@@ -8,6 +8,9 @@ values, impersonated identities): an unbounded one travels back as gRPC trailing
 past the client's metadata limit the caller sees `RESOURCE_EXHAUSTED`, a code clients retry,
 instead of the refusal. Builders of messages shorten caller input first (`clip`, `clip_list`) so
 the part that says what to fix survives; the cap in `RequestError` is the backstop.
+
+`CaSetupError` is the other kind: not a refused request but a CA that cannot start (or keep) its
+configuration or signing material; the commands print it as one line and exit.
 """
 
 from __future__ import annotations
@@ -86,3 +89,8 @@ class OverloadedError(RequestError):
     def __init__(self, reason: str, message: str, *, retry_after_ms: int) -> None:
         super().__init__(reason, message)
         self.retry_after_ms = retry_after_ms
+
+
+class CaSetupError(RuntimeError):
+    """The CA's signing material or configuration is missing, incomplete or inconsistent:
+    refuse to start (or, for a change at run time, keep what is in use)."""

@@ -16,6 +16,7 @@ import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -23,9 +24,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from ca_server.issued_leaves import IssuedLeaves
+from ca_server.wire import REPORT_SERVICE
 from certs import SigningAuthority
 from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
+
+if TYPE_CHECKING:
+    from ca_server.authority import IssuedLeaves
 
 # Istio's counter name -> the meshca counter it re-exports.
 ISTIO_COUNTER_ALIASES = {
@@ -65,8 +69,8 @@ def retire_series(gauge: Gauge, *labels: str) -> None:
 
 
 def _multiprocess() -> bool:
-    # What the supervisor sets for its workers (`ca_server.workers`), and what prometheus-client
-    # reads to choose its multiprocess values.
+    # What the supervisor sets for its workers (`ca_server.serving.workers`), and what
+    # prometheus-client reads to choose its multiprocess values.
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
@@ -158,7 +162,10 @@ class CaMetrics:
             multiprocess_mode="livesum",
         )
         # Not a metric (unbounded labels): the latest leaf per identity, for `meshca status`.
-        self.leaves = IssuedLeaves()
+        # Imported here: the authority package imports this module (its gauges).
+        from ca_server.authority import IssuedLeaves
+
+        self.leaves: IssuedLeaves = IssuedLeaves()
         # Kubernetes mode.
         self.tokenreview_requests = Counter(
             "meshca_ca_tokenreview_requests",
@@ -198,7 +205,7 @@ class CaMetrics:
         )
         self.agent_reports = Counter(
             "meshca_ca_agent_reports",
-            "Periodic agent reports (meshca.v1.AgentReportService/Report), by outcome: "
+            f"Periodic agent reports ({REPORT_SERVICE}/Report), by outcome: "
             "recorded, or the refusal's reason",
             ["outcome"],
             registry=r,

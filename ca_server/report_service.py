@@ -1,11 +1,12 @@
 """The RPC edge of meshca's own agent report: `meshca.v1.AgentReportService/Report`.
 
 Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
-headers on its CSRs (`meshca.report_headers`): its agent id, the digest of the trust bundle it
-serves and the authorities of the leaves it serves — so coverage (`ca_server.agent_reports`)
-stays fresh while nobody renews. The answer lists the tainted authorities (with how long ago
-each was tainted), which is how every agent, due a renewal or not, learns that leaves must be
-re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces that).
+headers on its CSRs (`ca_server.wire`): its agent id, the digest of the trust bundle it
+serves and the authorities of the leaves it serves — so coverage
+(`ca_server.authority.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
+authorities (with how long ago each was tainted), which is how every agent, due a renewal or not,
+learns that leaves must be re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces
+that).
 
 Admission first (`ca_server.admission`, the same per-process policy as CreateCertificate, at
 the lowest priority): when the CA already has `max_in_flight_reports` requests in flight, the
@@ -24,7 +25,7 @@ a missing or malformed agent id, and for a report larger than any an agent sends
 `MAX_REPORT_BYTES` on the wire (refused before it is even parsed), or a field or list beyond its
 cap (`check_report_size`, before any element is looked at); the message says what to fix.
 The report counts for the pod the caller's credential proves, never for its agent id
-(`ca_server.agent_reports`). Concurrency: as
+(`ca_server.authority.agent_reports`). Concurrency: as
 `ca_server.service` (the completion-queue thread, then the event loop if it waits); recording
 takes a lock for a dictionary update.
 """
@@ -40,8 +41,9 @@ from typing import NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission
-from ca_server.agent_reports import (
+from ca_server.admission import Admission
+from ca_server.authn import AuthenticatorChain
+from ca_server.authority import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,
@@ -49,16 +51,16 @@ from ca_server.agent_reports import (
     AgentReports,
     valid_agent_id,
 )
-from ca_server.authn import AuthenticatorChain
 from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request
+from ca_server.wire import REPORT_SERVICE, RETRY_PUSHBACK_TRAILER
 from meshca.clock import Clock
+from meshca.grpc_services import add_service
 from meshca_proto import report_pb2, report_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = report_pb2.DESCRIPTOR.services_by_name["AgentReportService"].full_name
 # An agent's report is well under 2 KiB (an id, a digest, up to 8 authority IDs); four times
 # that is refused before protobuf parses it.
 MAX_REPORT_BYTES = 8 * 1024
@@ -206,12 +208,9 @@ def decode_report(data: bytes) -> report_pb2.AgentReportRequest | UndecodableRep
 
 def add_report_service(service: AgentReportService, server: grpc.aio.Server) -> None:
     """Like the generated `add_AgentReportServiceServicer_to_server`, with `decode_report`."""
-    handlers = {
-        "Report": grpc.unary_unary_rpc_method_handler(
-            service.Report,
-            request_deserializer=decode_report,
-            response_serializer=report_pb2.AgentReportResponse.SerializeToString,
-        )
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    handler = grpc.unary_unary_rpc_method_handler(
+        service.Report,
+        request_deserializer=decode_report,
+        response_serializer=report_pb2.AgentReportResponse.SerializeToString,
+    )
+    add_service(server, REPORT_SERVICE, {"Report": handler})

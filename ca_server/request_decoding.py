@@ -21,9 +21,10 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, struct_pb2
 from google.protobuf.message import DecodeError
 
+from ca_server.wire import CERTIFICATE_SERVICE
+from meshca.grpc_services import add_service
 from meshca_proto import ca_pb2
 
-SERVICE_NAME = ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].full_name
 _REQUEST = "IstioCertificateRequest"
 
 
@@ -111,6 +112,4 @@ def certificate_service_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandl
 def add_certificate_service(servicer: Any, server: grpc.aio.Server) -> None:
     """Like the generated `add_IstioCertificateServiceServicer_to_server`, with the decoder
     above, so undecodable requests reach the handler instead of failing inside grpc."""
-    handlers = certificate_service_handlers(servicer)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    add_service(server, CERTIFICATE_SERVICE, certificate_service_handlers(servicer))

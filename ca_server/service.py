@@ -17,9 +17,9 @@ import grpc
 from cryptography import x509
 from google.protobuf import struct_pb2
 
-from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
-from ca_server.agent_reports import MAX_AGENT_ID, REPORT_HEADERS, AgentReports
+from ca_server.admission import Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
+from ca_server.authority import MAX_AGENT_ID, REPORT_HEADERS, AgentReports, IssuedLeaf, Signer
 from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import (
@@ -30,11 +30,10 @@ from ca_server.errors import (
     RequestError,
 )
 from ca_server.impersonation import ImpersonationPolicy
-from ca_server.issued_leaves import IssuedLeaf
 from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
-from ca_server.signer import Signer
 from ca_server.ttl import grant_validity
+from ca_server.wire import IMPERSONATED_IDENTITY, RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr
 from meshca.clock import Clock
 from meshca.logs import audit
@@ -42,10 +41,8 @@ from meshca_proto import ca_pb2, ca_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-IMPERSONATED_IDENTITY = "ImpersonatedIdentity"
 # The request's headers as gRPC hands them over: (key, value) pairs, binary values as bytes.
 Metadata = tuple[tuple[str, str | bytes], ...]
-CERT_SIGNER = "CertSigner"
 MAX_REPORT_HEADER = MAX_AGENT_ID  # the longest valid report header value (an agent id)
 
 
@@ -161,7 +158,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
     def _record_report(
         self, metadata: Metadata, caller: Caller, identity: SpiffeId, leaf: x509.Certificate
     ) -> None:
-        """Notes what an agent says it trusts (`ca_server.agent_reports`), only once its
+        """Notes what an agent says it trusts (`ca_server.authority.agent_reports`), only once its
         request was authenticated, authorized and signed: a refused request records nothing,
         and the entry is the caller's own pod whatever its headers say. Never refuses; a value
         longer than any valid one is dropped before it is looked at."""
@@ -194,7 +191,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             target = SpiffeId.parse(requested)
         except CertsError as exc:
             raise AuthenticationError(
-                "impersonation-invalid", f"ImpersonatedIdentity metadata: {exc}"
+                "impersonation-invalid", f"{IMPERSONATED_IDENTITY} metadata: {exc}"
             ) from exc
         await self._impersonation.authorize(caller, target)
         return target

@@ -6,7 +6,7 @@ Istio consumer read `root-cert.pem` as a PEM bundle (and some refuse anything th
 certificate block), so the bundle stays exactly a bundle. The notice travels the same channel:
 
 - local mode: `--data-dir/meshca-taints.json`, written atomically beside `root-cert.pem` by the
-  same call that writes the bundle (`ca_server.root_store.publish_root_bundle`);
+  same call that writes the bundle (`ca_server.authority.root_bundle.publish_root_bundle`);
 - Kubernetes mode: key `meshca-taints.json` of the `istio-ca-root-cert` ConfigMap, written in
   the same object update as `root-cert.pem` (`ca_server.kube.root_publisher`), so the kubelet's
   mount shows both files in one `..data` swap beside each other.

@@ -1,54 +1,18 @@
-"""Suite-wide test selection: the `process` marker.
+"""Suite-wide hooks: the `process` marker (tests/support/process_marker.py) and the RBAC check.
 
-A test is marked `process` when it starts something outside the test's own thread of control:
-a subprocess (the CA, an agent, Envoy, the `meshca` command), or the fake Kubernetes API server.
-It is applied here, once, from what the test uses — a fixture that starts one, or a module that
-imports a helper that does — so no test can forget it. `pytest -m "not process"` is then the
-inner loop (pure and in-process tests only); `make test` runs everything.
+A test is marked `process` when it starts a process or the fake Kubernetes API server: through
+a fixture that requests `starts_processes`, or by its own `@pytest.mark.process`; an unmarked
+test that starts one fails. `pytest -m "not process"` is then the inner loop (every test that
+starts nothing); `make test` runs everything.
 """
 
 from __future__ import annotations
 
-import inspect
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-# Fixtures that start a process or a server (see tests/*/conftest.py).
-PROCESS_FIXTURES = frozenset(
-    {"ca", "root_pem", "kube_api", "kube_ca", "kube", "control_plane", "real_ca"}
-)
-# Modules whose use means a test module starts processes.
-SPAWNING_MODULES = (
-    "subprocess",
-    "tests.support.ca_process",
-    "tests.support.agent_process",
-    "tests.support.authority_cli",
-    "tests.support.envoy",
-    "tests.support.kube_api",
-    "tests.support.real_kube",
-    "tests.support.prometheus",
-)
-
-
-def _from_spawning_module(value: object) -> bool:
-    name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
-    return isinstance(name, str) and any(
-        name == spawner or name.startswith(spawner + ".") for spawner in SPAWNING_MODULES
-    )
-
-
-def _module_spawns(module: ModuleType | None, cache: dict[str, bool]) -> bool:
-    if module is None:
-        return False
-    if module.__name__ not in cache:
-        cache[module.__name__] = any(
-            _from_spawning_module(value)
-            for value in vars(module).values()
-            if inspect.ismodule(value) or inspect.isclass(value) or inspect.isfunction(value)
-        )
-    return cache[module.__name__]
+pytest_plugins = ["tests.support.process_marker"]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -56,18 +20,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     from tests.support.real_binaries import versions
 
     return f"real binaries: {versions()}"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cache: dict[str, bool] = {}
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if (
-            fixtures & PROCESS_FIXTURES
-            or item.get_closest_marker("envoy") is not None
-            or _module_spawns(getattr(item, "module", None), cache)
-        ):
-            item.add_marker(pytest.mark.process)
 
 
 # --- pytest-xdist: the RBAC "every granted rule is used" check across workers -----------------

@@ -105,3 +105,278 @@ def test_only_the_completion_queue_server_uses_grpcs_private_core():
         if any(within(m, ("grpc._cython",)) for m in imported_modules(path.read_text()))
     ]
     assert users == ["ca_server.serving.cq_server"]
+
+
+# -- the CA's composition root, its wire names and its package root ---------------------------
+
+WIRE_MODULES = ("meshca/wire.py", "ca_server/wire.py")
+WIRE_LITERALS = (
+    "ImpersonatedIdentity",
+    "CertSigner",
+    "x-meshca-",
+    "grpc-retry-pushback-ms",
+    "istiod.istio-system.svc",
+    "istio.v1.auth.IstioCertificateService",
+    "meshca.v1.AgentReportService",
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of `tree` (prose may name a header; code may not)."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def spelt_wire_names(source: str) -> list[str]:
+    """The wire literals `source` spells in code (string constants, f-string parts), not in
+    its docstrings."""
+    tree = ast.parse(source)
+    prose = _docstrings(tree)
+    return sorted(
+        {
+            literal
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if id(node) not in prose
+            for literal in WIRE_LITERALS
+            if literal in node.value
+        }
+    )
+
+
+def test_server_py_never_asks_which_serving_role_it_has():
+    """`ca_server.serving.role` is chosen once (`serving_role_for`); the composition root only
+    calls it. A `.worker` read in `server.py` is a branch on worker mode coming back."""
+    tree = ast.parse((ROOT / "ca_server" / "server.py").read_text(encoding="utf-8"))
+    reads = [
+        f"line {node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "worker"
+    ]
+    assert reads == []
+
+
+def test_the_check_sees_a_worker_branch():
+    source = "def f(config):\n    if config.worker is not None:\n        pass\n"
+    tree = ast.parse(source)
+    assert any(isinstance(n, ast.Attribute) and n.attr == "worker" for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("package", ["meshca", "ca_server", "agent"])
+def test_wire_names_are_spelt_only_in_the_wire_modules(package: str):
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if path.relative_to(ROOT).as_posix() in WIRE_MODULES:
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}: {name}"
+            for name in spelt_wire_names(path.read_text(encoding="utf-8"))
+        ]
+    assert found == []
+
+
+def test_the_wire_check_sees_code_and_skips_prose():
+    source = (
+        '"""Sends `x-meshca-renewal`."""\n'
+        'HEADER = "x-meshca-renewal"\n'
+        "def f(ms):\n"
+        '    """Reads grpc-retry-pushback-ms."""\n'
+        '    return f"retry after the grpc-retry-pushback-ms hint {ms}"\n'
+    )
+    assert spelt_wire_names(source) == ["grpc-retry-pushback-ms", "x-meshca-"]
+
+
+def test_the_ca_wire_names_the_services_the_protos_define():
+    from ca_server import wire
+    from meshca_proto import ca_pb2, report_pb2
+
+    assert (
+        ca_pb2.DESCRIPTOR.services_by_name["IstioCertificateService"].full_name
+    ) == wire.CERTIFICATE_SERVICE
+    assert (
+        report_pb2.DESCRIPTOR.services_by_name["AgentReportService"].full_name
+    ) == wire.REPORT_SERVICE
+
+
+@pytest.mark.parametrize("command", ["ca", "token"])
+def test_the_ca_and_token_commands_reach_the_ca_through_its_package_root(command: str):
+    source = (ROOT / "meshca" / "commands" / f"{command}.py").read_text(encoding="utf-8")
+    reached = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            reached |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            reached.add(node.module)
+    assert {m for m in reached if within(m, ("ca_server",))} <= {"ca_server", "ca_server.config"}
+
+
+def _root_imports() -> tuple[list[str], dict[str, str]]:
+    """`ca_server/__init__.py`'s imports at run time, and the names it imports for the type
+    checker only (name → module)."""
+    tree = ast.parse((ROOT / "ca_server" / "__init__.py").read_text(encoding="utf-8"))
+    runtime: list[str] = []
+    typing_only: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for sub in node.body:
+                assert isinstance(sub, ast.ImportFrom) and sub.module
+                typing_only |= {alias.name: sub.module for alias in sub.names}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            runtime += list(imported_modules(ast.unparse(node)))
+    return runtime, typing_only
+
+
+def test_the_ca_package_root_loads_nothing_until_asked():
+    """`import ca_server.config` (every command's parser) loads the package root: it must not
+    load gRPC, the server or the authority with it."""
+    runtime, _ = _root_imports()
+    assert not [m for m in runtime if within(m, ("ca_server", "grpc", "meshca_proto"))]
+
+
+def test_the_ca_package_root_exports_what_it_declares():
+    import ca_server
+
+    _, typing_only = _root_imports()
+    assert typing_only == ca_server._EXPORTS  # what mypy sees is what run time gives
+    assert sorted(ca_server.__all__) == sorted(typing_only)
+    for name, module in typing_only.items():
+        assert getattr(ca_server, name) is getattr(__import__(module, fromlist=[name]), name)
+    with pytest.raises(AttributeError):
+        _ = ca_server.no_such_export
+
+
+# -- the CA's facades ------------------------------------------------------------------------
+#
+#     meshca/commands/   may import from ca_server only: the package root `ca_server`,
+#                        `ca_server.authority` (the facade) and `ca_server.config`
+#     ca_server/authority/<module>   private to the package: the rest of the product reaches it
+#                        through `ca_server.authority` only, except `ca_server.kube`, which
+#                        implements the package's store and publication protocols in the cluster
+#                        and imports the modules that define them (`KUBE_MAY_IMPLEMENT`)
+#
+# Tests and benches may import anything (they test the parts).
+
+COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.config")
+AUTHORITY = "ca_server.authority"
+KUBE_MAY_IMPLEMENT = tuple(
+    f"{AUTHORITY}.{name}"
+    for name in ("slots", "state_store", "leaf_ledger", "agent_reports", "report_shards")
+)
+
+
+def imported_from(source: str) -> Iterator[str]:
+    """The modules `source` imports from, at any depth: `import a.b` -> a.b; `from a.b import c`
+    -> a.b, and a.b.c too when that is a module of this repository (not a name in a.b)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                path = ROOT.joinpath(*name.split("."))
+                if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+                    yield name
+
+
+def facade_violations(module: str, source: str) -> list[str]:
+    found = set()
+    for name in imported_from(source):
+        if within(module, ("meshca.commands",)):
+            if within(name, ("ca_server",)) and name not in COMMAND_FACADES:
+                found.add(f"{module} imports {name}: use ca_server.authority or ca_server.config")
+        elif not within(module, (AUTHORITY,)) and within(name, (AUTHORITY,)) and name != AUTHORITY:
+            if within(module, ("ca_server.kube",)) and name in KUBE_MAY_IMPLEMENT:
+                continue
+            found.add(f"{module} imports {name}: import it from the facade ca_server.authority")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", ["meshca", "ca_server", "agent"])
+def test_the_ca_is_reached_through_its_facades(package: str):
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found += facade_violations(module_name(path), path.read_text(encoding="utf-8"))
+    assert found == []
+
+
+def test_the_facade_rule_sees_what_it_must():
+    """The checker itself, on sources that break each rule."""
+    assert facade_violations("meshca.commands.status", "from ca_server.authority import x\n") == []
+    assert facade_violations("meshca.commands.status", "import ca_server.config\n") == []
+    assert facade_violations("meshca.commands.status", "from ca_server import authority\n") == []
+    assert facade_violations(
+        "meshca.commands.status", "def f():\n    from ca_server.kube.clients import c\n"
+    ) == [
+        "meshca.commands.status imports ca_server.kube.clients: use ca_server.authority or "
+        "ca_server.config"
+    ]
+    assert facade_violations("meshca.commands.authority", "from ca_server import errors\n") != []
+    assert facade_violations("ca_server.service", "from ca_server.authority.slots import x\n") != []
+    assert facade_violations("ca_server.service", "from ca_server.authority import signer\n") != []
+    assert (
+        facade_violations(
+            "ca_server.authority.plugged", "from ca_server.authority.slots import x\n"
+        )
+        == []
+    )
+    assert (
+        facade_violations("ca_server.kube.secret_root", "import ca_server.authority.slots\n") == []
+    )
+    assert (
+        facade_violations("ca_server.kube.mode", "import ca_server.authority.self_signed\n") != []
+    )
+
+
+def identifiers(source: str) -> set[str]:
+    """Every name the code uses (variables, attributes, imported names, definitions), lowered;
+    docstrings and comments are not code."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.alias):
+            found.update(node.name.split("."))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(node.name)
+        elif isinstance(node, ast.arg):
+            found.add(node.arg)
+    return {name.lower() for name in found}
+
+
+def test_the_server_does_not_branch_on_the_authority_mode():
+    """`ca_server.server` holds an `AuthorityDriver` and never asks which kind: it imports the
+    facade, not the drivers, and its code names none of their parts."""
+    source = (ROOT / "ca_server" / "server.py").read_text(encoding="utf-8")
+    imported = set(imported_from(source))
+    assert {name for name in imported if within(name, (AUTHORITY,))} <= {AUTHORITY}
+    used = identifiers(source)
+    for part in (
+        "SlotSigner",
+        "RecordingSigner",
+        "rotator",
+        "guard",
+        "cacerts_dir",
+        "SelfSignedDriver",
+        "PluggedDriver",
+        "tainted_since_for",
+        "authority_source_for",
+        "watch_authority",
+    ):
+        assert part.lower() not in used, f"ca_server/server.py uses {part}"
+    assert "authority_driver_for" in used
+
+
+def test_the_server_rule_sees_a_branch():
+    source = "def f(signer):\n    if isinstance(signer, SlotSigner):\n        pass\n"
+    assert {"isinstance", "slotsigner", "signer"} <= identifiers(source)
+    assert "rotator" in identifiers("x = setup.rotator\n")
+    assert "rotator" not in identifiers('"""the rotator"""\n')

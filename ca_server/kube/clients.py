@@ -16,7 +16,7 @@ from pathlib import Path
 from kubernetes.client import ApiClient
 
 from ca_server.config import KubeConfig
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 from meshca.kube_client import KubeCredentialsError, build_api_client
 
 USER_AGENT_PREFIX = "meshca-ca"

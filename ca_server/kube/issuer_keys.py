@@ -37,8 +37,7 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.errors import AuthenticationError, DependencyUnavailableError
-from ca_server.root_store import CaSetupError
+from ca_server.errors import AuthenticationError, CaSetupError, DependencyUnavailableError
 from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)

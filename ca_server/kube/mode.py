@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from ca_server.authn import Authenticator
-from ca_server.authority_state import SlotFactory
+from ca_server.authority.state_store import SlotFactory
 from ca_server.config import CaConfig, KubeConfig
+from ca_server.errors import CaSetupError
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator, TrustedIssuer
 from ca_server.kube.bound_tokens import BoundTokenAuthenticator, RemoteClustersOnly
@@ -38,7 +39,6 @@ from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.service_account_cache import ServiceAccountCache
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.metrics import CaMetrics
-from ca_server.root_store import CaSetupError
 from certs import SigningAuthority
 from meshca.clock import Clock
 from meshca.taint_notice import encode_taint_notice
@@ -70,7 +70,7 @@ class KubernetesMode:
         self._accounts = ServiceAccountCache(self.clients.local, metrics) if offline else None
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
-        # Every replica's reports, watched: the rotator reads them every round.
+        # Every replica's reports, watched: the self-signed driver reads them every round.
         self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
         if kube.publish_root:
@@ -197,7 +197,7 @@ class KubernetesMode:
             )
 
     def authority_changed(self, authority: SigningAuthority) -> None:
-        """A new bundle or a new taint (the rotator calls this at every change it applies)."""
+        """A new bundle or a new taint (the authority driver calls this at every change)."""
         if self._publisher is not None:
             self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
 

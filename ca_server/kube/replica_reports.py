@@ -2,12 +2,12 @@
 
 `meshca-ca-replica-<instance>` (label `app.kubernetes.io/component: meshca-ca-replica`) holds
 what only that replica knows and everybody needs summed: `leaves.json`, its leaf ledger (live
-leaves signed per authority, see `ca_server.leaf_ledger`), and the agent reports it received
-(`ca_server.agent_reports`), split by a stable hash of the pod into shards that each fit a
-ConfigMap (`AGENTS_SHARD_BYTES`; shard 0 in `agents.json` of the report, shard N > 0 in
+leaves signed per authority, see `ca_server.authority.leaf_ledger`), and the agent reports it
+received (`ca_server.authority.agent_reports`), split by a stable hash of the pod into shards that
+each fit a ConfigMap (`AGENTS_SHARD_BYTES`; shard 0 in `agents.json` of the report, shard N > 0 in
 `<report>-agents-N`, same label; each with its `generation`), and `heartbeat.json`, the small
-"alive, my shards are these generations" (`ca_server.report_shards`, which states the rules).
-A shard is rewritten only when its content changed (who reports, which bundle and leaves);
+"alive, my shards are these generations" (`ca_server.authority.report_shards`, which states the
+rules). A shard is rewritten only when its content changed (who reports, which bundle and leaves);
 the report itself every `REPUBLISH_EVERY` (the heartbeat) or when the leaves, shard 0 or what
 the heartbeat counts changed — so an idle replica writes one object per report period.
 Readers parse only the shards whose generation changed and re-decide only their pods
@@ -33,16 +33,17 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.agent_reports import (
+from ca_server.authority.agent_reports import (
     REPUBLISH_EVERY,
     STALE_AFTER,
+    AgentReports,
     FleetReports,
     PodWatch,
     without_gone_pods,
 )
-from ca_server.agent_reports import is_spent as agents_spent
-from ca_server.leaf_ledger import LeafLedger, is_spent, sum_snapshots
-from ca_server.report_shards import (
+from ca_server.authority.agent_reports import is_spent as agents_spent
+from ca_server.authority.leaf_ledger import LeafLedger, is_spent, sum_snapshots
+from ca_server.authority.report_shards import (
     ProcessReports,
     ShardMerger,
     ShardObject,
@@ -112,7 +113,7 @@ def _shard_index(name: str) -> tuple[str, int] | None:
 
 
 class ReplicaReportsWatch:
-    """Every replica's report objects from a watch (a running CA's rotator reads them every
+    """Every replica's report objects from a watch (a running CA's driver reads them every
     round): a round then costs nothing at the API server, and only the objects that changed
     are transferred. `meshca authority show` lists instead (one call, no thread)."""
 
@@ -164,11 +165,10 @@ class ConfigMapLedgerSink:
         self._shard_count = 0
         self._next_sweep = 0.0
 
-    def save(self, ledger: LeafLedger, now: datetime) -> None:
+    def save(self, ledger: LeafLedger, agents: AgentReports, now: datetime) -> None:
         """Publishes the shards whose content changed, then the report (leaves, shard 0, the
         heartbeat) when any of those changed or the heartbeat is due; deletes shards no longer
         needed. A routine re-report changes nothing here, so it writes nothing."""
-        agents = ledger.agents
         agents.prune(now)
         if self._merger.last is not None:
             agents.reclaim(self._merger.last)  # what readers see (this replica's last merge)

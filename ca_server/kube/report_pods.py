@@ -1,7 +1,7 @@
 """Whether the pod an agent report is keyed on still exists, from the CA's pod informer.
 
-`ca_server.agent_reports` keys each report on the pod the caller's token was bound to; this
-answers, for pods of the local cluster, whether that pod still exists with that uid and has not
+`ca_server.authority.agent_reports` keys each report on the pod the caller's token was bound to;
+this answers, for pods of the local cluster, whether that pod still exists with that uid and has not
 finished (`meshca.pods`), so the entry of a deleted or replaced pod stops counting as soon as
 the watch delivers the deletion instead of when it expires. Pods of other clusters, and every
 pod before the informer has synced, are "not watched here" (`live=None`): they count until
@@ -13,7 +13,7 @@ Concurrency: called from the event loop (recording) and worker threads (publicat
 
 from __future__ import annotations
 
-from ca_server.agent_reports import Instance, PodVerdict
+from ca_server.authority.agent_reports import Instance, PodVerdict
 from ca_server.kube.pod_cache import PodCache
 
 

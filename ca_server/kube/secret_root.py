@@ -2,11 +2,11 @@
 
 The Secret's shape: docs/reference.md#root-secret.
 
-An `AuthorityStateStore` (see `ca_server.authority_state`). The Secret keeps Istio's
+An `AuthorityStateStore` (see `ca_server.authority.state_store`). The Secret keeps Istio's
 self-signed layout for everything that reads it — `ca-cert.pem` / `ca-key.pem` the *active*
 authority, `root-cert.pem` the trust bundle (every slot's certificate while rotating),
 `cert-chain.pem` empty (the signing cert is the root), `key.pem` empty as Istio writes it — plus
-`meshca-authorities.json`: the slots themselves (see `authority_state.encode_state`).
+`meshca-authorities.json`: the slots themselves (see `authority.state_store.encode_state`).
 
 Writes are optimistic: read, change, then create (only one create can win; the losers get 409
 and retry on the winner's Secret) or replace with the resourceVersion read (a racing writer
@@ -36,15 +36,15 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.authority_slots import AuthorityState
-from ca_server.authority_state import (
+from ca_server.authority.slots import AuthorityState
+from ca_server.authority.state_store import (
     SlotFactory,
     StateChange,
     adopted_state,
     decode_state,
     encode_state,
 )
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 from certs import cert_to_pem, certs_to_pem, private_key_to_pem
 from meshca.clock import Clock
 from meshca.informer import Informer

@@ -53,6 +53,7 @@ from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.metrics import CaMetrics
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry, token_shape
+from ca_server.wire import RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
 from meshca.clock import Clock
@@ -193,7 +194,7 @@ class TokenReviewAuthenticator:
                 "tokenreview-budget",
                 "the CA keeps its Kubernetes API budget (TokenReview) for certificate requests "
                 "right now; this advisory request can wait: retry after the "
-                "grpc-retry-pushback-ms hint",
+                f"{RETRY_PUSHBACK_TRAILER} hint",
                 retry_after_ms=min(30_000, max(50, int(wait * 1000))),
             )
         return True

@@ -4,6 +4,7 @@ the CA's authority slots, through the same shared state the CA processes watch.
 Every change is one store transaction (the data directory's lock, or the Secret's
 resourceVersion), audited on stderr, and reaches every running CA process within its poll
 interval. Refusals (`AuthorityCommandError`) say why and what to do; nothing is written then.
+Everything it needs of the CA comes from the authority facade (`ca_server.authority`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,20 @@ import argparse
 import sys
 from datetime import UTC, datetime, timedelta
 
-from ca_server.authority_fitness import longest_leaf, refuse_short_lifetime, refuse_unfit
-from ca_server.authority_report import fleet_coverage, show_document
-from ca_server.authority_slots import AuthorityCommandError, AuthorityState, Phase
-from ca_server.authority_state import AuthorityStateStore, SlotFactory
-from ca_server.root_store import CaSetupError
-from ca_server.rotation import audit_events
+from ca_server.authority import (
+    AuthorityCommandError,
+    AuthorityState,
+    AuthorityStateStore,
+    CaSetupError,
+    Phase,
+    SlotFactory,
+    audit_events,
+    fleet_coverage,
+    longest_leaf,
+    refuse_short_lifetime,
+    refuse_unfit,
+    show_document,
+)
 from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec
 from meshca.commands.authority_agents import agents_listing, render_shown
 from meshca.commands.authority_view import (

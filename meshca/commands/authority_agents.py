@@ -1,5 +1,5 @@
 """`meshca authority show ID --agents`: the pods behind the coverage figures of one authority
-(`ca_server.agent_stragglers`), beside the slots table or under `agents` in `-o json`."""
+(`ca_server.authority.agent_stragglers`), beside the slots table or under `agents` in `-o json`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import argparse
 import json
 from typing import Any
 
-from ca_server.agent_reports import FleetReports
-from ca_server.agent_stragglers import agents_section, render_agents
-from ca_server.authority_slots import AuthorityCommandError, AuthorityState
+from ca_server.authority import (
+    AuthorityCommandError,
+    AuthorityState,
+    FleetReports,
+    agents_section,
+    render_agents,
+)
 from meshca.commands.authority_view import render_authorities
 
 

@@ -5,7 +5,7 @@ draws the table, so both commands print the slots alike (and `meshca status ADDR
 running CA's `/debug/ca` section, which has the same fields, with the same table).
 
 Reading is the commands' business: a figure that cannot be read is reported on stderr and shown
-as "unknown" (`ca_server.authority_report`), never as zero.
+as "unknown" (`ca_server.authority.report`), never as zero.
 """
 
 from __future__ import annotations
@@ -14,22 +14,18 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ca_server.agent_reports import FleetReports
-from ca_server.authority_state import (
-    LEGACY_CERT,
-    STATE_FILE,
-    AuthorityStateStore,
-    LocalAuthorityStateStore,
+from ca_server.authority import (
+    FleetReports,
+    LedgerSink,
+    SharedState,
     SlotFactory,
+    open_shared_state,
 )
 from ca_server.config import DEFAULT_NAMESPACE
-from ca_server.leaf_ledger import DirectoryLedgerSink, LedgerSink
-from ca_server.root_store import CaSetupError
 from meshca.clock import SystemClock
 
 AUTHORITY_COLUMNS = (
@@ -58,11 +54,7 @@ def add_target_arguments(
     )
 
 
-@dataclass(frozen=True)
-class Target:
-    store: AuthorityStateStore
-    ledgers: LedgerSink  # where every CA process publishes its live leaves and agent reports
-    exists: bool
+Target = SharedState  # the slots' store and every CA process's published figures
 
 
 @contextlib.contextmanager
@@ -70,27 +62,10 @@ def open_target(args: argparse.Namespace, factory: SlotFactory, agent: str) -> I
     """The shared state named by `args.data_dir`, or `args.kubeconfig` + `args.namespace`;
     `agent` names the command to the API server."""
     clock = SystemClock()  # the commands are roots: the one place the system clock is chosen
-    if args.data_dir is not None:
-        data_dir: Path = args.data_dir
-        exists = (data_dir / STATE_FILE).exists() or (data_dir / LEGACY_CERT).exists()
-        store = LocalAuthorityStateStore(data_dir, factory, clock)
-        yield Target(store, DirectoryLedgerSink(data_dir, agent), exists)
-        return
-    from ca_server.kube.clients import build_api_client
-    from ca_server.kube.replica_reports import ConfigMapLedgerSink
-    from ca_server.kube.secret_root import KubeAuthorityStateStore
-    from meshca.kube_client import KubeCredentialsError
-
-    try:
-        api = build_api_client(args.kubeconfig, pool_size=2, user_agent=agent)
-    except KubeCredentialsError as exc:
-        raise CaSetupError(str(exc)) from None
-    try:
-        kube_store = KubeAuthorityStateStore(api, args.namespace, factory, clock)
-        ledgers = ConfigMapLedgerSink(api, args.namespace, agent)
-        yield Target(kube_store, ledgers, kube_store.exists())
-    finally:
-        api.close()
+    with open_shared_state(
+        args.data_dir, args.kubeconfig, args.namespace, factory, clock, agent
+    ) as target:
+        yield target
 
 
 def no_authorities_message(target: Target) -> str:
@@ -111,8 +86,9 @@ def read_live_leaves(ledgers: LedgerSink, name: str) -> dict[str, int] | None:
 
 
 def read_fleet(ledgers: LedgerSink, name: str) -> FleetReports | None:
-    """Every CA process's agent reports merged (`ca_server.agent_reports`), or `None` (printed
-    "unknown") if they cannot be read; warns when some did not fit (coverage a lower bound)."""
+    """Every CA process's agent reports merged (`ca_server.authority.agent_reports`), or `None`
+    (printed "unknown") if they cannot be read; warns when some did not fit (coverage a lower
+    bound)."""
     try:
         fleet = ledgers.agents(datetime.now(UTC))
     except Exception as exc:  # an API or file failure must not hide the authorities themselves

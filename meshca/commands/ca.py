@@ -17,11 +17,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ca_server.cpu_scheduling import apply_cpu_scheduling
-    from ca_server.data_dir_guard import check_data_dir
-    from ca_server.root_store import CaSetupError
-    from ca_server.server import run_ca
-    from ca_server.workers import WorkerSupervisor, default_worker_count, worker_argv
+    from ca_server import (
+        CaSetupError,
+        WorkerSupervisor,
+        apply_cpu_scheduling,
+        check_data_dir,
+        default_worker_count,
+        run_ca,
+        worker_argv,
+    )
 
     configure_logging(args.log_level)
     try:
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         except ListenError as exc:
             print(f"meshca ca: {exc}", file=sys.stderr)
             return 1
-    # Before any thread or worker exists: they inherit it (`ca_server.cpu_scheduling`).
+    # Before any thread or worker exists: they inherit it (`ca_server.serving.cpu_scheduling`).
     apply_cpu_scheduling(config.cpu_scheduling)
     workers = args.workers or default_worker_count()
     if workers > 1 and config.worker is None:

@@ -32,7 +32,8 @@ running: it reads the shared state as `meshca authority show` does
 in a running CA's memory, so they are not shown.
 
 The address forms read only the daemons' wire formats: HTTP, JSON and (via `meshca.sds_fetch`)
-SDS; they never import `agent`. The shared-state form reads through `ca_server`'s stores, like
+SDS; they never import `agent`. The shared-state form reads through the authority facade
+(`ca_server.authority`, the only part of the CA the commands import besides its config), like
 `meshca authority`; the Kubernetes client is loaded only for `--kubeconfig`.
 """
 
@@ -49,10 +50,7 @@ from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ca_server.authority_report import status_section
-from ca_server.authority_slots import AuthorityCommandError
-from ca_server.authority_state import SlotFactory
-from ca_server.root_store import CaSetupError
+from ca_server.authority import AuthorityCommandError, CaSetupError, SlotFactory, status_section
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, format_duration
 from meshca import careful_http
 from meshca.commands import authority_view

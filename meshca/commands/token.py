@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ca_server.dev_issuer import DevIssuerMissing, load_dev_issuer
+    from ca_server import DevIssuerMissing, load_dev_issuer
 
     request = TokenRequest.from_args(args, {})
     if request.ttl <= timedelta(0):

@@ -13,7 +13,7 @@ from cryptography import x509
 from agent.acceptance import accept_certificate
 from agent.errors import CertificateRefused
 from certs import PrivateKey, SpiffeId, build_csr, generate_private_key, load_cert, load_certs
-from tests.agent.pki import IDENTITY
+from tests.support.fake_ca import IDENTITY
 from tests.support.pki import TestCa
 
 ISSUED = datetime(2030, 1, 1, tzinfo=UTC)

@@ -18,8 +18,8 @@ from agent.main import Agent, AgentFailed
 from agent.status import readiness_report
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import SystemClock
-from tests.agent.pki import FakeCaServicer, start_fake_ca
-from tests.agent.wiring import pod_generation, scheduler_of, until
+from tests.support.agent_wiring import pod_generation, scheduler_of, until
+from tests.support.fake_ca import FakeCaServicer, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import http_status, http_text
 

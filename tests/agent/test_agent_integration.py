@@ -21,11 +21,13 @@ from agent.config import AgentConfig
 from agent.main import Agent
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import SystemClock
-from tests.agent.wiring import pod_generation
 from tests.support.agent_process import AgentProcess
+from tests.support.agent_wiring import pod_generation
 from tests.support.ca_process import CaProcess
 from tests.support.processes import MeshcaProcess, free_port, wait_for
 from tests.support.sds_client import fetch_secrets, leaf_serial
+
+pytestmark = pytest.mark.process  # every test runs a CA and agents
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import SystemClock
-from tests.agent.pki import IDENTITY, FakeCaServicer, start_fake_ca
+from tests.support.fake_ca import IDENTITY, FakeCaServicer, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import free_port
 
@@ -222,11 +222,13 @@ def test_the_channel_follows_prov_cert_but_never_takes_a_half_updated_pair(tmp_p
     provision(first, first)
 
     async def main() -> None:
+        clock = SystemClock()
         client = CaClient(
             "127.0.0.1:1",
             None,
             FileTokenProvider(tmp_path / "no-token", required=False),
-            SystemClock(),
+            clock,
+            metrics=AgentMetrics(clock),
             prov_cert=prov,
         )
         try:

@@ -23,9 +23,10 @@ from agent.cert_state import (
 from agent.config import AgentConfig
 from agent.errors import TokenFileMissing
 from agent.file_output import FileOutput
+from agent.identity_sources import SingleIdentitySource
 from agent.metrics import AgentMetrics
 from agent.output_dir import CertificateFiles, write_generation
-from agent.scheduler import CertificateScheduler, IdentityState, SingleIdentitySource
+from agent.scheduler import CertificateScheduler, IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import (
     SpiffeId,
@@ -35,8 +36,9 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
-from tests.agent.pki import IDENTITY, FakeSigner
-from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import until
+from tests.support.fake_ca import IDENTITY, FakeSigner
 from tests.support.pki import TestCa
 
 ISSUED = datetime(2030, 1, 1, tzinfo=UTC)
@@ -173,14 +175,8 @@ async def manager_restoring(
     metrics = AgentMetrics(clock)
     output = FileOutput.single(directory, clock)
     cache.add_listener(output.on_secret)
-    manager = CertificateScheduler.from_config(
-        config,
-        signer,
-        cache,
-        clock,
-        start_hook=output.restore,
-        metrics=metrics,
-        rng=random.Random(3),
+    manager = scheduler_for(
+        config, signer, cache, clock, metrics, start_hook=output.restore, rng=random.Random(3)
     )
     source = SingleIdentitySource(
         lambda: config.identity or IDENTITY, clock, manager.policy.backoff
@@ -218,17 +214,17 @@ def test_manager_publishes_the_previous_certificate_without_asking_the_ca(
             assert (tls.cert_chain_pem, tls.private_key_pem) == (chain, key_pem)
             assert root.trusted_ca_pem == pki.root_pem
             assert only(manager).restored and manager.has_valid_certificate()
-            assert signer.calls == 0
+            assert len(signer.calls) == 0
             assert m.restores._value.get() == 1 and m.rotations._value.get() == 0
             # Rotation by the normal rule, counted from issue (= NotBefore + 2 min): half of
             # the 100 s lifetime, i.e. 50 s after issue, 20 s from now.
             assert only(manager).next_rotation_at == ISSUED + timedelta(seconds=50)
             clock.advance(19.9)
             await asyncio.sleep(0.05)
-            assert signer.calls == 0
+            assert len(signer.calls) == 0
             clock.advance(0.2)
             await until(lambda: only(manager).generation == 2)
-            assert signer.calls == 1 and not only(manager).restored
+            assert len(signer.calls) == 1 and not only(manager).restored
             renewed = cache.get("default")
             assert renewed is not None and renewed.version != tls.version
 
@@ -248,13 +244,13 @@ def test_manager_renews_an_overdue_adoption_at_once_serving_it_while_the_ca_is_d
     async def main() -> None:
         async with manager_restoring(tmp_path, pki, now) as (manager, signer, cache, clock, _):
             signer.fail_always = CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA is down")
-            await until(lambda: signer.calls >= 1)
+            await until(lambda: len(signer.calls) >= 1)
             served = cache.get("default")
             assert served is not None and only(manager).generation == 1
             for _ in range(5):  # backoff retries; the adopted certificate stays served
                 clock.advance(5.0)
                 await asyncio.sleep(0.01)
-            assert signer.calls >= 3
+            assert len(signer.calls) >= 3
             assert cache.get("default") is served and manager.has_valid_certificate()
             assert manager.last_error == "CA returned UNAVAILABLE: CA is down"
             signer.fail_always = None
@@ -273,7 +269,7 @@ def test_manager_asks_the_ca_when_the_files_are_refused(
     async def main() -> None:
         async with manager_restoring(tmp_path, pki, ISSUED) as (manager, signer, _, _, m):
             await until(lambda: only(manager).generation == 1)
-            assert signer.calls == 1 and not only(manager).restored
+            assert len(signer.calls) == 1 and not only(manager).restored
             assert m.restores._value.get() == 0
 
     with caplog.at_level(logging.INFO, logger="agent"):
@@ -351,9 +347,7 @@ def test_node_scheduler_restores_each_identity_from_its_own_directory(
         config = AgentConfig(
             secret_ttl=TTL, node_mode=True, identities=(("shop", "cart"),), output_certs=tmp_path
         )
-        scheduler = CertificateScheduler.from_config(
-            config, signer, cache, clock, start_hook=output.restore, metrics=metrics
-        )
+        scheduler = scheduler_for(config, signer, cache, clock, metrics, start_hook=output.restore)
         task = asyncio.create_task(scheduler.run())
         scheduler.set_identities(frozenset({cart, orders}))
         try:
@@ -362,7 +356,7 @@ def test_node_scheduler_restores_each_identity_from_its_own_directory(
                 tls = cache.get(identity.uri)
                 assert isinstance(tls, TlsSecret) and tls.cert_chain_pem == chain
                 assert scheduler.states[identity].restored
-            assert signer.calls == 0 and output.writes == 0
+            assert len(signer.calls) == 0 and output.writes == 0
             assert metrics.restores._value.get() == 2
         finally:
             task.cancel()

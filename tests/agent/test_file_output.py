@@ -24,7 +24,7 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
-from tests.agent.pki import IDENTITY
+from tests.support.fake_ca import IDENTITY
 from tests.support.pki import TestCa
 
 NOW = datetime.now(UTC)

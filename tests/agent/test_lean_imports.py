@@ -18,8 +18,12 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from tests.support.pki import TestCa
 from tests.support.processes import child_env
+
+pytestmark = pytest.mark.process  # every test imports in a fresh interpreter
 
 # Top-level packages a pod agent must not load (pyjwt: only to read an unconfigured identity
 # from the token), node mode's identity sources (the road by which the Kubernetes client would

@@ -32,9 +32,9 @@ from certs import (
 )
 from meshca.clock import SystemClock
 from meshca.commands.status import add_arguments, run
-from tests.agent.pki import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import status, until
-from tests.agent.wiring import scheduler_of
+from tests.support.agent_wiring import scheduler_of
+from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import http_text
 

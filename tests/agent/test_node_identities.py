@@ -19,24 +19,30 @@ from kubernetes import client
 
 from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError
+from agent.identity_sources import (
+    IdentitySet,
+    IdentitySource,
+    SingleIdentitySource,
+    identity_source_for,
+)
 from agent.main import Agent
 from agent.node_identities import (
-    IdentitySet,
     PodIdentitySource,
     StaticIdentitySource,
     identities_of,
-    identity_source_for,
     kube_api_client_factory,
 )
+from agent.rotation import SINGLE_IDENTITY_BACKOFF
+from agent.token import FileTokenProvider
 from certs import SpiffeId
 from meshca.clock import SystemClock
 from meshca.pods import pod_info
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
-from tests.agent.wiring import scheduler_of
 from tests.deploy.rbac import is_allowed
 from tests.k8s.api_calls import NODE_AGENT_RBAC, describe, required_rules
+from tests.support.agent_wiring import scheduler_of
+from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.kube_api import KubeApiServer
 from tests.support.pki import TestCa
 
@@ -45,6 +51,14 @@ NODE, OTHER = "node-1", "node-2"
 
 def sid(namespace: str, account: str) -> SpiffeId:
     return SpiffeId("cluster.local", namespace, account)
+
+
+def source_for(config: AgentConfig) -> IdentitySource:
+    """The agent's one identity source for `config` (the pod agent's parts unused in node mode)."""
+    tokens = FileTokenProvider(config.token_path, required=False)
+    return identity_source_for(
+        config, tokens, SystemClock(), SINGLE_IDENTITY_BACKOFF, on_failure=lambda _: None
+    )
 
 
 def pod(namespace: str, name: str, account: str, phase: str = "Running") -> client.V1Pod:
@@ -56,7 +70,7 @@ def pod(namespace: str, name: str, account: str, phase: str = "Running") -> clie
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeApiServer]:
+def kube(starts_processes: None) -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
     for namespace in ("shop", "web"):
         server.create_namespace(namespace)
@@ -118,7 +132,7 @@ def test_pod_source_sees_only_this_nodes_pods_and_relists_after_410(
     async def main() -> None:
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         config = AgentConfig(node_mode=True, node_name=NODE, kubeconfig=kubeconfig)
-        assert isinstance(identity_source_for(config), PodIdentitySource)
+        assert isinstance(source_for(config), PodIdentitySource)
         # Short watches without bookmarks: the resume version is the last event on this node,
         # so compaction after other nodes' changes makes the next resume a 410 Gone.
         source = PodIdentitySource(
@@ -160,9 +174,11 @@ def test_pod_source_sees_only_this_nodes_pods_and_relists_after_410(
 
 def test_static_source_and_choice_of_source(tmp_path: Path) -> None:
     config = AgentConfig(node_mode=True, identities=(("shop", "cart"), ("web", "front")))
-    source = identity_source_for(config)
+    source = source_for(config)
     assert isinstance(source, StaticIdentitySource)
     assert source.identities() == {sid("shop", "cart"), sid("web", "front")}
+    sidecar = AgentConfig(namespace="shop", service_account="cart")
+    assert isinstance(source_for(sidecar), SingleIdentitySource)
     with pytest.raises(ConfigError, match="identity source"):
         AgentConfig(node_mode=True)
     with pytest.raises(ConfigError, match="NODE_NAME"):

@@ -23,7 +23,7 @@ from agent.polled_file import FileSignature, PolledFile
 from meshca.clock import SystemClock
 from meshca.safe_read import read_regular_file
 from tests.agent.test_trust_bundle_distribution import kubelet_update
-from tests.agent.wiring import until
+from tests.support.agent_wiring import until
 
 
 @pytest.fixture

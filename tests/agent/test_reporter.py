@@ -26,11 +26,12 @@ from agent.reporter import PeriodicReporter
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.token import FileTokenProvider
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from meshca.clock import SystemClock
 from meshca_proto import report_pb2, report_pb2_grpc
-from tests.agent.pki import IDENTITY, FakeCaServicer, FakeSigner, start_fake_ca
-from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import until
+from tests.support.fake_ca import IDENTITY, FakeCaServicer, FakeSigner, start_fake_ca
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 
@@ -98,9 +99,8 @@ async def rig(
         metrics=metrics,
     )
     config = AgentConfig(secret_ttl=timedelta(hours=1), taint_resign_window=timedelta(0))
-    scheduler = CertificateScheduler.from_config(
-        config, FakeSigner(pki, clock), SecretCache(), clock, metrics=metrics
-    )
+    cache = SecretCache()
+    scheduler = scheduler_for(config, FakeSigner(pki, clock), cache, clock, metrics)
     running = asyncio.create_task(scheduler.run())
     scheduler.set_identities(frozenset({IDENTITY}))
     await until(lambda: scheduler.installs == 1)

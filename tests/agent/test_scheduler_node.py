@@ -11,16 +11,15 @@ import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-import grpc
-
-from agent.ca_client import CaRequestError, SignedCertificate, SigningRequest
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
-from certs import SpiffeId, load_cert
+from certs import SpiffeId
 from meshca.clock import FakeClock
-from tests.agent.wiring import until
+from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import until
+from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -34,35 +33,12 @@ def sid(name: str) -> SpiffeId:
 A, B, C, D, F = (sid(n) for n in ("a", "b", "c", "d", "f"))
 
 
-class GatedSigner:
-    """Signs with a `TestCa`; holds every call at `gate` while it is clear; fails `fail` ids."""
-
-    def __init__(self, pki: TestCa, clock: FakeClock) -> None:
-        self.pki = pki
-        self.clock = clock
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.calls: list[SpiffeId] = []
-        self.impersonated: list[SpiffeId | None] = []
-        self.fail: set[SpiffeId] = set()
-
-    async def sign(self, request: SigningRequest) -> SignedCertificate:
-        self.calls.append(request.identity)
-        self.impersonated.append(request.impersonate)
-        await self.gate.wait()
-        if request.identity in self.fail:
-            raise CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA down")
-        now = self.clock.now()
-        elements = self.pki.sign_csr(request.csr_pem, request.ttl, now)
-        return SignedCertificate(elements[0], elements[1], load_cert(elements[0]), now)
-
-
 @contextlib.asynccontextmanager
 async def running(
     max_fetches: int = 8,
-) -> AsyncIterator[tuple[CertificateScheduler, GatedSigner, SecretCache, FakeClock]]:
+) -> AsyncIterator[tuple[CertificateScheduler, FakeSigner, SecretCache, FakeClock]]:
     clock = FakeClock(START)
-    signer = GatedSigner(TestCa(START), clock)
+    signer = FakeSigner(TestCa(START), clock)
     cache = SecretCache()
     config = AgentConfig(
         secret_ttl=TTL,
@@ -70,9 +46,8 @@ async def running(
         node_mode=True,
         identities=(("ns", "static"),),
     )
-    manager = CertificateScheduler.from_config(
-        config, signer, cache, clock, metrics=AgentMetrics(clock), rng=random.Random(7)
-    )
+    metrics = AgentMetrics(clock)
+    manager = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(7))
     task = asyncio.create_task(manager.run())
     try:
         yield manager, signer, cache, clock
@@ -105,18 +80,18 @@ def test_first_certificates_go_before_pending_renewals() -> None:
         async with running(max_fetches=1) as (manager, signer, _cache, clock):
             manager.set_identities(frozenset({A, B}))
             await until(lambda: all(s.current for s in manager.states.values()))
-            assert signer.calls == [A, B]
+            assert signer.identities == [A, B]
             assert signer.impersonated == [A, B]  # each CSR asks for the pod identity
 
             signer.gate.clear()
             clock.advance(60)  # past both rotation points (50 s ± 1 %)
             await until(lambda: len(signer.calls) == 3 and len(manager.queue) == 1)
-            assert signer.calls[2] == A  # the only worker is busy renewing A; B waits
+            assert signer.identities[2] == A  # the only worker is busy renewing A; B waits
             manager.set_identities(frozenset({A, B, C, D}))  # two new pods' identities
             assert len(manager.queue) == 3
             signer.gate.set()
             await until(lambda: len(signer.calls) == 6)
-            assert signer.calls[3:] == [C, D, B]  # first certificates overtook B's renewal
+            assert signer.identities[3:] == [C, D, B]  # first certificates overtook B's renewal
             await until(lambda: manager.has_valid_certificate())
 
     asyncio.run(main())
@@ -134,7 +109,7 @@ def test_concurrency_is_bounded_by_the_worker_count() -> None:
             signer.gate.set()
             await until(lambda: manager.has_valid_certificate())
             assert manager.max_in_flight == 3
-            assert sorted(signer.calls, key=str) == sorted(identities, key=str)
+            assert sorted(signer.identities, key=str) == sorted(identities, key=str)
 
     asyncio.run(main())
 
@@ -142,7 +117,7 @@ def test_concurrency_is_bounded_by_the_worker_count() -> None:
 def test_failing_identity_backs_off_alone_and_cached_certs_keep_serving() -> None:
     async def main() -> None:
         async with running() as (manager, signer, cache, clock):
-            signer.fail = {F}
+            signer.failing = {F}
             manager.set_identities(frozenset({A, F}))
             await until(lambda: manager.states[A].current is not None)
             await until(lambda: manager.states[F].failures == 1)
@@ -151,19 +126,19 @@ def test_failing_identity_backs_off_alone_and_cached_certs_keep_serving() -> Non
             for attempt in range(2, 5):  # 0.5 s doubling, jittered: ≤ 0.5, 1, 2 s
                 clock.advance(2**attempt)
                 await until(lambda n=attempt: manager.states[F].failures == n)  # type: ignore[misc]
-            assert signer.calls.count(A) == 1  # A was not retried along with F
-            signer.fail = set()
+            assert signer.identities.count(A) == 1  # A was not retried along with F
+            signer.failing = set()
             clock.advance(10)
             await until(lambda: manager.has_valid_certificate())
 
             # The CA refuses A's renewal: its cached certificate keeps being served.
             before = cache.get(A.uri)
-            signer.fail = {A}
+            signer.failing = {A}
             clock.advance(52)
             await until(lambda: manager.states[A].failures >= 1)
             assert cache.get(A.uri) is before
             assert manager.has_valid_certificate()  # still unexpired
-            signer.fail = set()
+            signer.failing = set()
             clock.advance(30)
             await until(lambda: cache.get(A.uri) is not before)
             assert manager.states[A].failures == 0
@@ -183,11 +158,11 @@ def test_identity_leaving_the_node_stops_rotation_and_removes_its_secret() -> No
             for _ in range(4):  # several rotation periods: only A renews
                 clock.advance(60)
                 await asyncio.sleep(0.05)
-            await until(lambda: signer.calls.count(A) >= 3)
-            assert signer.calls.count(B) == 1
+            await until(lambda: signer.identities.count(A) >= 3)
+            assert signer.identities.count(B) == 1
             manager.set_identities(frozenset({A, B}))  # a pod of B is scheduled again
             await until(lambda: cache.get(B.uri) is not None)
-            assert signer.calls.count(B) == 2
+            assert signer.identities.count(B) == 2
 
     asyncio.run(main())
 

@@ -27,16 +27,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.ca_client import SignedCertificate
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig
 from agent.errors import NoPreviousCertificate
 from agent.metrics import AgentMetrics
 from agent.scheduler import CertificateScheduler, StartHook
 from agent.secrets import SecretCache
+from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
 from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock, SystemClock
 from meshca.taint_notice import MAX_NOTICE_BYTES, TAINT_NOTICE_NAME, encode_taint_notice
@@ -45,11 +45,12 @@ from tests.agent.test_taint_resign import (
     START,
     TTL,
     WINDOW,
-    SwitchableSigner,
     report_taint,
 )
 from tests.agent.test_trust_bundle_distribution import kubelet_project
-from tests.agent.wiring import advance_settled, until
+from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import advance_settled, until
+from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
 
 POLL = 0.02  # the watch's stat interval here (the agent's default is 1 s)
@@ -75,7 +76,7 @@ def project(mount: Path, notice: str | None) -> None:
 @dataclass
 class Rig:
     scheduler: CertificateScheduler
-    signer: SwitchableSigner
+    signer: FakeSigner
     clock: FakeClock
     metrics: AgentMetrics
     watch: TaintFileWatch
@@ -99,19 +100,13 @@ async def rig(
     """A node scheduler whose identities all hold a leaf of `signer.pki`, and the taint file
     beside `mount/root-cert.pem` followed into it."""
     clock = FakeClock(START)
-    signer = SwitchableSigner(TestCa(START), clock)
+    signer = FakeSigner(TestCa(START), clock)
     config = AgentConfig(
         secret_ttl=TTL, node_mode=True, identities=(("ns", "static"),), taint_resign_window=WINDOW
     )
-    metrics = AgentMetrics(clock)
-    scheduler = CertificateScheduler.from_config(
-        config,
-        signer,
-        SecretCache(),
-        clock,
-        metrics=metrics,
-        rng=random.Random(5),
-        start_hook=start_hook,
+    metrics, cache = AgentMetrics(clock), SecretCache()
+    scheduler = scheduler_for(
+        config, signer, cache, clock, metrics, rng=random.Random(5), start_hook=start_hook
     )
     path = taint_notice_beside(mount / "root-cert.pem")
     assert path == mount / TAINT_NOTICE_NAME
@@ -170,7 +165,7 @@ def test_a_taint_in_the_configmap_mount_resigns_every_leaf_once_across_both_sour
 
             before = len(r.signer.calls)
             await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
-            assert sorted(i for i, _ in r.signer.calls[before:]) == sorted(IDENTITIES)
+            assert sorted(r.signer.identities[before:]) == sorted(IDENTITIES)
             new = authority_id(r.signer.pki.cert)
             assert r.scheduler.leaf_authorities() == {new}
             assert resigns(r.metrics) == len(IDENTITIES)
@@ -289,7 +284,7 @@ def test_a_taint_known_before_a_previous_runs_leaf_is_restored_resigns_it(mount:
             state = r.scheduler.states[only]
             assert not state.restored and state.authority == authority_id(r.signer.pki.cert)
             assert resigns(r.metrics) == 1
-            assert [identity for identity, _ in r.signer.calls] == [only]
+            assert r.signer.identities == [only]
 
     asyncio.run(main())
 

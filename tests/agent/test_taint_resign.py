@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-from agent.ca_client import SignedCertificate, SigningRequest
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
@@ -21,10 +20,12 @@ from agent.rotation import RotationPolicy
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
 from agent.taints import SOURCE_REPORT, taints_from_report
-from ca_server.authority_slots import authority_id
-from certs import SpiffeId, load_cert
+from ca_server.authority.slots import authority_id
+from certs import SpiffeId
 from meshca.clock import FakeClock
-from tests.agent.wiring import advance_settled, until
+from tests.support.agent_scheduler import scheduler_for
+from tests.support.agent_wiring import advance_settled, until
+from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -40,37 +41,20 @@ def report_taint(
     return scheduler.taints_learned(taints_from_report(seconds_since, clock.now()), SOURCE_REPORT)
 
 
-class SwitchableSigner:
-    """Signs with `self.pki` (a test swaps it, as an activation would); records when."""
-
-    def __init__(self, pki: TestCa, clock: FakeClock) -> None:
-        self.pki = pki
-        self.clock = clock
-        self.calls: list[tuple[SpiffeId, datetime]] = []
-
-    async def sign(self, request: SigningRequest) -> SignedCertificate:
-        now = self.clock.now()
-        self.calls.append((request.identity, now))
-        elements = self.pki.sign_csr(request.csr_pem, request.ttl, now)
-        return SignedCertificate(elements[0], elements[1], load_cert(elements[0]), now)
-
-
 @contextlib.asynccontextmanager
 async def node_scheduler() -> AsyncIterator[
-    tuple[CertificateScheduler, SwitchableSigner, FakeClock, AgentMetrics]
+    tuple[CertificateScheduler, FakeSigner, FakeClock, AgentMetrics]
 ]:
     clock = FakeClock(START)
-    signer = SwitchableSigner(TestCa(START), clock)
+    signer = FakeSigner(TestCa(START), clock)
     config = AgentConfig(
         secret_ttl=TTL,
         node_mode=True,
         identities=(("ns", "static"),),
         taint_resign_window=WINDOW,
     )
-    metrics = AgentMetrics(clock)
-    scheduler = CertificateScheduler.from_config(
-        config, signer, SecretCache(), clock, metrics=metrics, rng=random.Random(11)
-    )
+    metrics, cache = AgentMetrics(clock), SecretCache()
+    scheduler = scheduler_for(config, signer, cache, clock, metrics, rng=random.Random(11))
     task = asyncio.create_task(scheduler.run())
     try:
         yield scheduler, signer, clock, metrics
@@ -126,8 +110,8 @@ def test_tainted_leaves_are_resigned_spread_over_the_window_once() -> None:
             before = len(signer.calls)
             await advance_settled(clock, scheduler, WINDOW.total_seconds())
             resigned = signer.calls[before:]
-            assert Counter(identity for identity, _when in resigned) == Counter(IDENTITIES)
-            at = {identity: (when - START).total_seconds() for identity, when in resigned}
+            assert Counter(call.identity for call in resigned) == Counter(IDENTITIES)
+            at = {call.identity: (call.at - START).total_seconds() for call in resigned}
             # Each at its own drawn point: the first whole second of fake time at or after it.
             assert at == {identity: math.ceil(d) for identity, d in drawn.items()}
             assert scheduler.leaf_authorities() == {new}

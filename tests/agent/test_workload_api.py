@@ -8,9 +8,11 @@ import tempfile
 import threading
 from pathlib import Path
 
+from agent.metrics import AgentMetrics
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, SecretCache
 from agent.workload_api import WorkloadApiServer, _Encodings, latest_pairs
 from certs import load_der_certs
+from meshca.clock import SystemClock
 from tests.support.loop import LoopThread
 from tests.support.pki import TestCa
 from tests.support.workload_api import client_for
@@ -69,7 +71,12 @@ def test_the_first_answer_waits_for_the_first_certificate() -> None:
     issued = ca.issue("app")
     cache = SecretCache()
     with tempfile.TemporaryDirectory(prefix="wapiu", dir="/tmp") as directory, LoopThread() as loop:
-        server = WorkloadApiServer(cache, Path(directory) / "s", trust_domain="cluster.local")
+        server = WorkloadApiServer(
+            cache,
+            Path(directory) / "s",
+            trust_domain="cluster.local",
+            metrics=AgentMetrics(SystemClock()),
+        )
         loop.run(server.start())
         try:
             got: list[int] = []

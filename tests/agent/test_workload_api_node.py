@@ -29,12 +29,14 @@ from agent.workload_api import REFUSED_NOT_ATTESTED
 from agent.workload_attestor import NodeCaller, ProcessCgroups
 from certs import load_cert, load_private_key
 from meshca.clock import SystemClock
-from tests.agent.pki import NODE_TOKEN, node_ca, start_fake_ca
 from tests.agent.test_agent_inprocess import until
+from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.kube_api import KubeApiServer
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env
 from tests.support.workload_api_server import Hosted, PodsByUid, node_server, pod_cgroup
+
+pytestmark = pytest.mark.process  # every test runs Workload API clients as processes
 
 ORDERS = "spiffe://cluster.local/ns/shop/sa/orders"
 PAYMENTS = "spiffe://cluster.local/ns/shop/sa/payments"
@@ -188,7 +190,7 @@ NODE = "node-1"
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeApiServer]:
+def kube(starts_processes: None) -> Iterator[KubeApiServer]:
     server = KubeApiServer().start()
     server.create_namespace("shop")
     try:

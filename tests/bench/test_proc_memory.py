@@ -72,6 +72,7 @@ def test_mappings_are_grouped_by_what_they_map_and_split_into_anonymous_and_file
     )
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc only")
 def test_a_live_process_breakdown_adds_up_to_what_the_kernel_reports() -> None:
     """On a live Python process: the groups sum to its RSS and anonymous RSS, and its

@@ -80,7 +80,9 @@ def rsa_issuer(tmp_path_factory: pytest.TempPathFactory) -> RsaIssuer:
 
 
 @pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory, rsa_issuer: RsaIssuer) -> Iterator[CaProcess]:
+def ca(
+    tmp_path_factory: pytest.TempPathFactory, rsa_issuer: RsaIssuer, starts_processes: None
+) -> Iterator[CaProcess]:
     process = CaProcess(
         tmp_path_factory.mktemp("ca") / "data",
         "--jwks",

@@ -17,12 +17,11 @@ from typing import Any
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import serialization
 
 from certs import SpiffeId, build_csr, generate_private_key
 from tests.ca_server.conftest import RsaIssuer, k8s_claims
-from tests.certs.helpers import csr_with_two_sans
+from tests.support import hostile_csr
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
@@ -33,24 +32,6 @@ def _b64(data: bytes) -> str:
 
 def _unsigned_token(header: dict[str, Any], claims: dict[str, Any]) -> str:
     return f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
-
-
-def _csr_with(names: list[x509.GeneralName], *, ca: bool = False) -> str:
-    key = ec.generate_private_key(ec.SECP256R1())
-    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
-    builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=True)
-    if ca:
-        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-    csr = builder.sign(key, hashes.SHA256())
-    return csr.public_bytes(serialization.Encoding.PEM).decode()
-
-
-def _csr_with_broken_signature() -> str:
-    pem = build_csr(generate_private_key(), SLEEP)
-    der = bytearray(x509.load_pem_x509_csr(pem.encode()).public_bytes(serialization.Encoding.DER))
-    der[-5] ^= 0xFF  # inside the signature value at the end of the structure
-    body = base64.encodebytes(bytes(der)).decode()
-    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n"
 
 
 @dataclass(frozen=True)
@@ -175,7 +156,7 @@ CASES = [
         "CSR with an extra DNS SAN",
         "csr",
         good_token,
-        lambda: _csr_with([x509.UniformResourceIdentifier(SLEEP.uri), x509.DNSName("evil.com")]),
+        lambda: hostile_csr.csr_with([hostile_csr.uri(SLEEP), x509.DNSName("evil.com")]),
         INVALID,
         "DNS",
     ),
@@ -183,10 +164,10 @@ CASES = [
         "CSR with two URI SANs",
         "csr",
         good_token,
-        lambda: _csr_with(
+        lambda: hostile_csr.csr_with(
             [
-                x509.UniformResourceIdentifier(SLEEP.uri),
-                x509.UniformResourceIdentifier("spiffe://cluster.local/ns/kube-system/sa/admin"),
+                hostile_csr.uri(SLEEP),
+                hostile_csr.uri("spiffe://cluster.local/ns/kube-system/sa/admin"),
             ]
         ),
         INVALID,
@@ -196,7 +177,7 @@ CASES = [
         "CSR with a second subjectAltName extension",
         "csr",
         good_token,
-        lambda: csr_with_two_sans(SLEEP),
+        lambda: hostile_csr.two_sans(SLEEP),
         INVALID,
         "Duplicate",
     ),
@@ -204,7 +185,7 @@ CASES = [
         "CSR asking CA:true",
         "csr",
         good_token,
-        lambda: _csr_with([x509.UniformResourceIdentifier(SLEEP.uri)], ca=True),
+        hostile_csr.with_ca_true,
         INVALID,
         "CA:true",
     ),
@@ -212,7 +193,7 @@ CASES = [
         "CSR signature does not verify",
         "csr",
         good_token,
-        _csr_with_broken_signature,
+        hostile_csr.broken_signature,
         INVALID,
         "signature",
     ),

@@ -8,25 +8,25 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.authority_slots import (
+from ca_server.authority.self_signed import rotation_policy_for
+from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
     AgentCoverage,
     AuthorityState,
     Phase,
-    RotationPolicy,
+    SlotRotationPolicy,
     gate_waiting,
     scheduled_step,
 )
-from ca_server.authority_state import SlotFactory
+from ca_server.authority.state_store import SlotFactory
 from ca_server.config import CaConfig, ConfigError
-from ca_server.rotation import rotation_policy_for
 from certs import KeySpec
 from meshca.cli import build_parser
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 LIFE = timedelta(minutes=60)  # prepared at 30 min, due at 50 min; lead 10 min
-GATED = RotationPolicy(lifetime=LIFE, activate_at_coverage=0.9, activate_deadline=0.5)
+GATED = SlotRotationPolicy(lifetime=LIFE, activate_at_coverage=0.9, activate_deadline=0.5)
 FACTORY = SlotFactory(KeySpec(), "cluster.local", LIFE)
 
 
@@ -91,7 +91,7 @@ def test_no_reporting_agent_strands_nobody() -> None:
 
 
 def test_without_the_gate_the_clock_alone_activates() -> None:
-    ungated = RotationPolicy(lifetime=LIFE)
+    ungated = SlotRotationPolicy(lifetime=LIFE)
     at = START + timedelta(minutes=50)
     state = scheduled_step(
         _prepared(), ungated, at, lambda: FACTORY.new(at, Phase.PREPARED),
@@ -102,9 +102,9 @@ def test_without_the_gate_the_clock_alone_activates() -> None:
 
 def test_policy_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="coverage"):
-        RotationPolicy(lifetime=LIFE, activate_at_coverage=1.5)
+        SlotRotationPolicy(lifetime=LIFE, activate_at_coverage=1.5)
     with pytest.raises(ValueError, match="deadline"):
-        RotationPolicy(lifetime=LIFE, activate_deadline=1.0)
+        SlotRotationPolicy(lifetime=LIFE, activate_deadline=1.0)
 
 
 def _ca_config(*args: str) -> CaConfig:

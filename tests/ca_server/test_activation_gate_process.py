@@ -20,7 +20,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
+import pytest
+
+from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, load_certs
 from meshca.clock import FakeClock
 from tests.support.agent_process import AgentProcess
@@ -29,6 +31,8 @@ from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # runs CA processes
 
 AGENTS = 10
 HELD_BACK = 3

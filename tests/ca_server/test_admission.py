@@ -11,18 +11,20 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from agent.ca_client import CaClient, SigningRequest
+from agent.ca_client import CaClient
 from agent.metrics import AgentMetrics
+from agent.signing import SigningRequest
 from agent.token import FileTokenProvider
-from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission, is_renewal
+from ca_server.admission import Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
+from ca_server.authority.signer import LocalSigner
 from ca_server.config import AdmissionPolicy, CaConfig, TtlPolicy
 from ca_server.errors import OverloadedError
 from ca_server.impersonation import DenyImpersonation
 from ca_server.metrics import CaMetrics
 from ca_server.service import CertificateService
-from ca_server.serving_tls import ServingTls
-from ca_server.signer import LocalSigner
+from ca_server.serving.tls import ServingTls
+from ca_server.wire import RETRY_PUSHBACK_TRAILER
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, new_self_signed_authority
 from meshca.clock import SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc

@@ -8,14 +8,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.trust_bundle import bundle_digest
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_certs
 from tests.support.agent_reports import report_headers, reporting_csr
 from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # runs a CA and agents
 
 
 def _show(data_dir: Path) -> dict[str, Any]:

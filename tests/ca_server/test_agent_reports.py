@@ -1,6 +1,7 @@
-"""The CA's per-process table of agent reports and the coverage rule (`ca_server.agent_reports`):
-keyed on the pod the credential proves, expiring by the stated rule, conservative about what it
-cannot see. Time is injected (`now`): nothing here sleeps."""
+"""The CA's per-process table of agent reports and the coverage rule
+(`ca_server.authority.agent_reports`): keyed on the pod the credential proves, expiring by the
+stated rule, conservative about what it cannot see. Time is injected (`now`): nothing here
+sleeps."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 from cryptography import x509
 
 from agent import trust_bundle
-from ca_server.agent_reports import (
+from ca_server.authn import Caller
+from ca_server.authority.agent_reports import (
     AGENT_ID_HEADER,
     EXPIRE_AFTER,
     LEAF_AUTHORITY_HEADER,
@@ -28,10 +30,9 @@ from ca_server.agent_reports import (
     is_spent,
     merge_snapshots,
 )
-from ca_server.authn import Caller
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, SpiffeId, new_self_signed_authority
-from meshca.report_headers import MAX_REPORT_INTERVAL
+from meshca.wire import MAX_REPORT_INTERVAL
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
 DIGEST = "ab" * 32
@@ -222,17 +223,18 @@ def test_coverage_counts_an_agent_only_for_the_authorities_its_bundle_holds() ->
 
 def test_the_directory_sink_publishes_reports_beside_the_ledger(tmp_path: Path) -> None:
     mine, gone = LeafLedger(), LeafLedger()
-    mine.agents.record_report(_caller("p1", "u1"), "a", DIGEST, [], NOW)
-    gone.agents.expire_after = timedelta(seconds=1)
-    gone.agents.record_report(_caller("p2", "u2"), "b", DIGEST, [], NOW)
-    DirectoryLedgerSink(tmp_path, "gone").save(gone, NOW)
+    my_agents, gone_agents = AgentReports(), AgentReports()
+    my_agents.record_report(_caller("p1", "u1"), "a", DIGEST, [], NOW)
+    gone_agents.expire_after = timedelta(seconds=1)
+    gone_agents.record_report(_caller("p2", "u2"), "b", DIGEST, [], NOW)
+    DirectoryLedgerSink(tmp_path, "gone").save(gone, gone_agents, NOW)
     sink = DirectoryLedgerSink(tmp_path, "mine")
-    sink.save(mine, NOW)
+    sink.save(mine, my_agents, NOW)
     assert {e.pod for e in sink.agents(NOW).entries.values()} == {"default/p1", "default/p2"}
-    assert not mine.agents.changed
+    assert not my_agents.changed
     later = NOW + timedelta(minutes=1)
-    mine.agents.record_report(_caller("p3", "u3"), "c", DIGEST, [], later)
-    sink.save(mine, later)  # sweeps the gone process's spent report
+    my_agents.record_report(_caller("p3", "u3"), "c", DIGEST, [], later)
+    sink.save(mine, my_agents, later)  # sweeps the gone process's spent report
     assert sorted(p.name for p in (tmp_path / "agents").iterdir()) == ["mine.json"]
     assert {e.pod for e in sink.agents(later).entries.values()} == {"default/p1", "default/p3"}
 

@@ -7,22 +7,22 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.authority_slots import (
+from ca_server.authority.self_signed import cap_leaf_lifetimes
+from ca_server.authority.slots import (
     AuthorityCommandError,
     AuthorityState,
     Phase,
-    RotationPolicy,
+    SlotRotationPolicy,
     next_due,
     scheduled_step,
 )
-from ca_server.authority_state import SlotFactory
+from ca_server.authority.state_store import SlotFactory
 from ca_server.config import TtlPolicy
-from ca_server.rotation import cap_leaf_lifetimes
 from certs import KeySpec
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 LIFE = timedelta(minutes=60)
-POLICY = RotationPolicy(lifetime=LIFE, convergence=timedelta(seconds=15))
+POLICY = SlotRotationPolicy(lifetime=LIFE, convergence=timedelta(seconds=15))
 FACTORY = SlotFactory(KeySpec(), "cluster.local", LIFE)
 
 
@@ -44,7 +44,7 @@ def test_predicates_follow_half_and_five_sixths_of_the_life():
 
 
 def test_leads_are_capped_for_long_lived_authorities():
-    policy = RotationPolicy(
+    policy = SlotRotationPolicy(
         lifetime=timedelta(days=3650),
         prepare_cap=timedelta(days=30),
         activate_cap=timedelta(days=7),
@@ -52,7 +52,7 @@ def test_leads_are_capped_for_long_lived_authorities():
     assert policy.prepare_lead(timedelta(days=3650)) == timedelta(days=30)
     assert policy.activate_lead(timedelta(days=3650)) == timedelta(days=7)
     with pytest.raises(ValueError, match="shorter than the preparation"):
-        RotationPolicy(prepare_cap=timedelta(days=1), activate_cap=timedelta(days=2))
+        SlotRotationPolicy(prepare_cap=timedelta(days=1), activate_cap=timedelta(days=2))
 
 
 def test_a_whole_cycle_prepared_active_old_dropped():
@@ -164,5 +164,5 @@ def test_leaf_ttls_are_capped_at_the_activation_lead():
     assert capped.maximum == timedelta(minutes=10)
     assert capped.default == timedelta(minutes=10)
     assert capped.minimum == timedelta(minutes=10)
-    long_lived = RotationPolicy(lifetime=timedelta(days=3650))
+    long_lived = SlotRotationPolicy(lifetime=timedelta(days=3650))
     assert cap_leaf_lifetimes(TtlPolicy(), long_lived) == TtlPolicy(), "defaults unchanged"

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from ca_server.authority_slots import AuthorityCommandError, AuthorityState, Phase
-from ca_server.authority_state import (
+from ca_server.authority.slots import AuthorityCommandError, AuthorityState, Phase
+from ca_server.authority.state_store import (
     STATE_FILE,
     LocalAuthorityStateStore,
     SlotFactory,
     decode_state,
     encode_state,
 )
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 from certs import KeySpec, cert_to_pem, load_cert, new_self_signed_authority, private_key_to_pem
 from meshca.clock import FakeClock
 

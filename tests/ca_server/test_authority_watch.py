@@ -1,5 +1,5 @@
-"""`watch_authority` on a fake source and a fake clock: reloads on change, refuses unusable
-material, and survives whatever else the source throws at it."""
+"""The plugged-in driver (`PluggedDriver.run`) on a fake source and a fake clock: reloads on
+change, refuses unusable material, and survives whatever else the source throws at it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.config import CaConfig
+from ca_server.authority.driver_core import DriverSettings
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink
+from ca_server.authority.plugged import PluggedDriver
+from ca_server.config import TtlPolicy
+from ca_server.errors import CaSetupError
 from ca_server.metrics import CaMetrics
-from ca_server.root_store import CaSetupError
-from ca_server.server import watch_authority
-from ca_server.signer import LocalSigner
 from certs import SigningAuthority, build_root_certificate, generate_private_key
 from meshca.clock import FakeClock
 
@@ -20,10 +21,15 @@ NOW = datetime(2030, 1, 1, tzinfo=UTC)
 POLL = timedelta(seconds=5)
 
 
-def _authority(lifetime: timedelta = timedelta(days=365)) -> SigningAuthority:
+def _authority(
+    lifetime: timedelta = timedelta(days=365), also_trusted: SigningAuthority | None = None
+) -> SigningAuthority:
+    """A self-signed root signing directly; `also_trusted`'s root rides in its bundle (so the
+    guard lets signing move there: workloads already have it)."""
     key = generate_private_key()
     cert = build_root_certificate(key, "cluster.local", now=NOW, lifetime=lifetime)
-    return SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert,))
+    extra = (also_trusted.cert,) if also_trusted is not None else ()
+    return SigningAuthority(cert=cert, key=key, intermediates=(), roots=(cert, *extra))
 
 
 class ScriptedSource:
@@ -32,11 +38,15 @@ class ScriptedSource:
 
     description = "scripted source"
 
-    def __init__(self, steps: list[tuple[str | Exception, SigningAuthority | Exception | None]]):
+    def __init__(
+        self,
+        initial: SigningAuthority,
+        steps: list[tuple[str | Exception, SigningAuthority | Exception | None]],
+    ):
         self._steps = steps
         self.polls = 0
         self._fingerprint: str | Exception = "initial"
-        self._load: SigningAuthority | Exception | None = None
+        self._load: SigningAuthority | Exception | None = initial
 
     def fingerprint(self) -> str:
         if self.polls:  # the first call is the watcher's starting point
@@ -62,9 +72,10 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
-    original, broken_meanwhile = _authority(), _authority()
-    replacement = _authority(timedelta(days=30))
+    replacement = _authority(timedelta(days=730))  # outlives the original: gauges tell them apart
+    original, broken_meanwhile = _authority(also_trusted=replacement), _authority()
     source = ScriptedSource(
+        original,
         [
             (PermissionError("cacerts/ca-key.pem: permission denied"), None),
             ("half-copied", CaSetupError("ca-key.pem does not match ca-cert.pem")),
@@ -72,13 +83,14 @@ def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
             ("copied", RuntimeError("an unexpected bug while loading")),
             ("copied", replacement),  # an unexpected failure is retried at the next poll
             ("copied", None),
-        ]
+        ],
     )
-    signer = LocalSigner(original)
-    config = CaConfig(data_dir=tmp_path, plugged_ca_poll_interval=POLL)
     clock = FakeClock(NOW)
     reloaded: list[SigningAuthority] = []
     metrics = CaMetrics()
+    sink = DirectoryLedgerSink(tmp_path, "ca-test")
+    settings = DriverSettings(tmp_path, "ca-test", POLL.total_seconds(), sink)
+    driver = PluggedDriver(source, metrics, clock, settings, TtlPolicy())
 
     def gauges() -> tuple[float | None, ...]:
         return tuple(
@@ -92,10 +104,10 @@ def test_watcher_reloads_and_outlives_failures(tmp_path: Path):
         )
 
     async def scenario() -> None:
-        metrics.record_authority(original)  # as _serve does at start
-        watcher = asyncio.create_task(
-            watch_authority(source, signer, config, metrics, clock, reloaded.append)
-        )
+        await driver.start()
+        signer = driver.signer
+        driver.on_change = reloaded.append  # as the server does, after start
+        watcher = asyncio.create_task(driver.run())
         await _until(lambda: source.polls == 1)
         for poll in range(2, 6):
             clock.advance(POLL)

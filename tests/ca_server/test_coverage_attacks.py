@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from agent.trust_bundle import bundle_digest
-from ca_server.authority_slots import authority_id
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory
+from ca_server.authority.slots import authority_id
+from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, load_certs
 from meshca.clock import FakeClock
 from meshca_proto import report_pb2
@@ -27,6 +27,8 @@ from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate, report_channel, send_report
 from tests.support.ca_process import CaProcess
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # every test runs a CA
 
 FORGED = 100
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ca_server.authority_slots import AgentCoverage
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
-from ca_server.plugged_rotation import PluggedChangeGuard, StrandingChangeError
+from ca_server.authority.agent_reports import AgentReports
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.plugged import PluggedChangeGuard, StrandingChangeError
+from ca_server.authority.slots import AgentCoverage
 from certs import SigningAuthority
 from certs.bundle import bundle_digest
 from tests.support.agent_reports import pod_caller
@@ -48,29 +49,31 @@ def test_the_plugged_in_guard_waits_for_coverage_until_its_deadline(tmp_path: Pa
     ib = b.child_ca(lifetime=timedelta(days=30))
     current, moved = _authority(ia, [a, b]), _authority(ib, [a, b])
     ledger = LeafLedger()
+    agents = AgentReports()
     deadlines: list[int] = []
     guard = PluggedChangeGuard(
         ledger,
+        agents,
         DirectoryLedgerSink(tmp_path, "ca-1"),
         switch_at_coverage=0.95,
         deadline_share=0.5,
         on_deadline=lambda: deadlines.append(1),
     )
     both, old = bundle_digest([a.root, b.root]), bundle_digest([a.root])
-    ledger.agents.record_report(pod_caller("p1"), "x", both, [], NOW)
-    ledger.agents.record_report(pod_caller("p2"), "y", old, [], NOW)
+    agents.record_report(pod_caller("p1"), "x", both, [], NOW)
+    agents.record_report(pod_caller("p2"), "y", old, [], NOW)
     with pytest.raises(StrandingChangeError, match="only 1/2 reporting agents trust it"):
         guard.check(current, moved, NOW)
     # Waits at most half of the current signing certificate's remaining 10 days.
     later = NOW + timedelta(days=4, hours=23)
-    ledger.agents.record_report(pod_caller("p2"), "y", old, [], later)
-    ledger.agents.record_report(pod_caller("p1"), "x", both, [], later)
+    agents.record_report(pod_caller("p2"), "y", old, [], later)
+    agents.record_report(pod_caller("p1"), "x", both, [], later)
     with pytest.raises(StrandingChangeError, match=r"or anyway at 2026-12-06"):
         guard.check(current, moved, later)
     assert deadlines == []
     at_deadline = NOW + timedelta(days=5)
-    ledger.agents.record_report(pod_caller("p2"), "y", old, [], at_deadline)
-    ledger.agents.record_report(pod_caller("p1"), "x", both, [], at_deadline)
+    agents.record_report(pod_caller("p2"), "y", old, [], at_deadline)
+    agents.record_report(pod_caller("p1"), "x", both, [], at_deadline)
     guard.check(current, moved, at_deadline)  # taken (still at 1/2), loudly
     assert deadlines == [1]
 
@@ -81,8 +84,9 @@ def test_the_guard_counts_a_report_it_could_not_read_as_not_covered(tmp_path: Pa
     current = _authority(a.child_ca(lifetime=timedelta(days=11)), [a, b])
     moved = _authority(b.child_ca(lifetime=timedelta(days=11)), [a, b])
     ledger = LeafLedger()
-    guard = PluggedChangeGuard(ledger, DirectoryLedgerSink(tmp_path, "ca-1"), 0.5)
-    ledger.agents.record_report(pod_caller("p1"), "x", bundle_digest([a.root, b.root]), [], NOW)
+    agents = AgentReports()
+    guard = PluggedChangeGuard(ledger, agents, DirectoryLedgerSink(tmp_path, "ca-1"), 0.5)
+    agents.record_report(pod_caller("p1"), "x", bundle_digest([a.root, b.root]), [], NOW)
     (tmp_path / "agents").mkdir(exist_ok=True)
     (tmp_path / "agents" / "ca-2.json").write_text("{not json")
     with pytest.raises(StrandingChangeError, match="1 report\\(s\\) unreadable"):

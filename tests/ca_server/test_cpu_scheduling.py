@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ca_server.cpu_scheduling import apply_cpu_scheduling
+from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
 
 
 def _in_a_thread(body: Callable[[], Any]) -> Any:
@@ -61,6 +61,6 @@ def test_a_refusal_is_logged_and_the_ca_keeps_the_policy_it_had(
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
 
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
-    with caplog.at_level(logging.WARNING, logger="ca_server.cpu_scheduling"):
+    with caplog.at_level(logging.WARNING, logger="ca_server.serving.cpu_scheduling"):
         assert _in_a_thread(lambda: apply_cpu_scheduling("batch")) is False
     assert "--cpu-scheduling batch refused (Operation not permitted)" in caplog.text

@@ -1,6 +1,6 @@
-"""`ca_server.data_dir_guard` on its own: the file names it checks are the ones the CA writes,
-a symlink is judged by what it points at, and the sweep spares a write that may be in progress.
-(The refusals as an operator meets them: tests/hostile/test_operator_surface.py.)"""
+"""`ca_server.authority.data_dir_guard` on its own: the file names it checks are the ones the CA
+writes, a symlink is judged by what it points at, and the sweep spares a write that may be in
+progress. (The refusals as an operator meets them: tests/hostile/test_operator_surface.py.)"""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ca_server import dev_issuer
-from ca_server.authority_state import LEGACY_CERT, LEGACY_KEY, STATE_FILE
-from ca_server.data_dir_guard import (
+from ca_server.authority.data_dir_guard import (
     LOCKED_FILES,
     TRUSTED_FILES,
     UNLOCKED_STALE_AFTER,
@@ -21,7 +20,8 @@ from ca_server.data_dir_guard import (
     check_state_files,
     sweep_stale_temporaries,
 )
-from ca_server.root_store import ROOT_CERT_FILE
+from ca_server.authority.root_bundle import ROOT_CERT_FILE
+from ca_server.authority.state_store import LEGACY_CERT, LEGACY_KEY, STATE_FILE
 
 
 def test_the_checked_names_are_the_files_the_ca_writes() -> None:

@@ -18,6 +18,8 @@ from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 
+pytestmark = pytest.mark.process  # every test runs a CA
+
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 

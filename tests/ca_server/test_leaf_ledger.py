@@ -6,7 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.leaf_ledger import LEDGER_DIR, DirectoryLedgerSink, LeafLedger
+from ca_server.authority.agent_reports import AgentReports
+from ca_server.authority.leaf_ledger import LEDGER_DIR, DirectoryLedgerSink, LeafLedger
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, 500_000, tzinfo=UTC)
 
@@ -29,7 +30,7 @@ def test_every_process_snapshot_counts_and_spent_ones_are_swept(tmp_path: Path):
         ledger = LeafLedger()
         for _ in range(count):
             ledger.record("a", NOW + timedelta(minutes=20), NOW)
-        DirectoryLedgerSink(tmp_path, instance).save(ledger, NOW)
+        DirectoryLedgerSink(tmp_path, instance).save(ledger, AgentReports(), NOW)
     reader = DirectoryLedgerSink(tmp_path, "meshca-authority")
     assert reader.live(NOW) == {"a": 5}
     (tmp_path / LEDGER_DIR / "garbage.json").write_text("{not json")
@@ -38,7 +39,7 @@ def test_every_process_snapshot_counts_and_spent_ones_are_swept(tmp_path: Path):
     later = NOW + timedelta(hours=1)
     survivor = LeafLedger()
     survivor.record("b", later + timedelta(minutes=5), later)
-    DirectoryLedgerSink(tmp_path, "ca-3").save(survivor, later)
+    DirectoryLedgerSink(tmp_path, "ca-3").save(survivor, AgentReports(), later)
     names = sorted(p.name for p in (tmp_path / LEDGER_DIR).glob("*.json"))
     assert names == ["ca-3.json", "garbage.json"], "spent snapshots of gone processes are swept"
     assert reader.live(later) == {"b": 1}

@@ -31,6 +31,8 @@ from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.processes import child_env, wait_for
 
+pytestmark = pytest.mark.process  # every test runs a CA
+
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 

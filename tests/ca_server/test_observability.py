@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import stat
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -19,7 +20,7 @@ SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 
 @pytest.fixture
-def fresh_ca(tmp_path) -> Iterator[CaProcess]:
+def fresh_ca(tmp_path: Path, starts_processes: None) -> Iterator[CaProcess]:
     process = CaProcess(tmp_path / "data")
     process.start()
     yield process

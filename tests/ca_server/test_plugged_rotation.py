@@ -9,7 +9,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.authority_slots import authority_id
+import pytest
+
+from ca_server.authority.slots import authority_id
 from certs import (
     SpiffeId,
     build_csr,
@@ -19,11 +21,13 @@ from certs import (
     verify_chain,
 )
 from certs.bundle import bundle_digest
-from meshca.report_headers import AGENT_ID_HEADER, TRUST_BUNDLE_HEADER
+from meshca.wire import AGENT_ID_HEADER, TRUST_BUNDLE_HEADER
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.pki import TestCa
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # every test runs a CA
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 NOW = datetime.now(UTC)

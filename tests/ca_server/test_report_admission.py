@@ -18,16 +18,17 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from ca_server.admission import RETRY_PUSHBACK_TRAILER, Admission
-from ca_server.agent_reports import AgentReports
+from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
+from ca_server.authority.agent_reports import AgentReports
+from ca_server.authority.signer import LocalSigner
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import OverloadedError
 from ca_server.impersonation import DenyImpersonation
 from ca_server.metrics import CaMetrics
 from ca_server.report_service import AgentReportService, add_report_service, no_taints
 from ca_server.service import CertificateService
-from ca_server.signer import LocalSigner
+from ca_server.wire import RETRY_PUSHBACK_TRAILER
 from certs import KeySpec, SpiffeId, build_csr, generate_private_key, new_self_signed_authority
 from meshca.clock import SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2

@@ -20,6 +20,8 @@ from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 
+pytestmark = pytest.mark.process  # runs a CA
+
 
 def _show(ca: CaProcess) -> dict[str, Any]:
     result = meshca_authority(data_dir_target(ca.data_dir), "show", "-o", "json")

@@ -13,18 +13,19 @@ from pathlib import Path
 from cryptography import x509
 from prometheus_client import generate_latest
 
-from ca_server.authority_slots import (
+from ca_server.authority.driver_core import DriverSettings
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink
+from ca_server.authority.self_signed import SelfSignedDriver, cap_leaf_lifetimes
+from ca_server.authority.slots import (
     AuthorityState,
     Phase,
-    RotationPolicy,
+    SlotRotationPolicy,
     authority_id,
     next_due,
 )
-from ca_server.authority_state import LocalAuthorityStateStore, SlotFactory, encode_state
+from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory, encode_state
 from ca_server.config import TtlPolicy
-from ca_server.leaf_ledger import DirectoryLedgerSink
 from ca_server.metrics import CaMetrics
-from ca_server.rotation import AuthorityRotator, RotationSettings, cap_leaf_lifetimes
 from ca_server.ttl import grant_validity
 from certs import KeySpec, SpiffeId, generate_private_key, load_certs
 from meshca.clock import FakeClock
@@ -47,23 +48,25 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
     clock = FakeClock(START)
     factory = SlotFactory(KeySpec(), "cluster.local", LIFE)
     store = LocalAuthorityStateStore(tmp_path, factory, clock)
-    policy = RotationPolicy(lifetime=LIFE, convergence=timedelta(seconds=15))
+    policy = SlotRotationPolicy(lifetime=LIFE, convergence=timedelta(seconds=15))
     metrics = CaMetrics()
     roots_seen: list[int] = []
     capped_ttl = cap_leaf_lifetimes(TtlPolicy(), policy)
-    rotator = AuthorityRotator(
+    rotator = SelfSignedDriver(
         store,
         policy,
         factory,
         metrics,
         clock,
-        RotationSettings(tmp_path, "ca-test", 5, DirectoryLedgerSink(tmp_path, "ca-test")),
+        DriverSettings(tmp_path, "ca-test", 5, DirectoryLedgerSink(tmp_path, "ca-test")),
+        TtlPolicy(),
         on_change=lambda authority: roots_seen.append(len(authority.roots)),
     )
 
     async def scenario() -> None:
-        signer = await rotator.start()
-        first = signer.state.active.id
+        await rotator.start()
+        signer = rotator.signer
+        first = rotator.state.active.id
         task = asyncio.create_task(rotator.run())
 
         async def at(minutes: float) -> None:
@@ -74,7 +77,7 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
                 await asyncio.sleep(0.01)
                 stored = await asyncio.to_thread(store.read)
                 due = next_due(stored, policy)
-                settled = encode_state(stored) == encode_state(signer.state)
+                settled = encode_state(stored) == encode_state(rotator.state)
                 if settled and due is not None and due > clock.now():
                     await asyncio.sleep(0.05)  # the round's gauge and ledger updates
                     return
@@ -100,12 +103,12 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
             await at(29.9)
             assert _published(tmp_path) == {first}
             await at(30)
-            prepared = signer.state.prepared
+            prepared = rotator.state.prepared
             assert prepared is not None
             assert _published(tmp_path) == {first, prepared.id}
             assert sign() == first, "preparing does not change who signs"
             await at(50)
-            assert signer.state.active.id == prepared.id and sign() == prepared.id
+            assert rotator.state.active.id == prepared.id and sign() == prepared.id
             assert _published(tmp_path) == {first, prepared.id}
             assert (
                 sample_value(
@@ -158,19 +161,20 @@ def test_a_taint_made_elsewhere_is_published_beside_the_bundle(tmp_path: Path):
     clock = FakeClock(START)
     factory = SlotFactory(KeySpec(), "cluster.local", LIFE)
     store = LocalAuthorityStateStore(tmp_path, factory, clock)
-    policy = RotationPolicy(lifetime=LIFE, automatic=False)
-    rotator = AuthorityRotator(
+    policy = SlotRotationPolicy(lifetime=LIFE, automatic=False)
+    rotator = SelfSignedDriver(
         store,
         policy,
         factory,
         CaMetrics(),
         clock,
-        RotationSettings(tmp_path, "ca-test", 0.01, DirectoryLedgerSink(tmp_path, "ca-test")),
+        DriverSettings(tmp_path, "ca-test", 0.01, DirectoryLedgerSink(tmp_path, "ca-test")),
+        TtlPolicy(),
     )
 
     async def scenario() -> None:
-        signer = await rotator.start()
-        old = signer.state.active.id
+        await rotator.start()
+        old = rotator.state.active.id
         assert _notice(tmp_path) == {}
         task = asyncio.create_task(rotator.run())
 
@@ -179,7 +183,7 @@ def test_a_taint_made_elsewhere_is_published_beside_the_bundle(tmp_path: Path):
             for _ in range(500):
                 clock.advance(0.02)  # the rotator polls on the fake clock
                 await asyncio.sleep(0.01)
-                if encode_state(signer.state) == encode_state(stored):
+                if encode_state(rotator.state) == encode_state(stored):
                     return
             raise AssertionError("the rotator did not follow")
 
@@ -187,12 +191,12 @@ def test_a_taint_made_elsewhere_is_published_beside_the_bundle(tmp_path: Path):
             fresh = factory.new(clock.now(), Phase.PREPARED)
             await operator(lambda s: s.prepare(lambda: fresh, clock.now(), "operator"))
             await operator(lambda s: s.activate(None, clock.now(), "operator"))
-            new = signer.state.active.id
+            new = rotator.state.active.id
             bundle = (tmp_path / "root-cert.pem").read_bytes()
             assert _notice(tmp_path) == {}
             tainted_at = clock.now() + timedelta(seconds=7)  # the command's clock, not the CA's
             await operator(lambda s: s.taint(old, tainted_at))
-            assert _notice(tmp_path) == {old: tainted_at} == signer.state.tainted_since()
+            assert _notice(tmp_path) == {old: tainted_at} == rotator.state.tainted_since()
             assert (tmp_path / "root-cert.pem").read_bytes() == bundle
             assert _published(tmp_path) == {old, new}
             await operator(lambda s: s.revoke(old, clock.now()))

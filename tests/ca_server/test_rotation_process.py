@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from cryptography import x509
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import (
     CLOCK_SKEW_BACKDATE,
     SpiffeId,
@@ -31,6 +32,8 @@ from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
 from tests.support.processes import free_port, wait_for
+
+pytestmark = pytest.mark.process  # every test runs a CA
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 

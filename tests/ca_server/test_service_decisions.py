@@ -18,13 +18,13 @@ from cryptography import x509
 from google.protobuf import struct_pb2
 
 from ca_server.authn import AuthenticatorChain, Caller, ClientCertificateAuthenticator
+from ca_server.authority.signer import LocalSigner
 from ca_server.config import JwtIssuerConfig, TtlPolicy
 from ca_server.errors import AuthenticationError
 from ca_server.impersonation import DenyImpersonation
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.metrics import CaMetrics
 from ca_server.service import CertificateService
-from ca_server.signer import LocalSigner
 from certs import (
     CLOCK_SKEW_BACKDATE,
     KeySpec,

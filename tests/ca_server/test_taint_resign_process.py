@@ -14,14 +14,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from agent.propagation import leaf_authority
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_certs
 from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.csr_audit import issued_lines
 from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.process  # runs a CA
 
 AGENTS = 6
 WINDOW = 8.0  # --taint-resign-window, seconds

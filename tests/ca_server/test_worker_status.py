@@ -6,14 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.agent_reports import FleetEntry, FleetReports
-from ca_server.authority_report import AuthorityReport, status_section
-from ca_server.authority_slots import AuthorityState, Phase
-from ca_server.authority_state import SlotFactory
-from ca_server.issued_leaves import IssuedLeaf, IssuedLeaves
-from ca_server.signer import LocalSigner
-from ca_server.status import ca_document
-from ca_server.worker_status import (
+from ca_server.authority.agent_reports import FleetEntry, FleetReports
+from ca_server.authority.issued_leaves import IssuedLeaf, IssuedLeaves
+from ca_server.authority.report import AuthorityReport, status_section
+from ca_server.authority.signer import LocalSigner
+from ca_server.authority.slots import AuthorityState, Phase
+from ca_server.authority.state_store import SlotFactory
+from ca_server.serving.status import ca_document
+from ca_server.serving.worker_status import (
     WorkerStatusPublisher,
     decode_part,
     encode_part,
@@ -120,7 +120,7 @@ def test_the_publisher_writes_at_once_on_a_new_authority_and_at_most_once_per_in
     signer = LocalSigner(_authority(30))
     leaves = IssuedLeaves()
     path = tmp_path / "debug-ca-0.json"
-    publisher = WorkerStatusPublisher(path, signer, leaves, clock, interval=1.0)
+    publisher = WorkerStatusPublisher(path, lambda: signer.authority, leaves, clock, interval=1.0)
     assert publisher.due()
     publisher.publish()
     assert not publisher.due()
@@ -160,7 +160,9 @@ def test_the_publisher_writes_again_when_the_slots_change(tmp_path: Path):
     report = AuthorityReport()
     report.update(state, {}, fleet, NOW)
     signer = LocalSigner(state.signing_authority())
-    publisher = WorkerStatusPublisher(path, signer, IssuedLeaves(), clock, report=report)
+    publisher = WorkerStatusPublisher(
+        path, lambda: signer.authority, IssuedLeaves(), clock, slots=lambda: report.snapshot
+    )
     publisher.publish()
     assert not publisher.due()
 

@@ -17,7 +17,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ca_server.workers import default_worker_count
+import pytest
+
+from ca_server.serving.workers import default_worker_count
 from certs import SpiffeId, build_csr, generate_private_key, load_cert, private_key_to_pem
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate
@@ -55,6 +57,7 @@ def _issuing_pids(ca: CaProcess) -> list[int]:
     return [int(line["pid"]) for line in lines if line["outcome"] == "issued"]
 
 
+@pytest.mark.process
 def test_two_workers_share_one_port_and_one_metrics_view(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--workers", "2")
     ca.start()
@@ -83,6 +86,7 @@ def test_two_workers_share_one_port_and_one_metrics_view(tmp_path: Path):
         ca.stop()
 
 
+@pytest.mark.process
 def test_a_killed_worker_is_replaced_and_counts_survive(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--workers", "2")
     ca.start()
@@ -110,6 +114,7 @@ def test_a_killed_worker_is_replaced_and_counts_survive(tmp_path: Path):
         ca.stop()
 
 
+@pytest.mark.process
 def test_sigterm_stops_the_supervisor_and_every_worker(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--workers", "2")
     ca.start()
@@ -121,6 +126,7 @@ def test_sigterm_stops_the_supervisor_and_every_worker(tmp_path: Path):
     assert not any(_alive(pid) for pid in workers)
 
 
+@pytest.mark.process
 def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_status(tmp_path: Path):
     (tmp_path / "cacerts").mkdir()
     (tmp_path / "cacerts" / "ca-cert.pem").write_text("incomplete")
@@ -131,6 +137,7 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_with_its_status(tmp_pat
     assert "before serving; stopping" in ca.log()
 
 
+@pytest.mark.process
 def test_workers_do_not_outlive_a_killed_supervisor(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--workers", "2")
     ca.start()
@@ -145,6 +152,7 @@ def _policies(pid: int) -> set[int]:
     return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
+@pytest.mark.process
 def test_every_thread_of_the_supervisor_and_its_workers_runs_under_sched_batch(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--workers", "2")
     ca.start()
@@ -160,6 +168,7 @@ def test_every_thread_of_the_supervisor_and_its_workers_runs_under_sched_batch(t
         ca.stop()
 
 
+@pytest.mark.process
 def test_cpu_scheduling_normal_leaves_the_default_policy(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--cpu-scheduling", "normal")
     ca.start()
@@ -188,6 +197,7 @@ def test_the_default_worker_count_respects_a_container_cpu_limit(tmp_path: Path)
     assert default_worker_count(tmp_path / "absent") == affinity
 
 
+@pytest.mark.process
 def test_workers_share_a_port_0_and_the_mtls_port(tmp_path: Path):
     """Port 0 is resolved once by the supervisor, so both workers serve the same port; the
     mTLS renewal port is shared the same way."""
@@ -244,6 +254,7 @@ def _issue_for_identities(ca: CaProcess, accounts: list[str], rounds: int) -> di
     return latest
 
 
+@pytest.mark.process
 def test_debug_ca_and_meshca_status_cover_every_worker(tmp_path: Path):
     ca = CaProcess(tmp_path / "data", "--workers", "2")
     ca.start()
@@ -308,6 +319,7 @@ def _series_of(exposition: str, authority: str) -> list[str]:
     return [line for line in exposition.splitlines() if f'authority="{authority}"' in line]
 
 
+@pytest.mark.process
 def test_a_revoked_authority_leaves_the_supervisors_metrics(tmp_path: Path):
     """prometheus-client cannot remove a labelled series in multiprocess mode: a worker's file
     keeps its last value. A revoked (or dropped) authority's gauges must still disappear from

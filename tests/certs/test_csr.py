@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import textwrap
 
 import pytest
 from cryptography import x509
@@ -23,22 +22,11 @@ from certs import (
 )
 from certs.csr import unexpected_extensions
 from certs.keys import public_key_bytes
-from tests.certs.helpers import IDENTITY, csr_with_two_sans
+from tests.certs.helpers import IDENTITY
+from tests.support.hostile_csr import csr_with, pem_of, two_sans
 
 _HEADER = "-----BEGIN CERTIFICATE REQUEST-----"
 _FOOTER = "-----END CERTIFICATE REQUEST-----"
-
-
-def _wrap(der: bytes) -> str:
-    body = "\n".join(textwrap.wrap(base64.b64encode(der).decode("ascii"), 64))
-    return f"{_HEADER}\n{body}\n{_FOOTER}\n"
-
-
-def _custom_csr(key: PrivateKey, extensions: list[tuple[x509.ExtensionType, bool]]) -> str:
-    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
-    for value, critical in extensions:
-        builder = builder.add_extension(value, critical=critical)
-    return builder.sign(key, hashes.SHA256()).public_bytes(Encoding.PEM).decode("ascii")
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +109,7 @@ def test_load_rejects_csr_whose_signature_does_not_verify(spec: KeySpec) -> None
     # The signature BIT STRING is the last field; its final byte is signature value, not framing.
     assert der.endswith(csr.signature)
     der[-1] ^= 0x01
-    tampered = _wrap(bytes(der))
+    tampered = pem_of(bytes(der))
     # Still a well-formed CSR: only the signature check can catch it.
     assert x509.load_pem_x509_csr(tampered.encode()).subject == x509.Name([])
     with pytest.raises(CsrError, match="signature does not verify"):
@@ -135,18 +123,18 @@ def test_load_rejects_csr_with_tampered_request_info(key: PrivateKey) -> None:
     forged = der.replace(b"/sa/aaaa", b"/sa/root")
     assert forged != der
     with pytest.raises(CsrError, match="signature does not verify"):
-        load_csr(_wrap(forged))
+        load_csr(pem_of(forged))
 
 
 def test_load_rejects_csr_with_a_duplicated_extension() -> None:
     with pytest.raises(CsrError, match=r"extensions do not parse.*Duplicate"):
-        load_csr(csr_with_two_sans(IDENTITY))
+        load_csr(two_sans(IDENTITY))
 
 
 def test_load_rejects_csr_with_a_malformed_extension(key: PrivateKey) -> None:
     broken_san = x509.UnrecognizedExtension(ExtensionOID.SUBJECT_ALTERNATIVE_NAME, b"\x30\x03\x01")
     with pytest.raises(CsrError, match="extensions do not parse"):
-        load_csr(_custom_csr(key, [(broken_san, True)]))
+        load_csr(csr_with(key=key, extensions=[(broken_san, True)]))
 
 
 def test_describe_splits_sans_by_kind(key: PrivateKey) -> None:
@@ -163,7 +151,7 @@ def test_describe_splits_sans_by_kind(key: PrivateKey) -> None:
             x509.DirectoryName(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "x")])),
         ]
     )
-    contents = describe_csr(load_csr(_custom_csr(key, [(san, False)])))
+    contents = describe_csr(load_csr(csr_with(key=key, extensions=[(san, False)])))
     assert contents.uri_sans == ("spiffe://cluster.local/ns/a/sa/b", "https://example.com")
     assert contents.dns_sans == ("example.com", "*.mesh.svc")
     assert contents.ip_sans == ("10.0.0.1", "2001:db8::1")
@@ -195,9 +183,9 @@ def test_describe_reports_subject(key: PrivateKey) -> None:
 @pytest.mark.parametrize(("ca", "expected"), [(True, True), (False, False)])
 def test_describe_detects_ca_request(key: PrivateKey, ca: bool, expected: bool) -> None:
     csr = load_csr(
-        _custom_csr(
-            key,
-            [
+        csr_with(
+            key=key,
+            extensions=[
                 (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
                 (x509.BasicConstraints(ca=ca, path_length=None), True),
             ],
@@ -211,9 +199,9 @@ def test_describe_detects_ca_request(key: PrivateKey, ca: bool, expected: bool) 
 
 def test_unexpected_extensions_allows_san_ku_eku(key: PrivateKey) -> None:
     csr = load_csr(
-        _custom_csr(
-            key,
-            [
+        csr_with(
+            key=key,
+            extensions=[
                 (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
                 (
                     x509.KeyUsage(
@@ -238,9 +226,9 @@ def test_unexpected_extensions_allows_san_ku_eku(key: PrivateKey) -> None:
 
 def test_unexpected_extensions_names_the_others(key: PrivateKey) -> None:
     csr = load_csr(
-        _custom_csr(
-            key,
-            [
+        csr_with(
+            key=key,
+            extensions=[
                 (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
                 (x509.BasicConstraints(ca=False, path_length=None), True),
                 (x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False),
@@ -284,9 +272,9 @@ def test_describe_detects_a_request_to_sign_certificates(
     key: PrivateKey, cert_sign: bool, crl_sign: bool, expected: bool
 ) -> None:
     csr = load_csr(
-        _custom_csr(
-            key,
-            [
+        csr_with(
+            key=key,
+            extensions=[
                 (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
                 (_usage(cert_sign=cert_sign, crl_sign=crl_sign), True),
             ],
@@ -300,9 +288,9 @@ def test_describe_detects_a_request_to_sign_certificates(
 
 def test_describe_lists_unexpected_extensions_in_the_same_pass(key: PrivateKey) -> None:
     csr = load_csr(
-        _custom_csr(
-            key,
-            [
+        csr_with(
+            key=key,
+            extensions=[
                 (x509.BasicConstraints(ca=False, path_length=None), True),
                 (x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True),
                 (x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False),

@@ -37,7 +37,7 @@ from certs import (
 )
 from certs.leaf_template import LeafTemplate, der_serial, der_time, subject_public_key_info
 from certs.profile import WorkloadLeafProfile
-from tests.certs.helpers import csr_with_compressed_point
+from tests.support.hostile_csr import compressed_point
 
 KEY_SPECS = ("ec-p256", "ec-p384", "rsa-2048", "rsa-3072", "rsa-4096")
 # Issuers valid 2000-2100, so leaves on both sides of 2050 verify at a time inside them.
@@ -214,6 +214,7 @@ def openssl_verify(tmp: Path, issuing: Issuer, leaf_der: bytes, at: datetime) ->
     return f"rc={done.returncode} {done.stdout.strip()} {done.stderr.strip()}"
 
 
+@pytest.mark.process
 @settings(
     max_examples=25,
     deadline=None,
@@ -310,7 +311,7 @@ def test_a_compressed_point_is_re_encoded_uncompressed() -> None:
     """The CSR's SPKI is sliced only in its canonical shape; a compressed point is re-encoded
     by cryptography, so the leaf is the builder's (named curve, uncompressed point)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = load_csr(csr_with_compressed_point(key, LONGEST_IDENTITY))
+    csr = load_csr(compressed_point(key, LONGEST_IDENTITY))
     public = csr.public_key()
     assert isinstance(public, ec.EllipticCurvePublicKey)
     spki = subject_public_key_info(public, csr)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from ca_server.root_store import detect_plugged_ca
+from ca_server.authority.plugged import detect_plugged_ca
 from certs import (
     PrivateKey,
     SigningAuthority,

@@ -484,6 +484,7 @@ def test_envoy_bootstrap_asks_the_agent_for_default_and_rootca() -> None:
     assert context["validation_context_sds_secret_config"]["name"] == "ROOTCA"
 
 
+@pytest.mark.process
 def test_envoy_accepts_the_bootstrap(tmp_path: Path) -> None:
     beside = Path(sys.executable).parent / "envoy"
     envoy = shutil.which("envoy") or (str(beside) if beside.exists() else None)

@@ -37,6 +37,7 @@ def _alerts() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"] if "alert" in rule]
 
 
+@pytest.mark.process
 def test_promtool_accepts_the_rule_file() -> None:
     result = subprocess.run(
         [promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
@@ -45,6 +46,7 @@ def test_promtool_accepts_the_rule_file() -> None:
     assert f"SUCCESS: {len(_alerts())} rules found" in result.stdout
 
 
+@pytest.mark.process
 def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
     """The check above can fail: a rule with a PromQL syntax error is refused."""
     broken = tmp_path / "broken.yaml"
@@ -57,6 +59,7 @@ def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
     assert result.returncode != 0
 
 
+@pytest.mark.process
 def test_alert_unit_tests_pass() -> None:
     result = subprocess.run(
         [promtool(), "test", "rules", ALERT_TESTS.name],

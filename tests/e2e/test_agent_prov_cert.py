@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from certs import SpiffeId, describe_certificate, load_certs, verify_chain
 from tests.ca_server.conftest import make_rsa_issuer
 from tests.compat.conftest import new_intermediate, new_root, write_cacerts
@@ -24,6 +26,8 @@ from tests.support.agent_process import AgentProcess
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.processes import free_port, wait_for
+
+pytestmark = pytest.mark.process  # every test runs a CA and an agent
 
 
 def _issued_lines(ca: CaProcess, identity: str) -> list[dict[str, Any]]:

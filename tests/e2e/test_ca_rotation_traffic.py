@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from agent.propagation import leaf_authority as authority_of
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_certs
 from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice
 from tests.support.agent_process import AgentProcess

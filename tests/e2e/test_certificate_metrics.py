@@ -27,6 +27,8 @@ from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 from tests.support.processes import MeshcaProcess, free_port, http_text, wait_for
 
+pytestmark = pytest.mark.process  # every test runs a CA and an agent
+
 EXPIRY = "meshca_agent_cert_expiry_timestamp_seconds"
 
 

@@ -26,6 +26,8 @@ import pytest
 
 from tests.support.processes import REPO_ROOT, child_env, free_port
 
+pytestmark = pytest.mark.process  # runs the commands of the migration guide
+
 PAGE = REPO_ROOT / "docs" / "istio-migration.md"
 
 

@@ -27,6 +27,8 @@ from tests.support.processes import wait_for
 from tests.support.prometheus import PrometheusProcess, ScrapeTarget
 from tests.support.sds_client import stream_and_nack
 
+pytestmark = pytest.mark.process  # runs Prometheus, a CA and an agent
+
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 OUTAGE_ALERTS = {
     "MeshcaCertificatePastRenewalPoint",

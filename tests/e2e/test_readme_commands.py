@@ -47,6 +47,7 @@ def test_the_readme_quickstart_is_two_commands_and_ci_runs_the_second():
     not (REPO_ROOT / ".venv" / ".installed").exists(),
     reason="`make up` runs from the repository's .venv, which `make test` installs (as in CI)",
 )
+@pytest.mark.process  # runs `make up`: the CA and an agent
 @pytest.mark.timeout(120)
 def test_make_up_serves_a_certificate_and_stops_on_ctrl_c():
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="mkup-"))

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import load_cert, load_certs
 from certs.bundle import bundle_digest
 from meshca.commands.status import CLEAR_SCREEN
@@ -41,6 +41,8 @@ from tests.support.processes import (
     wait_for,
 )
 from tests.support.status_cli import meshca_status, status_json
+
+pytestmark = pytest.mark.process  # every test runs a CA and `meshca status`
 
 AGENT_COLUMNS = [
     "RESOURCE NAME", "TYPE", "STATUS", "VALID CERT", "SERIAL NUMBER", "NOT BEFORE", "NOT AFTER",

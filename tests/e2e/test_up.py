@@ -94,7 +94,7 @@ def _process_group_alive(pgid: int) -> bool:
 
 
 @pytest.fixture
-def up(request: pytest.FixtureRequest) -> Iterator[Up]:
+def up(request: pytest.FixtureRequest, starts_processes: None) -> Iterator[Up]:
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="up-"))
     directory = workdir / "meshca"
     log = open(workdir / "up.log", "wb")  # noqa: SIM115 - closed below, once the child is gone
@@ -273,6 +273,7 @@ def test_sigint_to_meshca_up_alone_also_stops_its_ca(up: Up) -> None:
     interrupt_and_check_stopped(up, group=False)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_sigint_while_the_ca_is_still_starting_stops_and_reaps_it() -> None:
     """Regression: a signal before the agent was up used to raise KeyboardInterrupt out of

@@ -34,6 +34,8 @@ from tests.support.sds_client import fetch_secrets, leaf_serial
 from tests.support.status_cli import meshca_status, status_json
 from tests.support.workload_api import SvidWatch, bundle_serials, client_for
 
+pytestmark = pytest.mark.process  # every test runs a CA, an agent and Workload API clients
+
 SECRET_TTL = "8s"  # the agent renews every ~4 s
 STREAMS = "meshca_agent_workload_api_streams"
 RESPONSES = "meshca_agent_workload_api_responses_total"

@@ -21,6 +21,8 @@ from tests.support.agent_process import AgentProcess
 from tests.support.ca_process import CaProcess
 from tests.support.processes import child_env, free_port
 
+pytestmark = pytest.mark.process  # runs a CA, an agent and SPIFFE TLS peers
+
 CLIENT_ID = "spiffe://cluster.local/ns/default/sa/client"
 SERVER_ID = "spiffe://cluster.local/ns/default/sa/server"
 DIAL_SECONDS = 11  # long enough for both agents to rotate at least twice

@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from ca_server.authn import AuthenticatorChain
+from ca_server.authority.signer import LocalSigner
 from ca_server.config import CaConfig, JwtIssuerConfig
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.metrics import CaMetrics
@@ -28,8 +29,7 @@ from ca_server.request_decoding import add_certificate_service
 from ca_server.server import build_authenticators
 from ca_server.service import CertificateService
 from ca_server.serving.cq_server import rpc_server_for
-from ca_server.serving_tls import ServingTls
-from ca_server.signer import LocalSigner
+from ca_server.serving.tls import ServingTls
 from certs import (
     SigningAuthority,
     SpiffeId,

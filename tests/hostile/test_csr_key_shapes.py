@@ -9,8 +9,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from certs import build_csr, load_cert
-from tests.certs.helpers import csr_with_compressed_point
 from tests.hostile.inprocess_ca import SLEEP, InProcessCa
+from tests.support.hostile_csr import compressed_point
 
 
 def _issue(ca: InProcessCa, csr: str) -> x509.Certificate:
@@ -38,7 +38,7 @@ def _same_as_the_builder(ca: InProcessCa, leaf: x509.Certificate) -> None:
 
 def test_a_compressed_ec_point_is_issued_uncompressed(hostile_ca: InProcessCa) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    leaf = _issue(hostile_ca, csr_with_compressed_point(key, SLEEP))
+    leaf = _issue(hostile_ca, compressed_point(key, SLEEP))
     spki = leaf.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from tests.hostile import csr_builders as b
 from tests.hostile.conftest import refused
 from tests.hostile.inprocess_ca import InProcessCa
+from tests.support import hostile_csr as b
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 DENIED = grpc.StatusCode.PERMISSION_DENIED

@@ -28,11 +28,11 @@ from agent.config import AgentConfig
 from agent.main import Agent
 from certs import load_cert
 from meshca.clock import FakeClock
-from tests.agent.pki import FakeCaServicer, start_fake_ca
-from tests.agent.wiring import until
 from tests.hostile.test_faults_ca import small_tmpfs
 from tests.support.agent_process import AgentProcess
+from tests.support.agent_wiring import until
 from tests.support.ca_process import CaProcess
+from tests.support.fake_ca import FakeCaServicer, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import http_status, stop_child
 from tests.support.sds_client import fetch_secrets

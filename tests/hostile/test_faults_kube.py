@@ -14,11 +14,9 @@ from meshca.informer import Informer
 from tests.support.kube_api import Fault, KubeApiServer
 from tests.support.processes import wait_for
 
-pytestmark = pytest.mark.process  # starts the fake Kubernetes API server (real HTTP)
-
 
 @pytest.fixture
-def kube_api() -> Iterator[KubeApiServer]:
+def kube_api(starts_processes: None) -> Iterator[KubeApiServer]:
     with KubeApiServer() as server:
         yield server
 

@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.processes import child_env
 
+pytestmark = pytest.mark.process  # every test runs `meshca` with hostile flags
+
 USAGE, RUNTIME = 2, 1
 BUSY = "{busy}"  # replaced by a port this test holds (listening)
 

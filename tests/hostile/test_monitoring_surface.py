@@ -29,7 +29,7 @@ THREAD_MARGIN = 8
 
 
 @pytest.fixture(scope="module")
-def daemons() -> Iterator[tuple[CaProcess, AgentProcess]]:
+def daemons(starts_processes: None) -> Iterator[tuple[CaProcess, AgentProcess]]:
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="mon-") as path:
         ca = CaProcess(Path(path) / "ca")
         ca.start()

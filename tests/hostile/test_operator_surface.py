@@ -22,15 +22,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from ca_server.authority_slots import AuthorityState, Phase, Slot
-from ca_server.authority_state import (
+from ca_server.authority.data_dir_guard import UNLOCKED_STALE_AFTER
+from ca_server.authority.slots import AuthorityState, Phase, Slot
+from ca_server.authority.state_store import (
     STATE_FILE,
     LocalAuthorityStateStore,
     SlotFactory,
     decode_state,
     encode_state,
 )
-from ca_server.data_dir_guard import UNLOCKED_STALE_AFTER
 from certs import (
     KeySpec,
     SpiffeId,
@@ -104,6 +104,7 @@ def _with_prepared(data_dir: Path, *, issued: datetime, lifetime: timedelta) -> 
 # -- the authority CLI -----------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("ttl", ["1s", "0s", "4d"])
 def test_prepare_refuses_a_lifetime_shorter_than_the_longest_leaf(tmp_path: Path, ttl: str):
     """Before: `prepare --root-ttl 1s` made an authority that had expired by the time it was
@@ -115,6 +116,7 @@ def test_prepare_refuses_a_lifetime_shorter_than_the_longest_leaf(tmp_path: Path
     assert "--root-ttl" in line
 
 
+@pytest.mark.process
 def test_prepare_accepts_a_short_lifetime_when_the_ca_grants_shorter_leaves(tmp_path: Path):
     """The floor is the CA's figure: stating a lower --max-workload-cert-ttl lets it through."""
     _store(tmp_path).read()
@@ -125,6 +127,7 @@ def test_prepare_accepts_a_short_lifetime_when_the_ca_grants_shorter_leaves(tmp_
     assert "prepared" in result.stdout
 
 
+@pytest.mark.process
 def test_a_zero_maximum_workload_ttl_is_a_usage_error_not_the_default(tmp_path: Path):
     _store(tmp_path).read()
     line = _refusal(
@@ -135,6 +138,7 @@ def test_a_zero_maximum_workload_ttl_is_a_usage_error_not_the_default(tmp_path: 
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("issued", "lifetime", "why"),
     [
@@ -178,6 +182,7 @@ def _slot_with_id(ski: str, phase: Phase) -> Slot:
     return Slot(cert, key, phase, now - timedelta(hours=1), retired_at=retired)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("ident", "expected"),
     [
@@ -210,6 +215,7 @@ def test_an_authority_id_that_names_no_single_authority_says_why(
     assert show.returncode == 3 and _one_line(show.stderr).endswith(line.split("refused: ")[1])
 
 
+@pytest.mark.process
 def test_show_id_shows_that_authority_only(tmp_path: Path):
     """Before: `show ID` printed every authority, whatever the ID."""
     prepared = _with_prepared(tmp_path, issued=datetime.now(UTC), lifetime=ACTIVE_LIFETIME)
@@ -267,6 +273,7 @@ def _initialised(data_dir: Path) -> None:
         atomic_write(data_dir / "root-cert.pem", certs_to_pem(state.bundle))
 
 
+@pytest.mark.process
 def test_a_world_writable_data_dir_is_refused_naming_the_fix(tmp_path: Path):
     """Before: accepted silently (and an unprivileged user could swap the CA's keys)."""
     data_dir = tmp_path / "data"
@@ -277,6 +284,7 @@ def test_a_world_writable_data_dir_is_refused_naming_the_fix(tmp_path: Path):
     assert f"chmod go-w {data_dir}" in line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", [STATE_FILE, "ca-key.pem", "root-cert.pem"])
 def test_a_group_writable_file_in_the_data_dir_is_refused(tmp_path: Path, name: str):
     data_dir = tmp_path / "data"
@@ -287,6 +295,7 @@ def test_a_group_writable_file_in_the_data_dir_is_refused(tmp_path: Path, name: 
     assert f"chmod go-w {data_dir / name}" in line
 
 
+@pytest.mark.process
 @AS_ROOT
 @pytest.mark.parametrize("name", [".", STATE_FILE, "dev-issuer/signing-key.pem"])
 def test_a_data_dir_or_file_owned_by_another_user_is_refused(tmp_path: Path, name: str):
@@ -304,6 +313,7 @@ def test_a_data_dir_or_file_owned_by_another_user_is_refused(tmp_path: Path, nam
     assert f"chown 0 {path}" in line
 
 
+@pytest.mark.process
 def test_a_data_dir_that_is_a_regular_file_is_one_line(tmp_path: Path):
     """Before: a `FileExistsError` traceback."""
     not_a_dir = tmp_path / "data"
@@ -313,6 +323,7 @@ def test_a_data_dir_that_is_a_regular_file_is_one_line(tmp_path: Path):
     assert not_a_dir.read_text() == "not a directory\n"
 
 
+@pytest.mark.process
 def test_a_cacerts_dir_that_does_not_exist_is_an_error_not_a_fresh_root(tmp_path: Path):
     """Before: one INFO line, then a brand-new self-signed root nobody trusts."""
     data_dir = tmp_path / "data"
@@ -323,6 +334,7 @@ def test_a_cacerts_dir_that_does_not_exist_is_an_error_not_a_fresh_root(tmp_path
     assert list(data_dir.iterdir()) == [], "no root may be generated"
 
 
+@pytest.mark.process
 def test_a_cacerts_dir_missing_a_file_is_an_error(tmp_path: Path):
     data_dir, cacerts = tmp_path / "data", tmp_path / "cacerts"
     data_dir.mkdir(mode=0o700)
@@ -347,6 +359,7 @@ def _issue(ca: CaProcess, root_pem: bytes, token: str) -> list[str]:
         return create_certificate(stub, csr, token=token)
 
 
+@pytest.mark.process
 @AS_ROOT
 def test_a_crafted_state_renamed_into_a_writable_data_dir_does_not_switch_the_key(
     tmp_path: Path,
@@ -434,6 +447,7 @@ def _assert_consistent(data_dir: Path) -> AuthorityState:
     return state
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "rename",
     [1, 2, 3, 4],
@@ -465,6 +479,7 @@ def test_a_sigkill_at_each_rename_of_activate_comes_back_consistent(tmp_path: Pa
         ca.stop()
 
 
+@pytest.mark.process
 def test_a_ca_key_that_disagrees_with_the_state_is_re_derived_at_start(tmp_path: Path):
     """The derived pair is rewritten from authorities.json whenever it differs, the key too.
     Before: only the certificate was compared, so a wrong `ca-key.pem` beside the right
@@ -486,6 +501,7 @@ def test_a_ca_key_that_disagrees_with_the_state_is_re_derived_at_start(tmp_path:
 # -- readiness follows the signing chain -------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_ca_whose_root_expired_is_not_ready_and_says_so_once(tmp_path: Path, workers: str):
     """Before: with `--no-root-rotation`, after the root expired every handshake failed while
@@ -522,7 +538,7 @@ def _ready_body(ca: CaProcess) -> str:
 
 def test_readiness_reports_a_chain_not_valid_yet(caplog: pytest.LogCaptureFixture):
     """A clock behind the one that made the root (unit: the check `/ready` and the watch call)."""
-    from ca_server.readiness import SigningReadiness
+    from ca_server.serving.readiness import SigningReadiness
     from certs import new_self_signed_authority
     from meshca.clock import FakeClock
 
@@ -532,7 +548,7 @@ def test_readiness_reports_a_chain_not_valid_yet(caplog: pytest.LogCaptureFixtur
     )
     clock = FakeClock(made - timedelta(days=1))
     readiness = SigningReadiness(lambda: authority, clock)
-    with caplog.at_level("INFO", logger="ca_server.readiness"):
+    with caplog.at_level("INFO", logger="ca_server.serving.readiness"):
         first, again = readiness.problem(), readiness.problem()
         clock.advance(timedelta(days=1))
         assert readiness.problem() is None

@@ -6,6 +6,7 @@ a well-behaved client afterwards."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -96,25 +97,43 @@ async def _fetch(channel: grpc.aio.Channel, body: bytes) -> tuple[grpc.StatusCod
     return grpc.StatusCode.OK, ""
 
 
-def _serve(sock_dir: Path, scenario: Callable[[grpc.aio.Channel], Awaitable[None]]) -> None:
+@contextlib.asynccontextmanager
+async def _sds_server(sock_dir: Path) -> AsyncIterator[SdsServer]:
+    """The agent's SDS server serving a workload secret and the root from memory."""
     ca = TestCa()
+    cache = SecretCache()
+    await cache.publish(ca.issue("app").tls_secret())
+    await cache.publish(ca.root_secret())
+    files = FileSecretProvider(FileWatcher(clock=SystemClock()))
+    server = SdsServer(SecretResolver(cache, files), sock_dir / "sds.sock", fetch_timeout=1)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0)
+        await files.stop()
 
+
+async def _still_serves(channel: grpc.aio.Channel) -> None:
+    """A well-behaved client is served."""
+    response = await _first_response(channel, ["default", "ROOTCA"])
+    assert len(response.resources) == 2
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def _serve(sock_dir: Path, scenario: Callable[[grpc.aio.Channel], Awaitable[None]]) -> None:
     async def main() -> None:
-        cache = SecretCache()
-        await cache.publish(ca.issue("app").tls_secret())
-        await cache.publish(ca.root_secret())
-        files = FileSecretProvider(FileWatcher(clock=SystemClock()))
-        server = SdsServer(SecretResolver(cache, files), sock_dir / "sds.sock", fetch_timeout=1)
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(server.address) as channel:
-                await scenario(channel)
-                # ... and a well-behaved client is still served.
-                response = await _first_response(channel, ["default", "ROOTCA"])
-                assert len(response.resources) == 2
-        finally:
-            await server.stop(0)
-            await files.stop()
+        async with (
+            _sds_server(sock_dir) as server,
+            grpc.aio.insecure_channel(server.address) as channel,
+        ):
+            await scenario(channel)
+            await _still_serves(channel)
 
     asyncio.run(main())
 
@@ -188,19 +207,38 @@ def test_bad_stream_requests_are_invalid_argument(
 
 
 def test_many_abandoned_streams_leave_nothing_behind(sock_dir: Path) -> None:
-    async def scenario(channel: grpc.aio.Channel) -> None:
-        call = channel.stream_stream(
-            f"{SERVICE}/StreamSecrets", request_serializer=None, response_deserializer=None
-        )
+    """50 clients that subscribe, read one push and hang up: the server's open streams and the
+    loop's tasks (a stream's reader and its watches) return to what they were before."""
 
-        async def requests() -> AsyncIterator[bytes]:
-            yield _request(["default"])
-            await asyncio.sleep(5)
+    async def main() -> None:
+        async with (
+            _sds_server(sock_dir) as server,
+            grpc.aio.insecure_channel(server.address) as channel,
+        ):
+            call = channel.stream_stream(
+                f"{SERVICE}/StreamSecrets", request_serializer=None, response_deserializer=None
+            )
 
-        calls = [call(requests()) for _ in range(50)]
-        for rpc in calls:
-            await rpc.read()
-            rpc.cancel()
-        await asyncio.sleep(0.3)
+            async def requests() -> AsyncIterator[bytes]:
+                yield _request(["default"])
+                await asyncio.sleep(5)
 
-    _serve(sock_dir, scenario)
+            await _still_serves(channel)  # a first stream, ended: the loop as it idles
+            await _until(lambda: server.stream_count == 0)
+            streams, tasks = server.stream_count, len(asyncio.all_tasks())
+
+            calls = [call(requests()) for _ in range(50)]
+            for rpc in calls:
+                await rpc.read()
+            assert server.stream_count == streams + 50
+            for rpc in calls:
+                rpc.cancel()
+
+            def left_behind() -> tuple[int, int]:
+                return server.stream_count - streams, len(asyncio.all_tasks()) - tasks
+
+            await _until(lambda: left_behind() == (0, 0))
+            assert left_behind() == (0, 0), "(streams, tasks) left behind by 50 hung-up clients"
+            await _still_serves(channel)
+
+    asyncio.run(main())

@@ -20,6 +20,8 @@ import pytest
 from tests.hostile import garbage_http as g
 from tests.support.processes import child_env, stop_child
 
+pytestmark = pytest.mark.process  # every test runs `meshca status`
+
 UNLIKE = "did not answer like a meshca agent or CA"
 MiB = 1024 * 1024
 

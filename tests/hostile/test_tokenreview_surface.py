@@ -30,11 +30,9 @@ from tests.support.kube_api import Fault, KubeApiServer
 
 VALID = "valid-sleep-token"
 
-pytestmark = pytest.mark.process  # starts the fake Kubernetes API server (real HTTP)
-
 
 @pytest.fixture
-def kube_api() -> Iterator[KubeApiServer]:
+def kube_api(starts_processes: None) -> Iterator[KubeApiServer]:
     with KubeApiServer() as server:
         server.add_service_account_token(VALID, "default", "sleep", audiences=["istio-ca"])
         yield server

@@ -200,6 +200,7 @@ ABANDONING_CLIENT = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_streams_of_a_client_killed_mid_stream_are_closed(hosted: Hosted) -> None:
     """A client that opens streams and dies (SIGKILL: no cancel, no goodbye) leaves nothing
     behind: every stream closes, its slots come back, the next client is served."""
@@ -248,6 +249,7 @@ def run_agent(sock_dir: Path, workload_api_socket: Path) -> subprocess.Completed
     )  # fmt: skip
 
 
+@pytest.mark.process
 def test_a_socket_another_process_serves_on_is_never_taken_over(sock_dir: Path) -> None:
     """SPIFFE_ENDPOINT_SOCKET may name a SPIRE agent's live socket: the agent refuses it in one
     line (no traceback), leaves it serving, and cleans up what it had started."""

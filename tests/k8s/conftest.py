@@ -58,7 +58,7 @@ def _every_granted_rule_is_used(request: pytest.FixtureRequest) -> Iterator[None
 
 
 @pytest.fixture
-def kube_api() -> Iterator[KubeApiServer]:
+def kube_api(starts_processes: None) -> Iterator[KubeApiServer]:
     """A fake API server with the CA's namespace; fails the test if the CA made an API call
     that `CA_RBAC` (and so the deploy RBAC) does not allow."""
     server = KubeApiServer().start()
@@ -77,7 +77,7 @@ CaFactory = Callable[..., CaProcess]
 
 
 @pytest.fixture
-def kube_ca(tmp_path: Path, kube_api: KubeApiServer) -> Iterator[CaFactory]:
+def kube_ca(tmp_path: Path, kube_api: KubeApiServer, starts_processes: None) -> Iterator[CaFactory]:
     """`kube_ca("name", *args, start=True)`: a CA in Kubernetes mode against `kube_api`,
     identified as instance `name` (its API user agent is `meshca-ca/<name>`)."""
     started: list[CaProcess] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 from agent.propagation import AGENT_ID_HEADER, TRUST_BUNDLE_HEADER
 from agent.trust_bundle import bundle_digest
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from ca_server.kube.replica_reports import report_name
 from certs import load_certs
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, issue, spiffe

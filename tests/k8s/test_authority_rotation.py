@@ -13,7 +13,7 @@ from typing import Any
 
 from cryptography import x509
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
 from ca_server.kube.replica_reports import report_name
 from ca_server.kube.root_publisher import CONFIGMAP_NAME

@@ -8,9 +8,8 @@ import asyncio
 
 import pytest
 
-from ca_server.errors import AuthenticationError
+from ca_server.errors import AuthenticationError, CaSetupError
 from ca_server.kube.issuer_keys import ClusterIssuerKeys
-from ca_server.root_store import CaSetupError
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_api.issuer import DISCOVERY_PATH, JWKS_PATH
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.agent_reports import REPUBLISH_EVERY
+from ca_server.authority.agent_reports import REPUBLISH_EVERY, AgentReports
+from ca_server.authority.leaf_ledger import LeafLedger
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
-from ca_server.leaf_ledger import LeafLedger
 from tests.k8s.conftest import CA_NAMESPACE
 from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer
@@ -21,12 +21,11 @@ def test_a_round_reads_leaves_and_agents_with_one_list_call(kube_api: KubeApiSer
     now = datetime.now(UTC)
     for replica, leaves in (("ca-0", 3), ("ca-1", 2)):
         ledger = LeafLedger()
+        agents = AgentReports()
         for _ in range(leaves):
             ledger.record("aa" * 20, now + timedelta(hours=1), now)
-        ledger.agents.record_report(
-            pod_caller(f"agent-{replica}"), "agent", "ab" * 32, ["aa" * 20], now
-        )
-        ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, replica).save(ledger, now)
+        agents.record_report(pod_caller(f"agent-{replica}"), "agent", "ab" * 32, ["aa" * 20], now)
+        ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, replica).save(ledger, agents, now)
     sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "reader")
 
     before = kube_api.count("list", "configmaps")
@@ -47,10 +46,11 @@ def test_agent_reports_are_sharded_exactly_and_rewritten_only_when_they_change(
     monkeypatch.setattr(replica_reports, "AGENTS_SHARD_BYTES", 64 * 1024)
     now = datetime.now(UTC)
     ledger = LeafLedger()
+    agents = AgentReports()
     for n in range(2000):
-        ledger.agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, ["aa" * 20], now)
+        agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, ["aa" * 20], now)
     sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "ca-0")
-    sink.save(ledger, now)
+    sink.save(ledger, agents, now)
     objects = kube_api.list("configmaps", namespace=CA_NAMESPACE)
     sizes = [len(json.dumps(cm["data"])) for cm in objects]
     assert len(objects) >= 8 and max(sizes) < 64 * 1024 + 4096
@@ -63,21 +63,21 @@ def test_agent_reports_are_sharded_exactly_and_rewritten_only_when_they_change(
     before = writes()
     later = now + timedelta(seconds=10)
     for n in range(2000):  # every pod refreshes, nothing a decision reads changes
-        ledger.agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, ["aa" * 20], later)
-    sink.save(ledger, later)
+        agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, ["aa" * 20], later)
+    sink.save(ledger, agents, later)
     assert writes() == before
-    ledger.agents.record_report(pod_caller("web-7"), "a", "cd" * 32, ["aa" * 20], later)
-    sink.save(ledger, later)
+    agents.record_report(pod_caller("web-7"), "a", "cd" * 32, ["aa" * 20], later)
+    sink.save(ledger, agents, later)
     assert writes() == before + 1
-    sink.save(ledger, later + REPUBLISH_EVERY)  # due: only the heartbeat (the report object)
+    sink.save(ledger, agents, later + REPUBLISH_EVERY)  # due: the heartbeat (the report object)
     assert writes() == before + 2
 
-    small = LeafLedger()
+    small, few_agents = LeafLedger(), AgentReports()
     for n in range(100):
-        small.agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, [], later)
+        few_agents.record_report(pod_caller(f"web-{n}"), "a", "ab" * 32, [], later)
     # A restart with a smaller fleet: fewer shards, the others deleted.
     sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "ca-0")
-    sink.save(small, later)
+    sink.save(small, few_agents, later)
     assert [
         cm["metadata"]["name"] for cm in kube_api.list("configmaps", namespace=CA_NAMESPACE)
     ] == [report_name("ca-0")]

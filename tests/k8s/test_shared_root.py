@@ -8,8 +8,8 @@ import base64
 import threading
 from datetime import UTC, datetime, timedelta
 
-from ca_server.authority_slots import AuthorityState, Phase
-from ca_server.authority_state import SlotFactory
+from ca_server.authority.slots import AuthorityState, Phase
+from ca_server.authority.state_store import SlotFactory
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import (
     SECRET_NAME,

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from agent.propagation import leaf_authority
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from certs import load_cert, load_certs
 from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice, encode_taint_notice

@@ -25,7 +25,7 @@ _names = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def control_plane() -> Iterator[RealControlPlane]:
+def control_plane(starts_processes: None) -> Iterator[RealControlPlane]:
     plane = RealControlPlane().start()
     try:
         yield plane
@@ -124,7 +124,7 @@ RealCaFactory = Callable[..., CaProcess]
 
 
 @pytest.fixture
-def real_ca(tmp_path: Path, ca_account: Account) -> Iterator[RealCaFactory]:
+def real_ca(tmp_path: Path, ca_account: Account, starts_processes: None) -> Iterator[RealCaFactory]:
     """`real_ca("ca-0", *args, start=True)`: `meshca ca` in Kubernetes mode against the real
     API server, authenticated as `ca_account`, its namespace the CA's own."""
     started: list[CaProcess] = []

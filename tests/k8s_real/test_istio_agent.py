@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from ca_server.authority_slots import authority_id
+from ca_server.authority.slots import authority_id
 from certs import describe_certificate, load_cert, load_certs
 from tests.k8s.conftest import assert_verifies, audit_lines, spiffe
 from tests.k8s_real.conftest import Account, RealCaFactory, unique

@@ -9,13 +9,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ca_server.authority_slots import authority_id
-from ca_server.authority_state import STATE_FILE, LocalAuthorityStateStore, SlotFactory
-from ca_server.leaf_ledger import DirectoryLedgerSink, LeafLedger
+import pytest
+
+from ca_server.authority.agent_reports import AgentReports
+from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.authority.slots import authority_id
+from ca_server.authority.state_store import STATE_FILE, LocalAuthorityStateStore, SlotFactory
 from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
 from tests.support.agent_reports import pod_caller
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
+
+pytestmark = pytest.mark.process  # every test runs `meshca authority`
 
 FIELDS = {
     "id",
@@ -59,10 +64,11 @@ def test_show_prints_every_field_and_the_live_leaves_of_every_process(tmp_path: 
     now = datetime.now(UTC)
     for instance, count in (("ca-1", 3), ("ca-2", 2)):
         ledger = LeafLedger()
+        agents = AgentReports()
         for _ in range(count):
             ledger.record(active, now + timedelta(hours=1), now)
         ledger.record(active, now - timedelta(minutes=5), now)  # expired: not counted
-        DirectoryLedgerSink(tmp_path, instance).save(ledger, now)
+        DirectoryLedgerSink(tmp_path, instance).save(ledger, agents, now)
     (row,) = rows(tmp_path)
     assert set(row) == FIELDS
     assert row["id"] == active and row["state"] == "active" and row["tainted"] is False
@@ -115,10 +121,11 @@ def test_forced_rotation_prepare_activate_taint_revoke(tmp_path: Path):
     # An agent reports it still serves a leaf of the tainted one: revoke would break it.
     def agent_serving(authority: str) -> None:
         ledger = LeafLedger()
-        ledger.agents.record_report(
+        agents = AgentReports()
+        agents.record_report(
             pod_caller("pod-1"), "agent", "ab" * 32, [authority], datetime.now(UTC)
         )
-        DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
+        DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, agents, datetime.now(UTC))
 
     agent_serving(first)
     before = (tmp_path / STATE_FILE).read_bytes()
@@ -141,8 +148,9 @@ def test_revoke_force_overrides_agents_still_serving(tmp_path: Path):
     assert run(tmp_path, "activate", prepared).returncode == 0
     assert run(tmp_path, "taint", first).returncode == 0
     ledger = LeafLedger()
-    ledger.agents.record_report(pod_caller("pod-1"), "agent", "ab" * 32, [first], datetime.now(UTC))
-    DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, datetime.now(UTC))
+    agents = AgentReports()
+    agents.record_report(pod_caller("pod-1"), "agent", "ab" * 32, [first], datetime.now(UTC))
+    DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, agents, datetime.now(UTC))
     assert run(tmp_path, "revoke", first).returncode == 3
     forced = run(tmp_path, "revoke", first, "--force")
     assert forced.returncode == 0, forced.stderr
@@ -156,8 +164,9 @@ def test_show_agents_lists_the_pods_behind_the_figures(tmp_path: Path):
     active = _ca_state(tmp_path)
     now = datetime.now(UTC)
     ledger = LeafLedger()
-    ledger.agents.record_report(pod_caller("web-0"), "agent-a", "ab" * 32, [active], now)
-    DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, now)
+    agents = AgentReports()
+    agents.record_report(pod_caller("web-0"), "agent-a", "ab" * 32, [active], now)
+    DirectoryLedgerSink(tmp_path, "ca-1").save(ledger, agents, now)
     shown = json.loads(run(tmp_path, "show", active[:10], "--agents", "-o", "json").stdout)
     (slot,) = shown["agents"]["authorities"]
     assert slot["id"] == active

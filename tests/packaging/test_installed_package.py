@@ -32,7 +32,7 @@ import pytest
 from certs import describe_certificate, load_cert
 from tests.support.processes import REPO_ROOT, free_port, http_status, stop_child, wait_for
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 # Top-level import packages of the distribution, and where each lives in the tree.
 PRODUCT_PACKAGES = {
@@ -90,7 +90,9 @@ def _export_tree(destination: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def installed(
+    tmp_path_factory: pytest.TempPathFactory, starts_processes: None
+) -> Iterator[Installed]:
     root = tmp_path_factory.mktemp("installed")
     export, dist, venv, outside = root / "src", root / "dist", root / "venv", root / "outside"
     _export_tree(export)

@@ -27,7 +27,7 @@ STUBS = [
 
 
 @pytest.fixture(scope="module")
-def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def regenerated(tmp_path_factory: pytest.TempPathFactory, starts_processes: None) -> Path:
     out = tmp_path_factory.mktemp("stubs")
     env = {**os.environ, "PYTHON": sys.executable}
     subprocess.run(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ca_server.authn import Caller
 from certs import SpiffeId, build_csr, generate_private_key
-from meshca.report_headers import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
+from meshca.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 

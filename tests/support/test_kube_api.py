@@ -32,11 +32,13 @@ from kubernetes.client.rest import ApiException
 
 from tests.support.kube_api import POD_NAME_KEY, POD_UID_KEY, KubeApiServer
 
+pytestmark = pytest.mark.process  # every test starts the fake Kubernetes API server
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def server() -> Iterator[KubeApiServer]:
+def server(starts_processes: None) -> Iterator[KubeApiServer]:
     with KubeApiServer() as srv:
         yield srv
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from tests.support.process_marker import refuse_unless_marked
+
 from .backend import Backend
 from .faults import FaultPlan
 from .handler import KubeApiHTTPServer
@@ -82,6 +84,7 @@ class KubeApiServer:
     def start(self) -> KubeApiServer:
         if self._httpd is not None:
             raise RuntimeError("server already started")
+        refuse_unless_marked("the fake Kubernetes API server")
         self.backend.stopping.clear()
         self._httpd = KubeApiHTTPServer(self._address, self.backend)
         self._thread = threading.Thread(

@@ -17,8 +17,8 @@ from datetime import datetime
 
 import grpc
 
+from ca_server.authority import Signer
 from ca_server.config import CaConfig
-from ca_server.signer import Signer
 from certs import (
     SigningAuthority,
     build_serving_certificate,

@@ -13,10 +13,10 @@ in Kubernetes mode (`ca_server.kube.replica_reports`). Readers sum every snapsho
 processes that are gone still count until their leaves expire — that is the point — and are
 swept once they are spent.
 
-Agent reports (which bundle an agent trusts, `ca_server.agent_reports`) travel the same way: the
-ledger carries this process's `AgentReports` table and a sink publishes it beside the leaf
-snapshot (`data_dir/agents/<instance>.json`, or the replica ConfigMap's `agents.json`); readers
-merge them (`LedgerSink.agents`).
+Agent reports (which bundle an agent trusts, `ca_server.authority.agent_reports`) travel the same
+way: the driver owns this process's `AgentReports` table and the sink publishes it beside the
+leaf snapshot (`data_dir/agents/<instance>.json`, or the replica ConfigMap's `agents.json`);
+readers merge them (`LedgerSink.agents`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-from ca_server.agent_reports import AgentReports, FleetReports, merge_snapshots
-from ca_server.agent_reports import is_spent as agents_spent
+from ca_server.authority.agent_reports import AgentReports, FleetReports, merge_snapshots
+from ca_server.authority.agent_reports import is_spent as agents_spent
 from meshca.files import atomic_write, ensure_dir
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,6 @@ class LeafLedger:
         self._lock = threading.Lock()
         self._buckets: dict[str, Counter[int]] = {}
         self.changed = False
-        # Published with the ledger, on its cadence; the RPC edge records into it.
-        self.agents = AgentReports()
 
     def record(self, authority: str, not_after: datetime, now: datetime) -> None:
         with self._lock:
@@ -117,9 +115,10 @@ def is_spent(text: str, now: datetime) -> bool:
 class LedgerSink(Protocol):
     """Where a CA process publishes its ledger and reads everybody's."""
 
-    def save(self, ledger: LeafLedger, now: datetime) -> None:
-        """Publishes `ledger` if it changed, and sweeps spent snapshots of gone processes.
-        Blocking (a worker thread); failures are logged, never raised."""
+    def save(self, ledger: LeafLedger, agents: AgentReports, now: datetime) -> None:
+        """Publishes `ledger` and `agents` (each if it changed or is due), and sweeps spent
+        snapshots of gone processes. Blocking (a worker thread); failures are logged, never
+        raised."""
         ...
 
     def live(self, now: datetime) -> dict[str, int]:
@@ -131,7 +130,7 @@ class LedgerSink(Protocol):
         ...
 
     def figures(self, now: datetime) -> tuple[dict[str, int], FleetReports]:
-        """`live` and `agents` from one read of the published snapshots (a rotator round
+        """`live` and `agents` from one read of the published snapshots (a driver round
         wants both; in Kubernetes mode that is one list call instead of two)."""
         ...
 
@@ -144,16 +143,16 @@ class DirectoryLedgerSink:
         self._agents_directory = data_dir / AGENTS_DIR
         self._own = f"{instance}.json"
 
-    def save(self, ledger: LeafLedger, now: datetime) -> None:
-        ledger.agents.prune(now)
+    def save(self, ledger: LeafLedger, agents: AgentReports, now: datetime) -> None:
+        agents.prune(now)
         try:
             if ledger.changed:
                 ensure_dir(self._directory)
                 atomic_write(self._directory / self._own, ledger.snapshot_json(now))
                 self._sweep(self._directory, is_spent, now)
-            if ledger.agents.due(now):
+            if agents.due(now):
                 ensure_dir(self._agents_directory)
-                atomic_write(self._agents_directory / self._own, ledger.agents.snapshot_json(now))
+                atomic_write(self._agents_directory / self._own, agents.snapshot_json(now))
                 self._sweep(self._agents_directory, agents_spent, now)
         except OSError as exc:
             log.warning("could not save the leaf ledger in %s: %s", self._directory, exc)

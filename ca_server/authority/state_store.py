@@ -10,8 +10,8 @@ driver polls to notice other writers (another worker, another replica, `meshca a
   *active* authority for tools that read Istio's layout, and `root-cert.pem`, the bundle) are
   rewritten from it in every transaction — on start and on each reload, too — so a process
   killed between two renames leaves nothing that disagrees for longer than that. Before each
-  load the directory and the state files are checked (`ca_server.data_dir_guard`); the first
-  transaction of a process sweeps the temporary files a killed writer left. A data directory
+  load the directory and the state files are checked (`ca_server.authority.data_dir_guard`); the
+  first transaction of a process sweeps the temporary files a killed writer left. A data directory
   from before slots existed (the Istio pair only) is adopted as the active slot, so an upgrade
   keeps the mesh's root.
 - The Kubernetes Secret store lives in `ca_server.kube.secret_authorities` and shares the
@@ -32,14 +32,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from ca_server.authority_slots import AuthorityState, HistoryEvent, Phase, Slot
-from ca_server.data_dir_guard import check_state_files, sweep_stale_temporaries
-from ca_server.root_store import (
+from ca_server.authority.data_dir_guard import check_state_files, sweep_stale_temporaries
+from ca_server.authority.root_bundle import (
     ROOT_CERT_FILE,
-    CaSetupError,
     data_dir_lock,
     writing_to_data_dir,
 )
+from ca_server.authority.slots import AuthorityState, HistoryEvent, Phase, Slot
+from ca_server.errors import CaSetupError
 from certs import (
     CLOCK_SKEW_BACKDATE,
     CertsError,

@@ -1,9 +1,9 @@
-"""The one driver of authority rotation, and the signer that follows it.
+"""The self-signed authority driver: rotation of the authority slots every CA process shares.
 
-Every CA process (worker, replica) runs an `AuthorityRotator` over the shared
+Every CA process (worker, replica) runs a `SelfSignedDriver` over the shared
 `AuthorityStateStore`. Each round it
 
-1. applies whatever `authority_slots.scheduled_step` says is due, inside a store transaction
+1. applies whatever `slots.scheduled_step` says is due, inside a store transaction
    (so when several processes wake at once, exactly one performs the step and the others find
    it done), one persisted step at a time;
 2. converges: if the stored state differs from what this process signs with (its own step,
@@ -18,9 +18,14 @@ Nothing signs with an authority that is not active: the signer only ever holds t
 slot of the last state it converged on, and a taint or activation made elsewhere reaches it
 within one poll interval.
 
-Concurrency: the rotator is a coroutine on the CA's event loop; store calls (file lock, disk,
-API server) run in a worker thread. `SlotSigner.sign` runs on the event loop and reads its
-current authority once per request.
+The signer, the ledger and the publication steps are the ones the plugged-in driver uses
+(`driver_core`); the activation gate's coverage figure and deadline are the rules of
+`agent_reports.gate_coverage`, `slots.gate_deadline` and `slots.gate_verdict`, which the
+plugged-in guard reads too.
+
+Concurrency: the driver is a coroutine on the CA's event loop; store calls (file lock, disk,
+API server) run in a worker thread. The signer (`signer.LocalSigner`) runs on the event loop
+and reads its current authority once per request.
 """
 
 from __future__ import annotations
@@ -29,35 +34,35 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
-from cryptography import x509
 from prometheus_client import Counter, Gauge
 
-from ca_server.agent_reports import FleetReports, coverage
-from ca_server.authority_report import AuthorityReport
-from ca_server.authority_slots import (
+from ca_server.authority.agent_reports import FleetReports, coverage, gate_coverage
+from ca_server.authority.driver_core import DriverCore, DriverSettings
+from ca_server.authority.report import AuthorityReport
+from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
     AgentCoverage,
     AuthorityState,
     HistoryEvent,
     Phase,
-    RotationPolicy,
+    SlotRotationPolicy,
     gate_waiting,
     next_due,
     scheduled_step,
 )
-from ca_server.authority_state import AuthorityStateStore, SlotFactory, encode_state, state_digest
+from ca_server.authority.state_store import (
+    AuthorityStateStore,
+    SlotFactory,
+    encode_state,
+    state_digest,
+)
 from ca_server.config import CaConfig, TtlPolicy
-from ca_server.leaf_ledger import LeafLedger, LedgerSink
+from ca_server.errors import CaSetupError
 from ca_server.metrics import CaMetrics, retire_series
-from ca_server.root_store import CaSetupError, publish_root_bundle
-from ca_server.signer import IssuedCertificate, LocalSigner
-from ca_server.ttl import Validity
-from certs import PublicKey, SigningAuthority, SpiffeId
+from certs import SigningAuthority
 from meshca.clock import Clock
 from meshca.logs import audit
 
@@ -68,52 +73,12 @@ GATE_RUNBOOK = "docs/rotate-the-ca.md#gated-activation---activate-at-coverage"
 _MIN_SLEEP = 0.05
 
 
-class SlotSigner(LocalSigner):
-    """Signs with the active authority of the state it last converged on and records each leaf
-    in the ledger under that authority's ID."""
-
-    def __init__(self, state: AuthorityState, ledger: LeafLedger, clock: Clock):
-        super().__init__(state.signing_authority())
-        self._state = state
-        self._active_id = state.active.id
-        self._ledger = ledger
-        self._clock = clock
-
-    @property
-    def state(self) -> AuthorityState:
-        return self._state
-
-    @property
-    def trusted_client_roots(self) -> tuple[x509.Certificate, ...]:
-        """Anchors for client certificates (mTLS renewal): the bundle without tainted ones."""
-        return self._state.untainted_roots
-
-    def follow(self, state: AuthorityState) -> None:
-        self._state = state
-        self._active_id = state.active.id
-        self.replace(state.signing_authority())
-
-    def sign(
-        self,
-        public_key: PublicKey,
-        identity: SpiffeId,
-        validity: Validity,
-        *,
-        csr: x509.CertificateSigningRequest | None = None,
-    ) -> IssuedCertificate:
-        authority_id = self._active_id
-        issued = super().sign(public_key, identity, validity, csr=csr)
-        self._ledger.record(authority_id, issued.leaf.not_valid_after_utc, self._clock.now())
-        return issued
-
-
 class AuthorityGauges:
     """Per-slot gauges, labelled by authority ID (bounded: only slots in the state have series;
     a dropped or revoked authority's series are removed at once)."""
 
     def __init__(self, metrics: CaMetrics) -> None:
         r = metrics.registry
-        self._metrics = metrics
         self.phase = Gauge(
             "meshca_ca_authority_phase",
             "1 for the phase each authority is in (prepared, active, old)",
@@ -200,9 +165,6 @@ class AuthorityGauges:
             self.not_after.labels(slot.id).set(slot.not_after.timestamp())
             self.live_leaves.labels(slot.id).set(live.get(slot.id, 0))
         self._known = present
-        # Istio's gauges (and meshca's lifetimes) describe the active authority: the root that
-        # signs now, which a rotation replaces before it expires.
-        self._metrics.record_authority(state.signing_authority(), root=state.active.cert)
 
     def coverage(self, state: AuthorityState, fleet: FleetReports) -> None:
         """Per authority, how many reporting agents trust it (every CA process's reports)."""
@@ -229,56 +191,63 @@ def audit_events(events: tuple[HistoryEvent, ...], source: str) -> None:
         )
 
 
-@dataclass
-class RotationSettings:
-    data_dir: Path  # where root-cert.pem is published
-    instance: str  # this process's name in audit lines and its leaf-ledger report
-    poll_interval: float
-    ledger_sink: LedgerSink
+class SelfSignedDriver(DriverCore):
+    """Self-signed authority slots, rotated on schedule (an `AuthorityDriver`)."""
 
-
-class AuthorityRotator:
     def __init__(
         self,
         store: AuthorityStateStore,
-        policy: RotationPolicy,
+        policy: SlotRotationPolicy,
         factory: SlotFactory,
         metrics: CaMetrics,
         clock: Clock,
-        settings: RotationSettings,
+        settings: DriverSettings,
+        ttl: TtlPolicy,
         on_change: Callable[[SigningAuthority], None] = lambda authority: None,
     ) -> None:
+        super().__init__(settings, clock, metrics)
         self._store = store
         self.policy = policy
         self._factory = factory
-        self._clock = clock
-        self._settings = settings
         self.on_change = on_change
-        self.ledger = LeafLedger()
+        self.ttl_policy = cap_leaf_lifetimes(ttl, policy)
         # What `/debug/ca` shows of the slots, rebuilt at the end of every round.
         self.report = AuthorityReport()
         self._report_failing = False
         self._gauges = AuthorityGauges(metrics)
         self._converged_digest = ""
         self._audited: set[HistoryEvent] = set()
-        self.signer: SlotSigner | None = None
+        self._state: AuthorityState | None = None
 
-    async def start(self) -> SlotSigner:
-        """Brings the shared state up to date and returns the signer that follows it."""
+    @property
+    def state(self) -> AuthorityState:
+        """The slot state this process last converged on (what it signs with)."""
+        if self._state is None:
+            raise RuntimeError("the authority driver has not started: await start() first")
+        return self._state
+
+    def tainted_since(self) -> dict[str, datetime]:
+        """The taints of the slots this process follows (what the agent report answers)."""
+        return self.state.tainted_since()
+
+    async def start(self) -> None:
+        """Brings the shared state up to date and starts signing with its active slot."""
         before = await asyncio.to_thread(self._store.read)
         self._audited = set(before.history)
         state = await asyncio.to_thread(self._advance)
-        self.signer = SlotSigner(state, self.ledger, self._clock)
         self._converge(state)
+        log.info(
+            "signing with self-signed authority slots (trust domain %s)",
+            self.settings.trust_domain,
+        )
         await asyncio.to_thread(self._refresh_report)
-        return self.signer
 
     async def run(self) -> None:
         """Runs until cancelled; a failing round is logged and retried, never ends the loop
         (the CA keeps signing with the authority it has)."""
         seen = refused = ""
         while True:
-            await self._clock.sleep(self._sleep_seconds())
+            await self.clock.sleep(self._sleep_seconds())
             try:
                 current = await asyncio.to_thread(self._store.fingerprint)
                 due = self._step_due()
@@ -286,9 +255,9 @@ class AuthorityRotator:
                     state = await asyncio.to_thread(self._advance)
                     self._converge(state)
                     seen = await asyncio.to_thread(self._store.fingerprint)
-                elif self.signer is not None:
-                    self._gauges.update(self.signer.state, self.ledger.live(self._clock.now()))
-                await asyncio.to_thread(self._save_ledger)
+                elif self._state is not None:
+                    self._gauges.update(self._state, self.ledger.live(self.clock.now()))
+                await asyncio.to_thread(self.save_ledger)
                 await asyncio.to_thread(self._refresh_report)
                 refused = ""
             except CaSetupError as exc:
@@ -317,13 +286,13 @@ class AuthorityRotator:
 
     def _scheduled(self, changed: list[bool], current: AuthorityState) -> AuthorityState | None:
         """The store transaction's body: the due step, if any (noted in `changed`)."""
-        now = self._clock.now()
+        now = self.clock.now()
         updated = scheduled_step(
             current,
             self.policy,
             now,
             lambda: self._factory.new(now, Phase.PREPARED),
-            lambda: self._settings.ledger_sink.live(now),
+            lambda: self.settings.ledger_sink.live(now),
             functools.partial(self._coverage_of, current, now),
         )
         changed[:] = [updated is not None]
@@ -331,25 +300,24 @@ class AuthorityRotator:
 
     def _coverage_of(self, state: AuthorityState, now: datetime, ident: str) -> AgentCoverage:
         """The activation gate's figure, from every CA process's agent reports (the same
-        merge and rule as `meshca authority show`)."""
-        fleet = self._settings.ledger_sink.agents(now)
-        counted = coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
-        return AgentCoverage(
-            counted.trusting.get(ident, 0), counted.reporting, counted.unseen, counted.unreadable
-        )
+        merge and rule as `meshca authority show` and the plugged-in guard)."""
+        fleet = self.settings.ledger_sink.agents(now)
+        return gate_coverage([(slot.id, slot.cert) for slot in state.slots], fleet, ident)
 
     def _converge(self, state: AuthorityState) -> None:
         digest = state_digest(encode_state(state))
-        if digest == self._converged_digest or self.signer is None:
-            self._gauges.update(state, self.ledger.live(self._clock.now()))
+        if digest == self._converged_digest and self._state is not None:
+            self._gauges.update(state, self.ledger.live(self.clock.now()))
             return
         fresh = tuple(e for e in state.history if e not in self._audited)
-        audit_events(fresh, self._settings.instance)
+        audit_events(fresh, self.settings.instance)
         self._audited.update(fresh)
         self._gate_news(fresh)
         self._gauges.gate_waiting.set(1 if gate_waiting(state) is not None else 0)
-        previous = self.signer.state
-        if previous.active.id != state.active.id or previous.bundle != state.bundle:
+        previous = self._state
+        if previous is not None and (
+            previous.active.id != state.active.id or previous.bundle != state.bundle
+        ):
             log.info(
                 "authorities changed: active %s, bundle [%s]",
                 state.active.id,
@@ -357,11 +325,17 @@ class AuthorityRotator:
                     f"{s.id} {s.phase}{' tainted' if s.tainted else ''}" for s in state.slots
                 ),
             )
-        self.signer.follow(state)
-        authority = self.signer.authority
-        publish_root_bundle(self._settings.data_dir, authority, state.tainted_since())
-        self._gauges.update(state, self.ledger.live(self._clock.now()))
-        self.on_change(authority)
+        self._state = state
+        # Istio's expiry gauges describe the active authority: the root that signs now, which
+        # a rotation replaces before it expires.
+        self.adopt(
+            state.signing_authority(),
+            state.active.id,
+            state.untainted_roots,
+            state.tainted_since(),
+            gauge_root=state.active.cert,
+        )
+        self._gauges.update(state, self.ledger.live(self.clock.now()))
         self._converged_digest = digest
 
     def _gate_news(self, fresh: tuple[HistoryEvent, ...]) -> None:
@@ -382,35 +356,32 @@ class AuthorityRotator:
                 log.info("activation of authority %s: %s", event.authority, event.reason)
 
     def _step_due(self) -> bool:
-        if self.signer is None:
+        if self._state is None:
             return False
-        due = next_due(self.signer.state, self.policy)
-        return due is not None and due <= self._clock.now()
+        due = next_due(self._state, self.policy)
+        return due is not None and due <= self.clock.now()
 
     def _sleep_seconds(self) -> float:
-        interval = self._settings.poll_interval
-        if self.signer is None:
+        interval = self.settings.poll_interval
+        if self._state is None:
             return interval
-        due = next_due(self.signer.state, self.policy)
+        due = next_due(self._state, self.policy)
         if due is None:
             return interval
-        until = (due - self._clock.now()).total_seconds()
+        until = (due - self.clock.now()).total_seconds()
         if until <= 0:
             return interval  # due but held back (an old authority's leaves are still live)
         return max(_MIN_SLEEP, min(interval, until))
-
-    def _save_ledger(self) -> None:
-        self._settings.ledger_sink.save(self.ledger, self._clock.now())
 
     def _refresh_report(self) -> None:
         """Rebuilds `report` from the converged state and every process's published figures
         (blocking: worker thread). In Kubernetes mode that is one list of the replica
         ConfigMaps per round. A figure that cannot be read is shown as unknown; the failure is
         logged once per run of failures, not every round."""
-        if self.signer is None:
+        if self._state is None:
             return
-        now = self._clock.now()
-        sink = self._settings.ledger_sink
+        now = self.clock.now()
+        sink = self.settings.ledger_sink
         live: dict[str, int] | None = None
         fleet: FleetReports | None = None
         try:
@@ -420,12 +391,12 @@ class AuthorityRotator:
             if not self._report_failing:
                 log.warning("cannot read the CA processes' reports for /debug/ca: %s", exc)
             self._report_failing = True
-        self.report.update(self.signer.state, live, fleet, now)
+        self.report.update(self._state, live, fleet, now)
         if fleet is not None:
-            self._gauges.coverage(self.signer.state, fleet)
+            self._gauges.coverage(self._state, fleet)
 
 
-def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:
+def cap_leaf_lifetimes(ttl: TtlPolicy, policy: SlotRotationPolicy) -> TtlPolicy:
     """Lowers the workload TTLs so no leaf outlives the activation lead (a rotation must never
     cut a leaf short); says so when it changes anything."""
     cap = policy.max_leaf_ttl
@@ -445,10 +416,10 @@ def cap_leaf_lifetimes(ttl: TtlPolicy, policy: RotationPolicy) -> TtlPolicy:
     return capped
 
 
-def rotation_policy_for(config: CaConfig) -> RotationPolicy:
+def rotation_policy_for(config: CaConfig) -> SlotRotationPolicy:
     """The schedule from the CA's configuration. Replicas notice a change within one poll, so
     three polls is a safe convergence margin before an old root may leave the bundle."""
-    return RotationPolicy(
+    return SlotRotationPolicy(
         lifetime=config.root_lifetime,
         prepare_cap=config.root_prepare_cap,
         activate_cap=config.root_activate_cap,

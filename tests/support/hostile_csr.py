@@ -1,9 +1,17 @@
-"""Hostile CSRs, built with `cryptography` directly (meshca's `build_csr` only makes good ones)."""
+"""Hostile CSRs, built with `cryptography` directly (meshca's `build_csr` only makes good ones).
+
+One builder for the suite: `csr_with(names, key=, extensions=, subject=, algorithm=)` makes any
+CSR `cryptography` will sign; `broken_signature`, `two_sans` and `compressed_point` edit the DER
+for what it will not (a bad signature, a duplicated extension, a compressed EC point);
+`pem_of` armours DER. The named cases below are the hostile suite's catalogue, all asking for
+`SLEEP` unless they say otherwise.
+"""
 
 from __future__ import annotations
 
 import base64
 import ipaddress
+import textwrap
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -11,8 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed25519, rsa
 from cryptography.x509.oid import NameOID
 
 from certs import SpiffeId
-from tests.hostile.inprocess_ca import SLEEP
 
+SLEEP = SpiffeId("cluster.local", "default", "sleep")
 _KEY = ec.generate_private_key(ec.SECP256R1())
 
 
@@ -86,13 +94,100 @@ def dsa_key() -> str:
     return csr_with([uri()], key=dsa.generate_private_key(key_size=2048))
 
 
-def broken_signature() -> str:
-    der = bytearray(
-        x509.load_pem_x509_csr(csr_with([uri()]).encode()).public_bytes(serialization.Encoding.DER)
-    )
+def pem_of(der: bytes) -> str:
+    """`der` armoured as a PEM CSR, whatever it holds."""
+    body = "\n".join(textwrap.wrap(base64.b64encode(der).decode("ascii"), 64))
+    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}\n-----END CERTIFICATE REQUEST-----\n"
+
+
+def broken_signature(pem: str | None = None) -> str:
+    """`pem` (a good CSR for `SLEEP` by default) with a byte of its signature value flipped:
+    well-formed, and only the signature check can tell."""
+    csr = x509.load_pem_x509_csr((pem or csr_with([uri()])).encode())
+    der = bytearray(csr.public_bytes(serialization.Encoding.DER))
     der[-5] ^= 0xFF  # inside the signature value at the end
-    body = base64.encodebytes(bytes(der)).decode()
-    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n"
+    return pem_of(bytes(der))
+
+
+def _der_length(n: int) -> bytes:
+    if n < 0x80:
+        return bytes([n])
+    raw = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([0x80 | len(raw)]) + raw
+
+
+def _signature_algorithm(csr: x509.CertificateSigningRequest) -> bytes:
+    """The DER of `csr`'s signatureAlgorithm, as it was (it follows the request info)."""
+    der = csr.public_bytes(serialization.Encoding.DER)
+    header = 2 + (der[1] & 0x7F if der[1] & 0x80 else 0)
+    at = header + len(csr.tbs_certrequest_bytes)
+    return der[at : at + 2 + der[at + 1]]
+
+
+def _signed_again(
+    info: bytes, algorithm: bytes, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateSigningRequest:
+    """A CSR of request info `info` (DER), signed by `key` with ECDSA-SHA256."""
+    signature = b"\x00" + key.sign(info, ec.ECDSA(hashes.SHA256()))
+    body = info + algorithm + b"\x03" + _der_length(len(signature)) + signature
+    return x509.load_der_x509_csr(b"\x30" + _der_length(len(body)) + body)
+
+
+def two_sans(identity: SpiffeId = SLEEP, smuggled_dns: str = "evil.example") -> str:
+    """A correctly signed PEM CSR carrying subjectAltName twice: `identity`, then `smuggled_dns`.
+
+    cryptography's builder refuses to make one, so it is built with a stand-in extension OID of
+    the same encoded length, renamed to subjectAltName, and the request info signed again.
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    original = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]), True
+        )
+        .add_extension(
+            x509.UnrecognizedExtension(
+                x509.ObjectIdentifier("2.5.29.99"),
+                x509.SubjectAlternativeName([x509.DNSName(smuggled_dns)]).public_bytes(),
+            ),
+            False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    stand_in, san = b"\x06\x03\x55\x1d\x63", b"\x06\x03\x55\x1d\x11"  # 2.5.29.99, .17
+    info = original.tbs_certrequest_bytes.replace(stand_in, san)
+    forged = _signed_again(info, _signature_algorithm(original), key)
+    return forged.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+def compressed_point(key: ec.EllipticCurvePrivateKey, identity: SpiffeId = SLEEP) -> str:
+    """A correctly signed PEM CSR for `identity` whose SubjectPublicKeyInfo carries the EC point
+    compressed (02/03 || X), a shape cryptography's CSR builder never writes but may read."""
+    original = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]), True
+        )
+        .sign(key, hashes.SHA256())
+    )
+    public = key.public_key()
+    uncompressed = public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    point = public.public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.CompressedPoint
+    )
+    algorithm = uncompressed[2 : 2 + 2 + uncompressed[3]]  # AlgorithmIdentifier, as it was
+    bits = b"\x03" + _der_length(len(point) + 1) + b"\x00" + point
+    compressed = b"\x30" + _der_length(len(algorithm) + len(bits)) + algorithm + bits
+    info = original.tbs_certrequest_bytes
+    header = 2 + (info[1] & 0x7F if info[1] & 0x80 else 0)
+    content = info[header:].replace(uncompressed, compressed)
+    info = b"\x30" + _der_length(len(content)) + content
+    forged = _signed_again(info, _signature_algorithm(original), key)
+    return forged.public_bytes(serialization.Encoding.PEM).decode("ascii")
 
 
 def with_name_constraints() -> str:
@@ -174,9 +269,7 @@ def unknown_version() -> str:
     der = x509.load_pem_x509_csr(csr_with([uri()]).encode()).public_bytes(
         serialization.Encoding.DER
     )
-    der = der.replace(b"\x02\x01\x00", b"\x02\x01\x40", 1)
-    body = base64.encodebytes(der).decode()
-    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n"
+    return pem_of(der.replace(b"\x02\x01\x00", b"\x02\x01\x40", 1))
 
 
 def body_not_base64() -> str:
@@ -184,8 +277,7 @@ def body_not_base64() -> str:
 
 
 def body_is_not_asn1() -> str:
-    body = base64.encodebytes(b"\x30\x03\x02\x01").decode()
-    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n"
+    return pem_of(b"\x30\x03\x02\x01")
 
 
 def concatenated_two_csrs() -> str:

@@ -1,47 +1,76 @@
-"""Fake CAs for agent tests (a signer and a gRPC servicer), signing with `tests.support.pki`."""
+"""Fake CAs for agent tests and benches, signing with `tests.support.pki`: the scheduler's
+signer in memory (`FakeSigner`), and a CA speaking the real gRPC API (`FakeCaServicer`,
+`node_ca`, `start_fake_ca`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from agent.ca_client import IMPERSONATED_IDENTITY_KEY, SignedCertificate, SigningRequest
-from certs import SpiffeId, describe_csr, load_csr
+from agent.errors import CaRequestError
+from agent.signing import SignedCertificate, SigningRequest
+from certs import SpiffeId, describe_csr, load_cert, load_csr
 from meshca.clock import Clock
+from meshca.wire import IMPERSONATED_IDENTITY
 from meshca_proto import ca_pb2, ca_pb2_grpc
 from tests.support.pki import TestCa
 
 IDENTITY = SpiffeId("cluster.local", "default", "app")
 
 
+@dataclass(frozen=True)
+class SignCall:
+    """One call of `FakeSigner.sign`: what was asked, and the fake time it was asked at."""
+
+    identity: SpiffeId
+    at: datetime
+    impersonate: SpiffeId | None
+    renewal: bool
+
+
 class FakeSigner:
-    """A `CertificateSigner` that signs with a `TestCa`, or raises the queued failures first."""
+    """The agent's `CertificateSigner` (`agent.scheduler`), in memory: signs each request with
+    `pki` at the clock's time; a test swaps `pki` as the CA's activation of a new authority
+    would. Records every call; holds calls while `gate` is clear; raises `fail_always` if set,
+    and UNAVAILABLE for the identities in `failing`."""
 
     def __init__(self, pki: TestCa, clock: Clock) -> None:
         self.pki = pki
         self.clock = clock
-        self.failures: list[Exception] = []
+        self.calls: list[SignCall] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
         self.fail_always: Exception | None = None
-        self.calls = 0
-        self.impersonated: list[SpiffeId | None] = []
-        self.renewals: list[bool] = []  # SigningRequest.renewal of each call
+        self.failing: set[SpiffeId] = set()
+
+    @property
+    def identities(self) -> list[SpiffeId]:
+        return [call.identity for call in self.calls]
+
+    @property
+    def impersonated(self) -> list[SpiffeId | None]:
+        return [call.impersonate for call in self.calls]
+
+    @property
+    def renewals(self) -> list[bool]:
+        return [call.renewal for call in self.calls]
 
     async def sign(self, request: SigningRequest) -> SignedCertificate:
-        from certs import load_cert
-
-        self.calls += 1
-        self.impersonated.append(request.impersonate)
-        self.renewals.append(request.renewal)
+        self.calls.append(
+            SignCall(request.identity, self.clock.now(), request.impersonate, request.renewal)
+        )
+        await self.gate.wait()
         if self.fail_always is not None:
             raise self.fail_always
-        if self.failures:
-            raise self.failures.pop(0)
+        if request.identity in self.failing:
+            raise CaRequestError(grpc.StatusCode.UNAVAILABLE, "CA down")
         now = self.clock.now()
         elements = self.pki.sign_csr(request.csr_pem, request.ttl, now)
         return SignedCertificate(
@@ -123,9 +152,9 @@ class FakeCaServicer(ca_pb2_grpc.IstioCertificateServiceServicer):
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
     ) -> str:
         fields = request.metadata.fields
-        if IMPERSONATED_IDENTITY_KEY not in fields:
+        if IMPERSONATED_IDENTITY not in fields:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no ImpersonatedIdentity")
-        uri = fields[IMPERSONATED_IDENTITY_KEY].string_value
+        uri = fields[IMPERSONATED_IDENTITY].string_value
         if self.allowed is not None and SpiffeId.parse(uri) not in self.allowed:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{uri} not on the node")
         if describe_csr(load_csr(request.csr)).uri_sans != (uri,):

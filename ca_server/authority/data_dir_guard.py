@@ -33,11 +33,11 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from ca_server.root_store import CaSetupError
+from ca_server.errors import CaSetupError
 
 log = logging.getLogger(__name__)
 
-# Written under the data directory's lock (`root_store.data_dir_lock`): the authority state and
+# Written under the data directory's lock (`root_bundle.data_dir_lock`): the authority state and
 # its derived Istio-layout pair, and the development issuer (`ca_server.dev_issuer`).
 LOCKED_FILES = (
     "authorities.json",

@@ -6,13 +6,13 @@ a running CA builds the same rows for its `/debug/ca` (read by `meshca status AD
 state it converged on.
 
 The figures beside the state come from every CA process's published reports
-(`ca_server.leaf_ledger.LedgerSink`): live leaves per authority and the agents' reports. `None`
-for a figure that could not be read is printed as "unknown", never as zero: an API or file
+(`ca_server.authority.leaf_ledger.LedgerSink`): live leaves per authority and the agents' reports.
+`None` for a figure that could not be read is printed as "unknown", never as zero: an API or file
 failure must not look like an empty fleet.
 
-In a running CA, `AuthorityReport` holds the last section its rotator built (each rotator round:
-the converged state plus the figures read then), so a request to `/debug/ca` reads memory only
-and never waits on files or the API server. The rotator writes from a worker thread; readers
+In a running CA, `AuthorityReport` holds the last section its driver built (each self-signed
+round: the converged state plus the figures read then), so a request to `/debug/ca` reads memory
+only and never waits on files or the API server. The driver writes from a worker thread; readers
 (the monitoring thread, a worker's status publisher) take the current snapshot, which is
 replaced whole, never changed in place.
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ca_server.agent_reports import Coverage, FleetReports, coverage
-from ca_server.agent_stragglers import STATUS_LIMIT, agents_section
-from ca_server.authority_slots import AuthorityState, Slot, gate_waiting
+from ca_server.authority.agent_reports import Coverage, FleetReports, coverage
+from ca_server.authority.agent_stragglers import STATUS_LIMIT, agents_section
+from ca_server.authority.slots import AuthorityState, Slot, gate_waiting
 
 UNKNOWN = "unknown"
 
@@ -138,7 +138,7 @@ def status_section(
     state: AuthorityState, live: dict[str, int] | None, fleet: FleetReports | None
 ) -> dict[str, Any]:
     """The slots for `meshca status`: `show_document`'s fields plus `coverage_summary` and the
-    pods a prepared or tainted authority waits on (`ca_server.agent_stragglers`)."""
+    pods a prepared or tainted authority waits on (`ca_server.authority.agent_stragglers`)."""
     agents = fleet_coverage(state, fleet)
     return {
         **show_document(state, live, agents),

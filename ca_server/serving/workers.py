@@ -13,7 +13,7 @@ What each side does:
 - The supervisor (this module) owns the monitoring port: `/metrics` summed over the workers
   (`ca_server.metrics.aggregated_registry`), `/healthz`, `/ready` (200 once every worker has
   created its ready file and is alive), and on `--debug-listen` `/debug/ca` merged from the
-  parts the live workers publish in the run directory (`ca_server.worker_status`, about 1 s
+  parts the live workers publish in the run directory (`ca_server.serving.worker_status`, about 1 s
   fresh). It restarts a worker that dies, after a backoff that grows while workers keep
   dying, and on SIGTERM/SIGINT stops them all (SIGTERM, then SIGKILL after the shutdown grace
   plus a margin). A worker that fails before any worker was ever ready is a configuration
@@ -47,7 +47,7 @@ from prometheus_client import multiprocess
 
 from ca_server.config import CaConfig, WorkerRole
 from ca_server.metrics import aggregated_registry
-from ca_server.worker_status import merged_document
+from ca_server.serving.worker_status import merged_document
 from meshca.listen import ListenError
 from meshca.status_http import (
     Response,
@@ -167,7 +167,7 @@ class _Slot:
 
     def not_ready_reason(self) -> str | None:
         """The `not ready: ...` line a serving worker wrote in its ready file (its signing
-        chain expired or not valid yet: `ca_server.readiness`), if any."""
+        chain expired or not valid yet: `ca_server.serving.readiness`), if any."""
         try:
             lines = self.ready_file.read_text().splitlines()
         except OSError:

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from ca_server.authority_slots import AuthorityCommandError, AuthorityState, RotationPolicy, Slot
+from ca_server.authority.slots import (
+    AuthorityCommandError,
+    AuthorityState,
+    Slot,
+    SlotRotationPolicy,
+)
 from ca_server.config import TtlPolicy
 from certs import SigningAuthority, format_duration
 
@@ -30,7 +35,7 @@ DEFAULT_MAX_WORKLOAD_TTL = TtlPolicy().maximum
 
 def longest_leaf(state: AuthorityState, stated_maximum: timedelta | None) -> timedelta:
     """The longest workload certificate a CA following `state` may grant (see the module)."""
-    rotation_cap = RotationPolicy(lifetime=state.active.lifetime).max_leaf_ttl
+    rotation_cap = SlotRotationPolicy(lifetime=state.active.lifetime).max_leaf_ttl
     stated = DEFAULT_MAX_WORKLOAD_TTL if stated_maximum is None else stated_maximum
     longest = min(stated, rotation_cap)
     return timedelta(seconds=round(longest.total_seconds()))  # what the messages print

@@ -44,7 +44,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ca_server.agent_reports import STALE_AFTER, AgentEntry, FleetEntry, FleetReports, is_spent
+from ca_server.authority.agent_reports import (
+    STALE_AFTER,
+    AgentEntry,
+    FleetEntry,
+    FleetReports,
+    is_spent,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The CA's `/debug/ca` document for `meshca status`: its signing material, its authority slots
-with coverage (`ca_server.authority_report`; absent — `null` — for a plugged-in CA, whose
+with coverage (`ca_server.authority.report`; absent — `null` — for a plugged-in CA, whose
 authorities the operator rotates through `--cacerts-dir`), and the soonest-expiring leaves.
 
 Rates (issuance, refusals by reason) are not repeated here: `meshca status` reads them from
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from cryptography import x509
 
-from ca_server.issued_leaves import IssuedLeaves
+from ca_server.authority import IssuedLeaves
 
 SOONEST_LEAVES = 10
 SLOT_KEYS = ("authorities", "agents_unknown", "coverage", "agents")  # `status_section`'s keys
@@ -22,7 +22,7 @@ SLOT_KEYS = ("authorities", "agents_unknown", "coverage", "agents")  # `status_s
 class SigningChain(Protocol):
     """The public half of a signing authority, all `/debug/ca` shows of it: a worker's
     `SigningAuthority`, or the chain a worker published for its supervisor
-    (`ca_server.worker_status.PublishedChain`), which has no key."""
+    (`ca_server.serving.worker_status.PublishedChain`), which has no key."""
 
     @property
     def cert(self) -> x509.Certificate: ...
@@ -57,7 +57,7 @@ def ca_document(
 ) -> dict[str, Any]:
     """What `meshca status` shows for a CA: each certificate of the signing chain and bundle,
     the chain's expiry (the latest NotAfter a leaf may get), the authority slots (`slots`: an
-    `authority_report.status_section`, or `None` without slots), and the soonest-expiring
+    `authority.report.status_section`, or `None` without slots), and the soonest-expiring
     leaves."""
     certificates = [_certificate_entry("signing", authority.cert, now)]
     certificates += [_certificate_entry("intermediate", c, now) for c in authority.intermediates]

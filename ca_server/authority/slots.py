@@ -12,13 +12,13 @@ a client certificate's anchor, but still in the bundle until an operator revokes
 
 This module is pure: the predicates (`should_prepare`, `should_activate`, `may_drop`) and the
 transitions take `now` and return a new `AuthorityState`; nothing here reads files, the clock or
-the cluster. `ca_server.rotation` is the one driver that applies them on a clock, and
-`ca_server.authority_state` persists the result where every CA replica sees it.
+the cluster. `ca_server.authority.self_signed` is the one driver that applies them on a clock, and
+`ca_server.authority.state_store` persists the result where every CA replica sees it.
 
 Rotation timing (self-signed mode) follows SPIRE: prepare when half the active authority's life
 is left (never more than `prepare_cap` ahead of its expiry), activate when a sixth is left (never
 more than `activate_cap` ahead). Because a leaf signed just before activation lives at most the
-time left, the maximum leaf lifetime is capped at that lead (`RotationPolicy.max_leaf_ttl`), so
+time left, the maximum leaf lifetime is capped at that lead (`SlotRotationPolicy.max_leaf_ttl`), so
 a rotation never shortens a leaf below what it asked for.
 """
 
@@ -101,7 +101,7 @@ class HistoryEvent:
 
 
 @dataclass(frozen=True)
-class RotationPolicy:
+class SlotRotationPolicy:
     """When the driver prepares, activates and drops authorities."""
 
     lifetime: timedelta = timedelta(days=3650)
@@ -152,9 +152,10 @@ class RotationPolicy:
         return now >= active.not_after - self.activate_lead(active.lifetime)
 
     def activation_deadline(self, active: Slot) -> datetime:
-        """When a gated activation happens whatever the coverage."""
-        lead = self.activate_lead(active.lifetime)
-        return active.not_after - lead + lead * self.activate_deadline
+        """When a gated activation happens whatever the coverage: the gate's one deadline rule,
+        counted from the start of the activation window."""
+        since = active.not_after - self.activate_lead(active.lifetime)
+        return gate_deadline(since, active.not_after, self.activate_deadline)
 
     def may_drop(self, old: Slot, now: datetime, max_leaf_ttl: timedelta) -> bool:
         """An old authority (tainted or not) leaves the bundle once no leaf it signed can still be
@@ -383,6 +384,28 @@ class AgentCoverage:
         return f"{self.trusting}/{self.reporting + self.unseen} reporting agents trust it{blind}"
 
 
+def gate_deadline(since: datetime, expires: datetime, share: float) -> datetime:
+    """The activation gate's deadline (self-signed slots and the plugged-in guard alike): a
+    move held back for coverage since `since` happens anyway once `share` of the time left
+    until the current authority `expires` has passed, before its leaves get too short."""
+    return since + (expires - since) * share
+
+
+class GateVerdict(enum.StrEnum):
+    COVERED = "covered"  # enough reporting agents trust the new authority: move now
+    DEADLINE = "deadline"  # not covered, but the deadline passed: move anyway, loudly
+    WAIT = "wait"  # hold the move back and look again at the next poll
+
+
+def gate_verdict(
+    covered: AgentCoverage, fraction: float, deadline: datetime, now: datetime
+) -> GateVerdict:
+    """The activation gate's one rule (self-signed activation and plugged-in switch alike)."""
+    if covered.reaches(fraction):
+        return GateVerdict.COVERED
+    return GateVerdict.DEADLINE if now >= deadline else GateVerdict.WAIT
+
+
 def gate_waiting(state: AuthorityState) -> HistoryEvent | None:
     """The gate's waiting event for the prepared authority, if activation is being held."""
     prepared = state.prepared
@@ -396,7 +419,7 @@ def gate_waiting(state: AuthorityState) -> HistoryEvent | None:
 
 def _gated_activation(
     state: AuthorityState,
-    policy: RotationPolicy,
+    policy: SlotRotationPolicy,
     now: datetime,
     coverage_of: Callable[[str], AgentCoverage],
 ) -> AuthorityState | None:
@@ -407,12 +430,13 @@ def _gated_activation(
     assert prepared is not None and policy.activate_at_coverage is not None
     fraction = policy.activate_at_coverage
     covered = coverage_of(prepared.id)
-    if covered.reaches(fraction):
+    deadline = policy.activation_deadline(active)
+    verdict = gate_verdict(covered, fraction, deadline, now)
+    if verdict is GateVerdict.COVERED:
         return state.activate(
             None, now, f"scheduled: five sixths of the active authority's life; {covered}"
         )
-    deadline = policy.activation_deadline(active)
-    if now >= deadline:
+    if verdict is GateVerdict.DEADLINE:
         return state.activate(
             None,
             now,
@@ -430,7 +454,7 @@ def _gated_activation(
 
 def scheduled_step(
     state: AuthorityState,
-    policy: RotationPolicy,
+    policy: SlotRotationPolicy,
     now: datetime,
     new_slot: Callable[[], Slot],
     live_leaves: Callable[[], Mapping[str, int]] = dict,
@@ -464,7 +488,7 @@ def scheduled_step(
     return None
 
 
-def next_due(state: AuthorityState, policy: RotationPolicy) -> datetime | None:
+def next_due(state: AuthorityState, policy: SlotRotationPolicy) -> datetime | None:
     """When `scheduled_step` will next have something to do (so the driver can sleep until
     then instead of polling a one-minute test CA every five seconds)."""
     max_leaf = policy.max_leaf_ttl

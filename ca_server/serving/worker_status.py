@@ -6,12 +6,12 @@ issuance; each worker knows its own authority and the leaves it signed. A worker
 directory, atomically (`meshca.files.atomic_write`: a reader sees the old file or the new one),
 at most once per `interval` while it keeps issuing and at once when its authority changes. The
 supervisor reads the files of its live workers on each request and builds the document with the
-single CA's builder (`ca_server.status.ca_document`): the authority from the most recently
+single CA's builder (`ca_server.serving.status.ca_document`): the authority from the most recently
 written file (after a rotation that is the newest one), the leaves merged through an
 `IssuedLeaves` of the single CA's capacity, recorded oldest issuance first so that the latest leaf
 per identity wins. The view is therefore at most about `interval` old.
 
-The authority slots (`ca_server.authority_report`) are shared state: every worker converges on
+The authority slots (`ca_server.authority.report`) are shared state: every worker converges on
 the same slots and reads the same published figures, so any worker's section is the CA's. A
 worker writes its section with its part (and again whenever its section changes); the
 supervisor shows the section that changed most recently, i.e. the newest view of the slots (a
@@ -30,29 +30,38 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ca_server.authority_report import AuthorityReport, ReportSnapshot
-from ca_server.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
-from ca_server.status import SigningChain, ca_document
+from ca_server.authority import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
+from ca_server.serving.status import SigningChain, ca_document
 from meshca.clock import Clock
 from meshca.files import atomic_write
-
-if TYPE_CHECKING:  # the supervisor imports this module and needs no signer
-    from ca_server.signer import LocalSigner
 
 log = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL = 1.0
 _POLL_FRACTION = 5  # the publisher looks `_POLL_FRACTION` times per interval for a new authority
 FORMAT = 1
+
+
+class SlotsSnapshot(Protocol):
+    """The authority slots' latest report (`ca_server.authority.ReportSnapshot`)."""
+
+    @property
+    def section(self) -> dict[str, Any]: ...  # `authority_report.status_section`
+
+    @property
+    def changed_at(self) -> datetime: ...  # when the section last changed
+
+    @property
+    def version(self) -> int: ...  # bumped at each change
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class WorkerPart:
     written_at: datetime
     chain: PublishedChain
     leaves: list[IssuedLeaf]
-    slots: dict[str, Any] | None = None  # the worker's `authority_report.status_section`
+    slots: dict[str, Any] | None = None  # the worker's `authority.report.status_section`
     slots_changed_at: datetime | None = None  # when that section last changed
 
 
@@ -82,7 +91,7 @@ def encode_part(
     chain: SigningChain,
     leaves: Iterable[IssuedLeaf],
     written_at: datetime,
-    slots: ReportSnapshot | None = None,
+    slots: SlotsSnapshot | None = None,
 ) -> str:
     return json.dumps(
         {
@@ -138,35 +147,32 @@ def decode_part(text: str) -> WorkerPart:
 
 
 class WorkerStatusPublisher:
-    """Keeps `path` holding this worker's part: the current authority, its leaves and (with
-    self-signed slots) the `report` of the slots."""
+    """Keeps `path` holding this worker's part: the current `authority`, its leaves and (with
+    self-signed slots) the `slots` report."""
 
     def __init__(
         self,
         path: Path,
-        signer: LocalSigner,
+        authority: Callable[[], SigningChain],
         leaves: IssuedLeaves,
         clock: Clock,
         interval: float = PUBLISH_INTERVAL,
-        report: AuthorityReport | None = None,
+        slots: Callable[[], SlotsSnapshot | None] = lambda: None,
     ) -> None:
         self._path = path
-        self._signer = signer
+        self._authority = authority
         self._leaves = leaves
         self._clock = clock
         self._interval = interval
-        self._report = report
+        self._slots = slots
         self._published_authority: object = None
         self._published_recorded = -1
         self._published_slots = 0
         self._published_at = float("-inf")
 
-    def _slots(self) -> ReportSnapshot | None:
-        return self._report.snapshot if self._report is not None else None
-
     def publish(self) -> None:
         """Writes the part now (blocking: file I/O and fsync)."""
-        authority, recorded, slots = self._signer.authority, self._leaves.recorded, self._slots()
+        authority, recorded, slots = self._authority(), self._leaves.recorded, self._slots()
         part = encode_part(authority, self._leaves.latest(), self._clock.now(), slots)
         atomic_write(self._path, part)
         self._published_authority, self._published_recorded = authority, recorded
@@ -174,7 +180,7 @@ class WorkerStatusPublisher:
         self._published_at = self._clock.monotonic()
 
     def due(self) -> bool:
-        if self._signer.authority is not self._published_authority:
+        if self._authority() is not self._published_authority:
             return True
         slots = self._slots()
         if slots is not None and slots.version != self._published_slots:

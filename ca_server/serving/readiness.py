@@ -7,7 +7,7 @@ signs fails verification, and its own serving certificate with it. Readiness say
 answers 503 with the reason, so a load balancer or kubelet stops sending it traffic — and the
 CA logs it once when it happens (and once when it is over), whether or not anyone polls `/ready`.
 A worker of `meshca ca --workers N` has no `/ready` of its own: it writes the reason into its
-ready file, which its supervisor's `/ready` reads (`ca_server.workers`).
+ready file, which its supervisor's `/ready` reads (`ca_server.serving.workers`).
 
 Concurrency: `problem` is called from the monitoring server's thread and from `watch` on the
 event loop; it only reads the signer's current authority (one reference) and the clock, and
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 
-from ca_server.authority_fitness import chain_problem
+from ca_server.authority import chain_problem
 from certs import SigningAuthority
 from meshca.clock import Clock
 
@@ -37,7 +37,7 @@ class SigningReadiness:
     ) -> None:
         self._authority = authority
         self._clock = clock
-        self.on_change = on_change  # a worker tells its supervisor (`ca_server.workers`)
+        self.on_change = on_change  # a worker tells its supervisor (`ca_server.serving.workers`)
         self._lock = threading.Lock()
         self._reported: str | None = None
 

@@ -20,7 +20,7 @@ headers are *unknown*: at most one per SPIFFE identity, counted apart, never as 
 agent restart in the same pod (a new agent id) replaces the pod's entry.
 
 Lifetime of an entry (the rule, in one place): it expires `EXPIRE_AFTER` (four times the longest
-report interval an agent accepts, `meshca.report_headers.MAX_REPORT_INTERVAL`, so 40 min) after
+report interval an agent accepts, `meshca.wire.MAX_REPORT_INTERVAL`, so 40 min) after
 it was last refreshed — a live agent refreshes it every interval (at most 10 min + 20 % jitter),
 so only a gone agent's entry expires; an agent with reports turned off (`--report-interval 0`)
 counts for that long after each CSR. It is removed at once when the informer says its pod is
@@ -33,8 +33,8 @@ process that is gone: its agents have reported elsewhere since, so it stops coun
 merge every process's snapshot: per instance the most recently refreshed entry wins (replicas'
 clocks are assumed to agree far better than an agent's report interval). In Kubernetes mode
 the snapshot is sharded and its liveness is a separate heartbeat, so routine re-reports write
-nothing (`ca_server.report_shards`: there the latest `since`, when a process started holding
-an entry's content, wins, and `reclaim` keeps that exact for an agent that moved and came
+nothing (`ca_server.authority.report_shards`: there the latest `since`, when a process started
+holding an entry's content, wins, and `reclaim` keeps that exact for an agent that moved and came
 back).
 
 Coverage rule (`coverage`): a digest says nothing by itself about which roots it covers, so the
@@ -45,7 +45,7 @@ no longer knows, or none yet) is *reporting* and trusts none of them: it is neve
 covered by guesswork. What the reader could not see — entries a process cut to fit its
 published object or evicted (`unseen`), a snapshot it could not read (`unreadable`) — counts as
 *not trusting* for activation and as *maybe serving* for revoke (`AgentCoverage`,
-`ca_server.authority_report`), and every figure says how much that is.
+`ca_server.authority.report`), and every figure says how much that is.
 
 Attribution: every recorded report is counted under its caller's identity (`callers`, bounded
 to `MAX_CALLERS` identities, the rest summed as `(other)`), with how often it replaced its
@@ -72,14 +72,11 @@ from typing import Any, Protocol
 from cryptography import x509
 
 from ca_server.authn import Caller
+from ca_server.authority.slots import AgentCoverage
+from ca_server.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from certs.bundle import bundle_digest
 from meshca.logs import audit
-from meshca.report_headers import (
-    AGENT_ID_HEADER,
-    LEAF_AUTHORITY_HEADER,
-    MAX_REPORT_INTERVAL,
-    TRUST_BUNDLE_HEADER,
-)
+from meshca.wire import MAX_REPORT_INTERVAL
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +84,8 @@ REPORT_HEADERS = frozenset((AGENT_ID_HEADER, TRUST_BUNDLE_HEADER, LEAF_AUTHORITY
 DEFAULT_CAPACITY = 100_000
 EXPIRE_AFTER = 4 * MAX_REPORT_INTERVAL
 # A live process republishes at least this often (in Kubernetes mode only a small heartbeat,
-# `ca_server.report_shards`): once per default report period, so an idle replica writes once.
+# `ca_server.authority.report_shards`): once per default report period, so an idle replica writes
+# once.
 REPUBLISH_EVERY = timedelta(minutes=2)
 STALE_AFTER = MAX_REPORT_INTERVAL * 1.2 + REPUBLISH_EVERY
 SNAPSHOT_FORMAT = 2
@@ -185,7 +183,7 @@ class AgentEntry:
     until: float  # unix seconds after which the entry is forgotten
     # Unix seconds since when this process has held this content for the pod: a routine
     # re-report saying the same leaves it unchanged, so a published shard stays byte-identical
-    # (`ca_server.report_shards`); readers let the largest `since` win across processes.
+    # (`ca_server.authority.report_shards`); readers let the largest `since` win across processes.
     since: float
 
     @property
@@ -432,8 +430,8 @@ class AgentReports:
     def shard_view(
         self, now: datetime
     ) -> tuple[list[tuple[str, AgentEntry]], dict[str, float], int, list[tuple[str, list[int]]]]:
-        """What a sharded publication holds (`ca_server.report_shards`): the unexpired entries
-        (most recently refreshed first), the unknown identities -> expiry, how many evicted
+        """What a sharded publication holds (`ca_server.authority.report_shards`): the unexpired
+        entries (most recently refreshed first), the unknown identities -> expiry, how many evicted
         entries are still unseen, and the callers by reports. Clears `changed`."""
         cutoff = now.timestamp()
         with self._lock:
@@ -731,6 +729,17 @@ def subset_digests(
                 i for i, _c in subset
             )
     return by_digest
+
+
+def gate_coverage(
+    authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports, ident: str
+) -> AgentCoverage:
+    """The activation gate's figure for authority `ident` among `authorities` (what the self-
+    signed gate and the plugged-in guard both ask, from every CA process's reports)."""
+    counted = coverage(authorities, fleet)
+    return AgentCoverage(
+        counted.trusting.get(ident, 0), counted.reporting, counted.unseen, counted.unreadable
+    )
 
 
 def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports) -> Coverage:

@@ -1,0 +1,85 @@
+"""What both authority drivers share, written once: the signer and its leaf ledger, the agent
+reports the driver owns, their publication (one sink for both), the published trust bundle,
+Istio's expiry gauges and the change notification. `self_signed.SelfSignedDriver` and
+`plugged.PluggedDriver` differ only in where the next authority comes from and which rule
+admits it.
+
+Concurrency: everything here runs on the CA's event loop, except `save_ledger` and `adopt`'s
+file writes, which are short; the drivers call the blocking store reads in a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from cryptography import x509
+
+from ca_server.authority.agent_reports import AgentReports
+from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
+from ca_server.authority.root_bundle import publish_root_bundle
+from ca_server.authority.signer import LocalSigner
+from ca_server.metrics import CaMetrics
+from certs import DEFAULT_TRUST_DOMAIN, SigningAuthority
+from meshca.clock import Clock
+
+
+@dataclass
+class DriverSettings:
+    data_dir: Path  # where root-cert.pem and the taint notice are published
+    instance: str  # this process's name in audit lines and its leaf-ledger report
+    poll_interval: float  # seconds between looks at the shared state or the directory
+    ledger_sink: LedgerSink  # where this process's ledger and agent reports are published
+    trust_domain: str = DEFAULT_TRUST_DOMAIN  # named in the start-up log line
+
+
+class DriverCore:
+    """The signer, the ledger and the publication steps of an authority driver."""
+
+    def __init__(self, settings: DriverSettings, clock: Clock, metrics: CaMetrics) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._metrics = metrics
+        self.ledger = LeafLedger()
+        # The agents' reports this process received (the RPC edge records into it), published
+        # with the ledger on its cadence.
+        self.agent_reports = AgentReports()
+        # Told every new authority after `start()` (Kubernetes mode: the root ConfigMaps).
+        self.on_change: Callable[[SigningAuthority], None] = lambda authority: None
+        self._signer: LocalSigner | None = None
+
+    @property
+    def signer(self) -> LocalSigner:
+        if self._signer is None:
+            raise RuntimeError("the authority driver has not started: await start() first")
+        return self._signer
+
+    @property
+    def started(self) -> bool:
+        return self._signer is not None
+
+    def adopt(
+        self,
+        authority: SigningAuthority,
+        counts_under: str | None,
+        client_roots: tuple[x509.Certificate, ...],
+        tainted_since: Mapping[str, datetime],
+        gauge_root: x509.Certificate | None = None,
+    ) -> None:
+        """Signs with `authority` from now on (each leaf counted under `counts_under`), then
+        publishes `root-cert.pem` with the taint notice, sets Istio's expiry gauges (for
+        `gauge_root`; default the bundle's first root to expire), then tells `on_change` (the
+        server sets it after `start()`: Kubernetes mode publishes the first authority as it
+        starts)."""
+        if self._signer is None:
+            self._signer = LocalSigner(authority, self.ledger, self.clock)
+        self._signer.use(authority, counts_under, client_roots)
+        publish_root_bundle(self.settings.data_dir, authority, tainted_since)
+        self._metrics.record_authority(authority, root=gauge_root)
+        self.on_change(authority)
+
+    def save_ledger(self) -> None:
+        """Publishes this process's ledger and agent reports (blocking: worker thread)."""
+        self.settings.ledger_sink.save(self.ledger, self.agent_reports, self.clock.now())

@@ -1,0 +1,138 @@
+"""The one signer: signs workload certificates with the CA's current authority and records
+each leaf in the leaf ledger under the authority it counts under.
+
+`Signer` is the seam for what comes later (a signer per core sharing one root, a remote/HSM
+signer): the service only asks it to `sign` and for the current `authority`. The driver
+(`ca_server.authority`) keeps it current with `use`: the authority to sign with, the ID each
+leaf counts under in the ledger (the active slot for self-signed authorities; the root the
+signing chain ends at for a plugged-in CA), and the roots a client certificate may chain to.
+`replace` is `use` for material that carries no slot state (a plugged-in CA). The three
+travel together as one value, so each request reads them once: a swap is atomic from the
+service's view.
+
+Concurrency: `sign` runs on the event loop (or a test's thread) and reads the current value
+once per request; `use` replaces it in one assignment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from cryptography import x509
+
+from ca_server.authority.leaf_ledger import LeafLedger
+from ca_server.authority.slots import authority_id
+from ca_server.ttl import Validity
+from certs import PublicKey, SigningAuthority, SpiffeId
+from certs.chain import issued_by
+from meshca.clock import Clock, SystemClock
+
+
+@dataclass(frozen=True)
+class IssuedCertificate:
+    leaf: x509.Certificate
+    cert_chain: list[str]  # Istio's response layout: leaf, intermediates, root bundle
+
+
+class Signer(Protocol):
+    @property
+    def authority(self) -> SigningAuthority: ...
+
+    def sign(
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        validity: Validity,
+        *,
+        csr: x509.CertificateSigningRequest | None = None,
+    ) -> IssuedCertificate: ...
+
+
+def anchor_of(authority: SigningAuthority) -> x509.Certificate | None:
+    """The root the signing chain ends at (what a leaf from this authority verifies to)."""
+    top = (authority.cert, *authority.intermediates)[-1]
+    for root in authority.roots:
+        if root == top or issued_by(top, root):
+            return root
+    return None
+
+
+def anchor_id(authority: SigningAuthority) -> str | None:
+    """The ledger ID a plugged-in CA's leaves count under: their root's (found once per
+    authority, it may take signature checks, not per leaf)."""
+    anchor = anchor_of(authority)
+    return authority_id(anchor) if anchor is not None else None
+
+
+@dataclass(frozen=True)
+class _Signing:
+    authority: SigningAuthority
+    counts_under: str | None  # the ledger ID of each leaf; `None`: not counted
+    client_roots: tuple[x509.Certificate, ...]
+
+
+class LocalSigner:
+    """Signs in-process with a key held in memory; records each leaf in `ledger`."""
+
+    def __init__(
+        self,
+        authority: SigningAuthority,
+        ledger: LeafLedger | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.ledger = ledger if ledger is not None else LeafLedger()
+        self._clock = clock or SystemClock()
+        self._signing = _Signing(authority, anchor_id(authority), authority.roots)
+
+    @property
+    def authority(self) -> SigningAuthority:
+        return self._signing.authority
+
+    @property
+    def counts_under(self) -> str | None:
+        """The ledger ID the next leaf is recorded under."""
+        return self._signing.counts_under
+
+    @property
+    def trusted_client_roots(self) -> tuple[x509.Certificate, ...]:
+        """Anchors a client certificate (renewal over mTLS) may chain to: for self-signed
+        slots the bundle without tainted roots."""
+        return self._signing.client_roots
+
+    def use(
+        self,
+        authority: SigningAuthority,
+        counts_under: str | None,
+        client_roots: tuple[x509.Certificate, ...],
+    ) -> None:
+        self._signing = _Signing(authority, counts_under, client_roots)
+
+    def replace(self, authority: SigningAuthority) -> None:
+        """Signs with `authority` from now on, counting leaves under its root."""
+        self.use(authority, anchor_id(authority), authority.roots)
+
+    def sign(
+        self,
+        public_key: PublicKey,
+        identity: SpiffeId,
+        validity: Validity,
+        *,
+        csr: x509.CertificateSigningRequest | None = None,
+    ) -> IssuedCertificate:
+        """The leaf from the authority's DER template (`certs.leaf_template`: byte for byte the
+        builder's TBSCertificate); `csr`, the verified CSR the key was read from, spares the
+        re-encoding of an EC key. Loaded back once because callers read the leaf's fields."""
+        signing = self._signing
+        authority = signing.authority
+        der = authority.leaf_template.sign(
+            public_key,
+            identity,
+            not_before=validity.not_before,
+            not_after=validity.not_after,
+            csr=csr,
+        )
+        leaf = x509.load_der_x509_certificate(der)
+        if signing.counts_under is not None:
+            self.ledger.record(signing.counts_under, leaf.not_valid_after_utc, self._clock.now())
+        return IssuedCertificate(leaf=leaf, cert_chain=authority.response_chain(leaf))
