@@ -35,6 +35,7 @@ STEPS: list[tuple[str, tuple[str, ...]]] = [
     ("TTL / not_after", ("grant_validity (", "not_after (")),
     ("admission control", ("ca_server/admission.py",)),
     ("handler (rest)", ("CreateCertificate (", "_issue (ca_server/service.py", "_refuse (")),
+    ("RPC server (cq_server)", ("ca_server/serving/cq_server.py",)),
 ]
 MACHINERY = "gRPC + asyncio machinery"
 

@@ -1,28 +1,31 @@
 """What stands between meshca and cfssl: the same stack doing less, measured in the same run.
 
 Run: `.venv/bin/python -m bench.stack_ceiling [--duration 5] [--concurrency 8 32]
-[--repetitions 3] [--compare-normal]`
+[--repetitions 3] [--single] [--compare-normal]`
 
-Issue 12 asks `meshca ca` ÷ cfssl ≥ 0.6 and default workers ≥ 1.8 times one worker. This bench
-measures the ceilings those two figures sit under on the machine it runs on, with
-`bench/vs_cfssl.py`'s load generator (h2load), root, CSR, token and server-side counting:
+`meshca ca` ÷ cfssl and what bounds it, measured on the machine it runs on with
+`bench/vs_cfssl.py`'s load generator (h2load), root, CSR, token and server-side counting. The
+floor servers (`bench/stack_floor_server.py`, N processes on one port) show what each layer of
+the stack costs and what each change of issue 20 buys:
 
 - `cfssl`: `cfssl serve`, as in `bench/vs_cfssl.py`;
-- `noop-1`, `noop-N`: 1 and N processes of `python -m bench.stack_floor_server --handler noop`, a
-  `grpc.aio` server on meshca's TLS answering a canned chain: what one RPC costs on this stack
+- `noop-<rpc>-N`: a canned chain answered on each RPC layer — `aio` (`grpc.aio`), `sync`
+  (`grpc.server`, 4 threads), `cq` (meshca's completion-queue server): what one RPC costs
   with nothing done (past a few thousand RPCs/s the single-threaded h2load is the limit, so
-  read its CPU per RPC, not its N / 1);
-- `sign-1`, `sign-N`: the same with `--handler sign`: decode, parse and verify the CSR, build
-  and sign the leaf, PEM (meshca's `certs` calls) and nothing else: the fastest CA that could
-  be written on this stack;
-- `meshca-1`, `meshca-N`: `meshca ca --workers 1` and its default (N = the CPUs it may use);
-- `meshca-N-normal`, with `--compare-normal`: `meshca-N` with `--cpu-scheduling normal`
-  (the default policy instead of SCHED_BATCH, `ca_server/cpu_scheduling.py`).
+  read CPU per RPC);
+- `sign-builder-aio-N`: CSR read + verify, leaf from `CertificateBuilder`, PEM, on `grpc.aio`:
+  the ceiling this stack had before issue 20;
+- `sign-<rpc>-N`: the same with the leaf from the DER template (the CA's signer) on each RPC
+  layer: the fastest CA that could be written with this stack and that layer;
+- `meshca-N`: `meshca ca` with its defaults (N workers, the completion-queue server);
+  `meshca-N-aio`: the same with `--rpc-server aio`;
+- with `--single`: `meshca-1`, `sign-cq-1` and `noop-cq-1` (one process), for N ÷ 1;
+- `meshca-N-normal`, with `--compare-normal`: `meshca-N` with `--cpu-scheduling normal`.
 
 N is meshca's default worker count. Contenders alternate within each repetition; medians of
 the repetitions are printed: certs/s, p99, CPU per certificate (the server's processes), the
-load generator's own CPU, each ÷ cfssl, each N ÷ 1, and meshca ÷ sign (how much of the stack's
-ceiling meshca reaches). The last lines bound N ÷ 1 by the machine: the cores left once the
+load generator's own CPU, each ÷ cfssl, and meshca ÷ sign-cq (how much of the stack's ceiling
+meshca reaches). With `--single`, N ÷ 1 is bounded by the machine: the cores left once the
 load generator has its share, over the cores one process uses on its own.
 """
 
@@ -62,16 +65,18 @@ from certs import (
 )
 from tests.support.processes import child_env, free_port, wait_for
 
+RPC_LAYERS = ("aio", "sync", "cq")
+
 
 class FloorServers(Contender):
     """N copies of `bench/stack_floor_server.py` on one port, children of one shell so the
     bench reads their CPU as one tree (as it does for meshca's supervisor and workers)."""
 
-    def __init__(self, workdir: Path, handler: str, processes: int, token: str) -> None:
-        self.name = f"{handler}-{processes}"
+    def __init__(self, workdir: Path, handler: str, rpc: str, processes: int, token: str) -> None:
+        self.name = f"{handler}-{rpc}-{processes}"
         self.port = free_port()
         self._token = token
-        self._body = workdir / "meshca-1-body.grpc"
+        self._body = workdir / f"meshca-{default_worker_count()}-body.grpc"  # any meshca body
         self._counters = workdir / f"{self.name}.counters"
         self._counters.write_bytes(bytes(8 * processes))
         ready = [workdir / f"{self.name}.ready{slot}" for slot in range(processes)]
@@ -80,7 +85,7 @@ class FloorServers(Contender):
                 [
                     sys.executable,
                     "-m bench.stack_floor_server",
-                    f"--port {self.port} --handler {handler}",
+                    f"--port {self.port} --handler {handler} --rpc {rpc}",
                     f"--cert {workdir / 'serving.crt'} --key {workdir / 'serving.key'}",
                     f"--root {workdir / 'ca.pem'} --root-key {workdir / 'ca-key.pem'}",
                     f"--sample-csr {workdir / 'request.csr'}",
@@ -171,6 +176,9 @@ def main() -> None:
     parser.add_argument(
         "--compare-normal", action="store_true", help="add meshca-N with --cpu-scheduling normal"
     )
+    parser.add_argument(
+        "--single", action="store_true", help="add one-process contenders (N ÷ 1 and its bound)"
+    )
     args = parser.parse_args()
     ensure_tools()
     workers = default_worker_count()
@@ -178,17 +186,22 @@ def main() -> None:
         workdir = Path(tmp)
         write_pki(workdir)
         write_serving_pki(workdir)
-        single = Meshca(workdir, "meshca-1", 1)
-        contenders: list[Contender] = [Cfssl(workdir), single]
+        meshca = Meshca(workdir, f"meshca-{workers}", workers)
+        contenders: list[Contender] = [Cfssl(workdir), meshca]
         try:
-            token = single.token
+            token = meshca.token
             contenders += [
-                Meshca(workdir, f"meshca-{workers}", workers),
-                FloorServers(workdir, "noop", 1, token),
-                FloorServers(workdir, "noop", workers, token),
-                FloorServers(workdir, "sign", 1, token),
-                FloorServers(workdir, "sign", workers, token),
+                Meshca(workdir, f"meshca-{workers}-aio", workers, ("--rpc-server", "aio")),
+                *(FloorServers(workdir, "noop", rpc, workers, token) for rpc in RPC_LAYERS),
+                FloorServers(workdir, "sign-builder", "aio", workers, token),
+                *(FloorServers(workdir, "sign", rpc, workers, token) for rpc in RPC_LAYERS),
             ]
+            if args.single:
+                contenders += [
+                    Meshca(workdir, "meshca-1", 1),
+                    FloorServers(workdir, "noop", "cq", 1, token),
+                    FloorServers(workdir, "sign", "cq", 1, token),
+                ]
             if args.compare_normal:
                 contenders.append(
                     Meshca(
@@ -251,27 +264,39 @@ def report(
     cpus = os.cpu_count() or 1
     for level in levels:
         rate = {name: median(name, level, "certs_per_second") for name in names}
+        cpu = {name: 1000 * median(name, level, "cpu_ms_per_cert") for name in names}
         print(f"c={level}:")
-        for kind in ("noop", "sign", "meshca"):
-            single, many = rate[f"{kind}-1"], rate[f"{kind}-{workers}"]
+        print(
+            "  one RPC, CPU µs: "
+            + ", ".join(f"{rpc} {cpu[f'noop-{rpc}-{workers}']:.0f}" for rpc in RPC_LAYERS)
+        )
+        print(
+            "  sign floor ÷ cfssl: "
+            + f"builder+aio {rate[f'sign-builder-aio-{workers}'] / rate['cfssl']:4.2f}, "
+            + ", ".join(
+                f"template+{rpc} {rate[f'sign-{rpc}-{workers}'] / rate['cfssl']:4.2f}"
+                for rpc in RPC_LAYERS
+            )
+        )
+        print(
+            f"  meshca ÷ cfssl {rate[f'meshca-{workers}'] / rate['cfssl']:4.2f} "
+            f"(aio {rate[f'meshca-{workers}-aio'] / rate['cfssl']:4.2f}); "
+            f"meshca ÷ sign-cq {rate[f'meshca-{workers}'] / rate[f'sign-cq-{workers}']:4.2f}; "
+            f"CPU/cert meshca ÷ cfssl {cpu[f'meshca-{workers}'] / cpu['cfssl']:4.2f}"
+        )
+        if "meshca-1" not in rate:
+            continue
+        for kind in ("noop-cq", "sign-cq", "meshca"):
+            one, many = f"{kind}-1", f"{kind}-{workers}"
             # Perfect scaling: N processes share what the load generator leaves of the
             # machine, each as efficient as one process on its own.
-            load = median(f"{kind}-{workers}", level, "load_cores")
-            bound = min(workers, (cpus - load) / cores(f"{kind}-1", level))
+            load = median(many, level, "load_cores")
+            bound = min(workers, (cpus - load) / cores(one, level))
             print(
-                f"  {kind:6} {workers} ÷ 1 = {many / single:4.2f}   (machine bound "
+                f"  {kind:8} {workers} ÷ 1 = {rate[many] / rate[one]:4.2f}   (machine bound "
                 f"{bound:4.2f}: {cpus} CPUs - h2load {load:.2f}, over one process's "
-                f"{cores(f'{kind}-1', level):.2f} cores)"
+                f"{cores(one, level):.2f} cores)"
             )
-        print(
-            f"  meshca ÷ sign floor: 1 process {rate['meshca-1'] / rate['sign-1']:4.2f}, "
-            f"{workers} {rate[f'meshca-{workers}'] / rate[f'sign-{workers}']:4.2f}; "
-            f"sign floor ÷ noop floor {rate[f'sign-{workers}'] / rate[f'noop-{workers}']:4.2f}"
-        )
-        print(
-            f"  ceiling ÷ cfssl on this stack (sign-{workers}): "
-            f"{rate[f'sign-{workers}'] / rate['cfssl']:4.2f}"
-        )
 
 
 if __name__ == "__main__":

@@ -1,18 +1,25 @@
 """A gRPC server on meshca's stack that does only the least a CA must, for `bench/stack_ceiling.py`.
 
 Run by the bench, not by hand:
-`python -m bench.stack_floor_server --port P --handler noop|sign --cert C --key K --root R
---root-key RK --counters FILE --slot N`
+`python -m bench.stack_floor_server --port P --handler noop|sign|sign-builder --rpc aio|sync|cq
+--cert C --key K --root R --root-key RK --counters FILE --slot N`
 
-It serves `istio.v1.auth.IstioCertificateService/CreateCertificate` with what meshca uses
-(`grpc.aio`, the same TLS, `SO_REUSEPORT` so several copies share one port as meshca's workers
-do, meshca's default `--cpu-scheduling batch`) and one of two handlers:
+It serves `istio.v1.auth.IstioCertificateService/CreateCertificate` with meshca's TLS,
+`SO_REUSEPORT` (so several copies share one port as meshca's workers do) and meshca's default
+`--cpu-scheduling batch`, on one of three RPC layers (`--rpc`), all on grpcio:
+- `aio`: `grpc.aio`'s server, an `async def` handler (what meshca used until issue 20);
+- `sync`: the synchronous `grpc.server` with a pool of 4 threads, a plain handler;
+- `cq`: meshca's own `ca_server.serving.cq_server` (one thread polling grpcio's completion
+  queue, the `async def` handler driven inline: what `meshca ca` uses now);
+and one of three handlers:
 - `noop`: answers a response of a real certificate chain's size, built once. What one RPC
-  costs on this stack with nothing done: the ceiling for any handler.
-- `sign`: decodes the request, parses and verifies the CSR, builds and signs the leaf, encodes
-  the PEM chain (`certs`, as meshca does). What a CA that checks nothing else (no
-  authentication, no identity check, no audit, no metrics) costs on this stack: the ceiling
-  for meshca.
+  costs on this layer with nothing done: the ceiling for any handler.
+- `sign`: decodes the request, reads and verifies the CSR (`certs.load_csr`), signs the leaf
+  from the DER template (`SigningAuthority.leaf_template`, the CA's signer), encodes the PEM
+  chain. What a CA that checks nothing else (no authentication, no identity check, no audit,
+  no metrics) costs: the ceiling for meshca.
+- `sign-builder`: the same with the leaf built by `CertificateBuilder` (the floor before the
+  DER template).
 
 Each answered request is counted in the process's own 8-byte slot of a shared file, so the
 bench counts successes on the server side, as it does for meshca.
@@ -22,8 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import mmap
 import struct
+import threading
+from collections.abc import Callable
+from concurrent import futures
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,11 +43,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
+from ca_server.serving.cq_server import CompletionQueueServer
 from certs import (
     SpiffeId,
     build_workload_certificate,
     cert_to_pem,
     load_csr,
+    make_authority,
     public_key_of,
 )
 from meshca_proto import ca_pb2
@@ -67,13 +80,15 @@ def read_counters(path: Path) -> int:
     return sum(value for (value,) in COUNTER.iter_unpack(data))
 
 
-async def serve(args: argparse.Namespace) -> None:
+def build_handler(args: argparse.Namespace, counter: Counter) -> Callable[[bytes], bytes]:
+    """The handler's work on the request's bytes: the serialized response."""
     root = x509.load_pem_x509_certificate(args.root.read_bytes())
     root_key = load_pem_private_key(args.root_key.read_bytes(), None)
     root_pem = cert_to_pem(root)
-    counter = Counter(args.counters, args.slot)
+    template = make_authority(root, root_key, [], [root]).leaf_template  # type: ignore[arg-type]
 
-    def sign(request: ca_pb2.IstioCertificateRequest) -> ca_pb2.IstioCertificateResponse:
+    def sign_builder(data: bytes) -> bytes:
+        request = ca_pb2.IstioCertificateRequest.FromString(data)
         csr = load_csr(request.csr)
         now = datetime.now(UTC)
         leaf = build_workload_certificate(
@@ -84,46 +99,86 @@ async def serve(args: argparse.Namespace) -> None:
             not_before=now,
             not_after=now + LEAF_LIFETIME,
         )
-        return ca_pb2.IstioCertificateResponse(cert_chain=[cert_to_pem(leaf), root_pem])
+        chain = [cert_to_pem(leaf), root_pem]
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain).SerializeToString()
 
-    # The noop answer is a real chain, so both handlers send the same number of bytes.
-    sample_csr = ca_pb2.IstioCertificateRequest(csr=args.sample_csr.read_text())
-    canned = sign(sample_csr).SerializeToString()
+    def sign(data: bytes) -> bytes:
+        request = ca_pb2.IstioCertificateRequest.FromString(data)
+        csr = load_csr(request.csr)
+        now = datetime.now(UTC)
+        der = template.sign(
+            public_key_of(csr), IDENTITY, not_before=now, not_after=now + LEAF_LIFETIME, csr=csr
+        )
+        chain = [der_to_pem(der), root_pem]
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain).SerializeToString()
 
-    async def noop(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        counter.add()
-        return canned
+    # The noop answer is a real chain, so every handler sends the same number of bytes.
+    sample = ca_pb2.IstioCertificateRequest(csr=args.sample_csr.read_text()).SerializeToString()
+    canned = sign(sample)
+    work = {"noop": lambda data: canned, "sign": sign, "sign-builder": sign_builder}[args.handler]
 
-    async def signing(
-        request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext
-    ) -> ca_pb2.IstioCertificateResponse:
-        response = sign(request)
+    def handle(data: bytes) -> bytes:
+        response = work(data)
         counter.add()
         return response
 
-    if args.handler == "noop":
-        method = grpc.unary_unary_rpc_method_handler(noop)
+    return handle
+
+
+def der_to_pem(der: bytes) -> str:
+    body = base64.encodebytes(der).decode().replace("\n", "")
+    lines = "\n".join(body[i : i + 64] for i in range(0, len(body), 64))
+    return f"-----BEGIN CERTIFICATE-----\n{lines}\n-----END CERTIFICATE-----\n"
+
+
+async def serve_async(args: argparse.Namespace, handle: Callable[[bytes], bytes]) -> None:
+    """`aio` or `cq`: an `async def` handler, as meshca's servicers are."""
+
+    async def method(request: bytes, context: object) -> bytes:
+        return handle(request)
+
+    options = [("grpc.so_reuseport", 1)]
+    server: grpc.aio.Server
+    if args.rpc == "cq":
+        server = CompletionQueueServer(options, asyncio.get_running_loop())
     else:
-        method = grpc.unary_unary_rpc_method_handler(
-            signing,
-            request_deserializer=ca_pb2.IstioCertificateRequest.FromString,
-            response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
-        )
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
-    server.add_generic_rpc_handlers(
-        [grpc.method_handlers_generic_handler(SERVICE, {"CreateCertificate": method})]
-    )
-    credentials = grpc.ssl_server_credentials([(args.key.read_bytes(), args.cert.read_bytes())])
-    server.add_secure_port(f"127.0.0.1:{args.port}", credentials)
+        server = grpc.aio.server(options=options)
+    add_method(server, grpc.unary_unary_rpc_method_handler(method))
+    server.add_secure_port(f"127.0.0.1:{args.port}", credentials(args))
     await server.start()
     args.ready.write_text("ready\n")
     await server.wait_for_termination()
 
 
+def serve_sync(args: argparse.Namespace, handle: Callable[[bytes], bytes]) -> None:
+    """`sync`: `grpc.server` with a pool of 4 threads."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 1)]
+    )
+    add_method(
+        server, grpc.unary_unary_rpc_method_handler(lambda request, context: handle(request))
+    )
+    server.add_secure_port(f"127.0.0.1:{args.port}", credentials(args))
+    server.start()
+    args.ready.write_text("ready\n")
+    threading.Event().wait()
+
+
+def add_method(server: grpc.Server | grpc.aio.Server, method: grpc.RpcMethodHandler) -> None:
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(SERVICE, {"CreateCertificate": method})]
+    )
+
+
+def credentials(args: argparse.Namespace) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(args.key.read_bytes(), args.cert.read_bytes())])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--handler", choices=["noop", "sign"], required=True)
+    parser.add_argument("--handler", choices=["noop", "sign", "sign-builder"], required=True)
+    parser.add_argument("--rpc", choices=["aio", "sync", "cq"], default="aio")
     parser.add_argument("--cert", type=Path, required=True, help="serving certificate (PEM)")
     parser.add_argument("--key", type=Path, required=True, help="its key (PEM)")
     parser.add_argument("--root", type=Path, required=True)
@@ -132,8 +187,13 @@ def main() -> None:
     parser.add_argument("--counters", type=Path, required=True)
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--ready", type=Path, required=True, help="written once serving")
+    args = parser.parse_args()
     apply_cpu_scheduling("batch")  # as `meshca ca` does, before gRPC starts its threads
-    asyncio.run(serve(parser.parse_args()))
+    handle = build_handler(args, Counter(args.counters, args.slot))
+    if args.rpc == "sync":
+        serve_sync(args, handle)
+    else:
+        asyncio.run(serve_async(args, handle))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """meshca's CA against cfssl, side by side, with the same load generator, root key and CSR.
 
-Run: `.venv/bin/python -m bench.vs_cfssl [--duration 5] [--concurrency 1 8 32] [--repetitions 3]`
+Run: `.venv/bin/python -m bench.vs_cfssl [--duration 5] [--concurrency 1 8 32] [--repetitions 3]
+[--compare-aio]`
 
 Needs Debian's `golang-cfssl` (cfssl 1.2) and `nghttp2-client` (h2load). As root with apt-get
 it installs them itself; otherwise it prints the command to run
@@ -333,6 +334,11 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="meshca workers (default: meshca's default)"
     )
+    parser.add_argument(
+        "--compare-aio",
+        action="store_true",
+        help="add meshca-aio: the default workers on grpc.aio's server (--rpc-server aio)",
+    )
     args = parser.parse_args()
     ensure_tools()
     with tempfile.TemporaryDirectory(prefix="meshca-vs-cfssl-") as tmp:
@@ -343,6 +349,8 @@ def main() -> None:
             Meshca(workdir, "meshca", args.workers),
             Meshca(workdir, "meshca-1w", 1),
         ]
+        if args.compare_aio:
+            contenders.append(Meshca(workdir, "meshca-aio", args.workers, ("--rpc-server", "aio")))
         try:
             results: dict[tuple[str, int], list[Run]] = {}
             for contender in contenders:  # warm up: connections, token cache, imports
@@ -388,6 +396,19 @@ def report(
         single = median("meshca-1w", level, "certs_per_second")
         cfssl = median("cfssl", level, "certs_per_second")
         print(f"{level:3d} {meshca / cfssl:15.2f} {single / cfssl:18.2f} {meshca / single:19.2f}")
+    for level in levels:
+        cpu = {name: median(name, level, "cpu_ms_per_cert") for name in names}
+        p99 = {name: median(name, level, "p99_ms") for name in names}
+        print(
+            f"c={level}: CPU per certificate ÷ cfssl's: "
+            + ", ".join(f"{name} {cpu[name] / cpu['cfssl']:.2f}" for name in names[1:])
+            + "; p99 ÷ cfssl's: "
+            + ", ".join(f"{name} {p99[name] / p99['cfssl']:.2f}" for name in names[1:])
+        )
+        if "meshca-aio" in names:
+            rate = median("meshca-aio", level, "certs_per_second")
+            cfssl = median("cfssl", level, "certs_per_second")
+            print(f"c={level}: meshca-aio ÷ cfssl {rate / cfssl:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""meshca's certificate authority: Istio's `IstioCertificateService` on `grpc.aio`.
+"""meshca's certificate authority: Istio's `IstioCertificateService` over gRPC.
 
 Request path (one direction, one module each):
 `service` (RPC edge) → `authn` (who is calling) → `authz` (may this CSR be signed for them)

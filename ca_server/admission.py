@@ -21,11 +21,14 @@ by the workers (`bench/storm.py` measures both cases). Counting it would need a 
 asyncio server does not offer; yielding once per request to let it surface cost ~3 % per
 certificate and still saw only a handful of requests at a time.
 
-Concurrency: used from the single asyncio loop of one CA process; no locks needed.
+Concurrency: handlers run on the completion-queue thread or on the event loop
+(`ca_server.serving.cq_server`), so admitting and releasing take a lock (held for arithmetic
+only).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -85,6 +88,7 @@ class Admission:
         self._waiting = 0.0
         self._window_refusals = 0
         self._window_hinted = 0.0  # seconds of retry hint handed out in this window
+        self._lock = threading.Lock()
 
     @property
     def in_flight(self) -> int:
@@ -97,6 +101,10 @@ class Admission:
 
     def admit(self, *, renewal: bool) -> Ticket:
         """A ticket, or `OverloadedError` (with a retry hint) when this request must wait."""
+        with self._lock:
+            return self._admit(renewal)
+
+    def _admit(self, renewal: bool) -> Ticket:
         limit = self._policy.max_in_flight_renewals if renewal else self._policy.max_in_flight
         if self._in_flight >= limit:
             hint_ms = self.retry_hint_ms(renewal=renewal)
@@ -119,6 +127,10 @@ class Admission:
         this CA: only while fewer than `reports_limit` requests (certificates and reports) are
         in flight. Its hint is a renewal's (the agent reports again next period anyway; another
         client learns when the queue should have drained)."""
+        with self._lock:
+            return self._admit_report()
+
+    def _admit_report(self) -> Ticket:
         busy = self._in_flight + self._reports_in_flight
         limit = self._policy.reports_limit
         if busy >= limit:
@@ -149,6 +161,10 @@ class Admission:
         return int(min(_MAX_HINT_MS, max(_MIN_HINT_MS, drain_ms)))
 
     def _release(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._release_locked(ticket)
+
+    def _release_locked(self, ticket: Ticket) -> None:
         if ticket.report:  # not part of the certificate queue the hints describe
             self._reports_in_flight -= 1
             return

@@ -38,6 +38,9 @@ _DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
 _SERVING_HOST = re.compile(rf"(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+# `--rpc-server`: which gRPC server runs the CA (`ca_server.serving.cq_server.rpc_server_for`).
+RPC_SERVER_CHOICES = ("auto", "completion-queue", "aio")
+
 
 class ConfigError(ValueError):
     """A flag or environment variable has a value the CA cannot use; the message names it."""
@@ -182,6 +185,7 @@ class CaConfig:
     kube: KubeConfig | None = None
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     cpu_scheduling: str = "batch"  # `ca_server.serving.cpu_scheduling`
+    rpc_server: str = "auto"  # RPC_SERVER_CHOICES, `ca_server.serving.cq_server`
     worker: WorkerRole | None = None
 
     def listen_addresses(self) -> list[tuple[str, str]]:
@@ -241,6 +245,7 @@ class CaConfig:
             kube=kube,
             admission=_admission(args),
             cpu_scheduling=args.cpu_scheduling,
+            rpc_server=args.rpc_server,
             worker=worker,
         )
         if args.serving_host:
@@ -601,6 +606,15 @@ def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
         default="batch",
         help="Linux scheduling policy of the CA's threads: batch (SCHED_BATCH: a woken gRPC "
         "thread does not preempt the one signing; same CPU share) or normal "
+        "(default %(default)s; docs/performance.md)",
+    )
+    capacity.add_argument(
+        "--rpc-server",
+        choices=RPC_SERVER_CHOICES,
+        default="auto",
+        help="gRPC server: completion-queue (one thread polls grpcio's completion queue and "
+        "answers inline; about 4x less CPU per call), aio (grpc.aio's server), or auto: the "
+        "first when the installed grpcio is a tested release, else the second with a warning "
         "(default %(default)s; docs/performance.md)",
     )
     # Set by the supervisor for its workers only.

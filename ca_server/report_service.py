@@ -25,8 +25,9 @@ a missing or malformed agent id, and for a report larger than any an agent sends
 `MAX_REPORT_BYTES` on the wire (refused before it is even parsed), or a field or list beyond its
 cap (`check_report_size`, before any element is looked at); the message says what to fix.
 The report counts for the pod the caller's credential proves, never for its agent id
-(`ca_server.authority.agent_reports`). Concurrency: runs on the CA's
-`grpc.aio` event loop; recording takes a lock for a dictionary update.
+(`ca_server.authority.agent_reports`). Concurrency: as
+`ca_server.service` (the completion-queue thread, then the event loop if it waits); recording
+takes a lock for a dictionary update.
 """
 
 from __future__ import annotations

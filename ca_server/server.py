@@ -14,8 +14,9 @@ monitoring and debug HTTP servers (or, for a worker, the ready file and the stat
 to its supervisor); this module composes it with the authority and the services and never asks
 which role it has.
 
-Concurrency: one asyncio event loop runs the `grpc.aio` server and the authority driver
-(loading signing material, which may block on files or the API server, runs in a worker thread);
+Concurrency: one asyncio event loop runs the authority driver (loading signing material, which
+may block on files or the API server, runs in a worker thread) and the requests that wait on
+I/O; the gRPC server (`ca_server.serving.cq_server`) answers the others on its own thread;
 the monitoring HTTP server runs in its own thread and only reads a readiness flag and metrics.
 Kubernetes mode adds its own threads (see `ca_server.kube`).
 """
@@ -25,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-
-import grpc
 
 from ca_server.admission import Admission
 from ca_server.authn import Authenticator, AuthenticatorChain, ClientCertificateAuthenticator
@@ -45,6 +44,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.report_service import AgentReportService, add_report_service
 from ca_server.request_decoding import add_certificate_service
 from ca_server.service import CertificateService
+from ca_server.serving.cq_server import rpc_server_for
 from ca_server.serving.endpoints import Health, add_listening_port
 from ca_server.serving.readiness import SigningReadiness
 from ca_server.serving.role import ServingRole, ServingView, serving_role_for
@@ -125,7 +125,7 @@ async def _serve(
         admission=admission,
         agent_reports=driver.agent_reports,
     )
-    server = grpc.aio.server(options=role.server_options())
+    server = rpc_server_for(config.rpc_server, role.server_options())
     add_certificate_service(service, server)
     add_report_service(
         AgentReportService(

@@ -7,12 +7,14 @@ token; the scope is the cluster id for TokenReview, so one cluster's answer is n
 for another. The expiry is the token's own `exp` claim, capped so a revoked token (or a JWKS
 key withdrawn after a leak) stops working within `max_ttl` even if the token lives far longer.
 
-Concurrency: used from the event loop only; no locking.
+Concurrency: used by handler code, which runs on the completion-queue thread or on the event
+loop (`ca_server.serving.cq_server`); a lock makes each lookup and insert one step.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -64,17 +66,19 @@ class VerifiedTokenCache(Generic[V]):
         self._entries: OrderedDict[str, tuple[datetime, V]] = OrderedDict()
         self._max_entries = max_entries
         self.max_ttl = max_ttl
+        self._lock = threading.Lock()
 
     def get(self, digest: str, now: datetime) -> V | None:
-        entry = self._entries.get(digest)
-        if entry is None:
-            return None
-        expires, value = entry
-        if now >= expires:
-            del self._entries[digest]
-            return None
-        self._entries.move_to_end(digest)
-        return value
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            expires, value = entry
+            if now >= expires:
+                del self._entries[digest]
+                return None
+            self._entries.move_to_end(digest)
+            return value
 
     def put(self, digest: str, value: V, now: datetime, token_exp: datetime | None) -> None:
         expires = now + self.max_ttl
@@ -82,10 +86,11 @@ class VerifiedTokenCache(Generic[V]):
             expires = min(expires, token_exp)
         if expires <= now:
             return
-        self._entries[digest] = (expires, value)
-        self._entries.move_to_end(digest)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[digest] = (expires, value)
+            self._entries.move_to_end(digest)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._entries)

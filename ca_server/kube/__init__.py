@@ -15,8 +15,9 @@ because the node agent watches pods with it too):
   cache also serves offline token validation.
 - `mode`: composes all of the above for `ca_server.server`.
 
-Concurrency model. The CA runs on one asyncio event loop (`grpc.aio`); the official `kubernetes`
-client is synchronous. So:
+Concurrency model. The CA's request handlers run on the gRPC server's completion-queue thread
+and, once they wait, on its asyncio event loop (`ca_server.serving.cq_server`); the official
+`kubernetes` client is synchronous. So:
 - Request-path calls (TokenReview; issuer-key refreshes) run in the default thread pool via
   `asyncio.to_thread` (TokenReview after an `await` on the async token bucket); the loop never
   waits on a socket.

@@ -16,9 +16,11 @@ When keys are fetched:
   being trusted without a restart. A failed refresh keeps the last good set (an API-server
   outage must not stop issuance for tokens we can still verify).
 
-Concurrency: `key_for` runs on the event loop; every fetch is a blocking HTTP call on the
-synchronous client and runs in a worker thread (`asyncio.to_thread`). State is only written on
-the loop, so no lock is needed.
+Concurrency: `key_for` runs where request handlers run (the RPC server's completion-queue
+thread, or the event loop); every fetch is a blocking HTTP call on the synchronous client and
+runs in a worker thread (`asyncio.to_thread`) under a loop task. Each piece of state is replaced
+by one assignment (the key set by the refresh task, the refresh task by `key_for`), so no lock
+is needed.
 """
 
 from __future__ import annotations

@@ -9,11 +9,14 @@ only a spare token (`take_spare`): one that leaves at least half the burst in th
 at once or not at all. They never reserve a future slot, so a certificate request never waits
 behind them, and a certificate storm right after a report storm still finds half the burst.
 
-Concurrency: used only from the event loop; `acquire` reserves a slot synchronously (no lock
-needed between awaits) and then sleeps until the slot's time, so waiters are served in order.
+Concurrency: `acquire` reserves a slot synchronously and then sleeps until the slot's time, so
+waiters are served in order. Reserving takes a lock: request handlers run on the RPC server's
+completion-queue thread as well as on the event loop (`ca_server.serving.cq_server`).
 """
 
 from __future__ import annotations
+
+import threading
 
 from meshca.clock import Clock
 
@@ -27,14 +30,16 @@ class AsyncTokenBucket:
         self._tokens = float(burst)
         self._clock = clock
         self._updated = clock.monotonic()
+        self._lock = threading.Lock()
 
     def reserve(self) -> float:
         """Takes one token; returns how many seconds the caller must wait before using it."""
-        now = self._clock.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
-        self._updated = now
-        self._tokens -= 1
-        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+        with self._lock:
+            now = self._clock.monotonic()
+            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+            self._updated = now
+            self._tokens -= 1
+            return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
 
     async def acquire(self) -> None:
         delay = self.reserve()
@@ -45,11 +50,12 @@ class AsyncTokenBucket:
         """Takes one token if the bucket still holds half its burst (rounded down) after it;
         returns 0 then. Otherwise takes nothing and returns the seconds until a token would be
         spare (a retry hint)."""
-        now = self._clock.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
-        self._updated = now
-        floor = float(int(self._burst) // 2)
-        if self._tokens - 1 >= floor:
-            self._tokens -= 1
-            return 0.0
-        return (floor + 1 - self._tokens) / self._rate
+        with self._lock:
+            now = self._clock.monotonic()
+            self._tokens = min(self._burst, self._tokens + (now - self._updated) * self._rate)
+            self._updated = now
+            floor = float(int(self._burst) // 2)
+            if self._tokens - 1 >= floor:
+                self._tokens -= 1
+                return 0.0
+            return (floor + 1 - self._tokens) / self._rate

@@ -18,8 +18,12 @@ Module map:
 - `endpoints`: what every CA gRPC server carries beside its services: health, reflection, the
   listening ports.
 - `cpu_scheduling`: the CA's threads under `SCHED_BATCH` (`--cpu-scheduling`), set first thing.
+- `cq_server`: the CA's gRPC server (`--rpc-server`, `rpc_server_for`): one thread polling
+  grpcio's completion queue runs the handlers inline and hands those that wait to the event
+  loop; `grpc.aio`'s server is the fallback.
 
-Concurrency: the CA's gRPC server, the role's publishing and the readiness watch run on the
+Concurrency: the gRPC server's completion-queue thread runs request handlers until they wait
+(`cq_server`); the role's publishing and the readiness watch run on the
 CA's asyncio event loop (file writes in worker threads); the monitoring and debug HTTP servers
 run in their own threads and only read (the readiness flag, the metrics, the current authority
 reference, the leaves registry under its lock); `tls.ServingTls.fetch` runs on gRPC's threads.

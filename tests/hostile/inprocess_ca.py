@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import add_certificate_service
 from ca_server.server import build_authenticators
 from ca_server.service import CertificateService
+from ca_server.serving.cq_server import rpc_server_for
 from ca_server.serving.tls import ServingTls
 from certs import (
     SigningAuthority,
@@ -39,6 +41,7 @@ from meshca.clock import SystemClock
 from meshca.logs import AUDIT_LOGGER
 from meshca_proto import ca_pb2, ca_pb2_grpc
 from tests.ca_server.conftest import K8S_ISSUER, make_rsa_issuer
+from tests.support.ca_process import RPC_SERVER_ENV
 from tests.support.loop import LoopThread
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
@@ -128,7 +131,11 @@ class InProcessCa:
         logging.getLogger(AUDIT_LOGGER).removeHandler(self.audit)
 
     async def _start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024)])
+        # The server `meshca ca` runs (`MESHCA_TEST_RPC_SERVER` picks the other path).
+        server = rpc_server_for(
+            os.environ.get(RPC_SERVER_ENV) or "auto",
+            [("grpc.max_receive_message_length", 1024 * 1024)],
+        )
         add_certificate_service(self.service, server)
         tls = ServingTls(self.config, self.signer, self.clock, require_client_cert=False)
         port = server.add_secure_port("127.0.0.1:0", tls.credentials())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,17 @@ from tests.support.processes import (
     http_text,
     wait_for,
 )
+
+# Which gRPC server the CAs under test run (`--rpc-server`): the wire tests run on both paths,
+# `MESHCA_TEST_RPC_SERVER=aio` (grpc.aio's server) and `completion-queue` (the default, auto).
+RPC_SERVER_ENV = "MESHCA_TEST_RPC_SERVER"
+
+
+def rpc_server_args(extra_args: tuple[str, ...] | list[str] = ()) -> list[str]:
+    choice = os.environ.get(RPC_SERVER_ENV)
+    if not choice or "--rpc-server" in extra_args:
+        return []
+    return ["--rpc-server", choice]
 
 
 class CaProcess(MeshcaProcess):
@@ -44,6 +56,7 @@ class CaProcess(MeshcaProcess):
             "--min-workload-cert-ttl",
             "1s",
             *([] if "--workers" in extra_args else ["--workers", "1"]),
+            *rpc_server_args(extra_args),
             *extra_args,
         ]
         data_dir.parent.mkdir(parents=True, exist_ok=True)
