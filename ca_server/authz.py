@@ -11,6 +11,7 @@ from typing import cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtensionOID
 
 from ca_server.errors import InvalidRequestError, PermissionDeniedError, clip, clip_list
 from certs import PublicKey, SpiffeId, describe_csr, key_family
@@ -24,6 +25,8 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> Pu
 
     Returns the CSR's public key, checked (ECDSA P-256/P-384 or RSA ≥ 2048): the key to
     certify. Read once here so the signer does not parse it from the CSR again."""
+    if _asks_for_exactly(csr, identity):
+        return _checked_public_key(csr)
     contents = describe_csr(csr)
     extras = [
         f"{len(values)} {kind} SAN(s) {clip_list(values)}"
@@ -76,6 +79,24 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> Pu
             f"{identity.uri}; a workload can only request its own identity",
         )
     return _checked_public_key(csr)
+
+
+def _asks_for_exactly(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> bool:
+    """The CSR an agent sends (Istio's or meshca's): one extension, a subjectAltName holding one
+    URI, `identity`'s. Such a CSR passes every name and extension check below, so they are not
+    spelled out one by one; anything else (other SANs or extensions, a different URI) goes
+    through them and gets its own refusal. By concrete type and OID, as `describe_csr` does."""
+    extensions = csr.extensions
+    if len(extensions) != 1:
+        return False
+    extension = extensions[0]
+    if extension.oid != ExtensionOID.SUBJECT_ALTERNATIVE_NAME:
+        return False
+    names = cast(x509.SubjectAlternativeName, extension.value)
+    if len(names) != 1:
+        return False
+    name = next(iter(names))
+    return type(name) is x509.UniformResourceIdentifier and name.value == identity.uri
 
 
 def _checked_public_key(csr: x509.CertificateSigningRequest) -> PublicKey:

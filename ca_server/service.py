@@ -34,7 +34,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
 from ca_server.ttl import grant_validity
 from ca_server.wire import IMPERSONATED_IDENTITY, RETRY_PUSHBACK_TRAILER
-from certs import CertsError, SpiffeId, issuer_key_id, load_certs, load_csr
+from certs import CertsError, SpiffeId, load_certs, load_csr
 from meshca.clock import Clock
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
@@ -134,9 +134,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.issued.inc()
         self._metrics.issuance_latency.observe(self._clock.monotonic() - started)
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
-        serial = format(issued.leaf.serial_number, "x")
-        not_after = issued.leaf.not_valid_after_utc
-        self._record_report(metadata, caller, identity, issued.leaf)
+        serial = format(issued.serial, "x")
+        not_after = issued.not_after
+        self._record_report(metadata, caller, identity, issued.issuer_key_id)
         self._metrics.leaves.record(IssuedLeaf(identity.uri, serial, self._clock.now(), not_after))
         audit(
             "issued",
@@ -156,11 +156,12 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
 
     def _record_report(
-        self, metadata: Metadata, caller: Caller, identity: SpiffeId, leaf: x509.Certificate
+        self, metadata: Metadata, caller: Caller, identity: SpiffeId, leaf_authority: str | None
     ) -> None:
         """Notes what an agent says it trusts (`ca_server.authority.agent_reports`), only once its
         request was authenticated, authorized and signed: a refused request records nothing,
-        and the entry is the caller's own pod whatever its headers say. Never refuses; a value
+        and the entry is the caller's own pod whatever its headers say; `leaf_authority` is the
+        new leaf's `issuer_key_id`. Never refuses; a value
         longer than any valid one is dropped before it is looked at."""
         if self._agent_reports is None:
             return
@@ -171,7 +172,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             and len(value) <= MAX_REPORT_HEADER
             and key.lower() in REPORT_HEADERS
         }
-        issued_by = issuer_key_id(leaf) if headers else None
+        issued_by = leaf_authority if headers else None
         now = self._clock.now()
         self._agent_reports.record_csr(
             caller,

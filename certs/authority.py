@@ -89,7 +89,18 @@ class SigningAuthority:
 
         For a self-signed root the issuing cert *is* the root and appears only in the bundle.
         """
-        return [cert_to_pem(leaf), *self._ca_chain_pems, self.root_bundle_pem]
+        return self.response_chain_pem(cert_to_pem(leaf))
+
+    def response_chain_pem(self, leaf_pem: str) -> list[str]:
+        """`response_chain` for a leaf already in PEM."""
+        return [leaf_pem, *self._ca_chain_pems, self.root_bundle_pem]
+
+    @cached_property
+    def leaf_issuer_key_id(self) -> str | None:
+        """`issuer_key_id` of every leaf this authority signs: the key identifier its profile
+        writes in the leaves' Authority Key Identifier, in hex."""
+        key_id = self.leaf_profile.authority_key_id.key_identifier
+        return key_id.hex() if key_id else None
 
     @cached_property
     def _ca_chain_pems(self) -> tuple[str, ...]:

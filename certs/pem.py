@@ -3,6 +3,7 @@ SPIFFE Workload API carries chains and bundles in."""
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Iterable
 
 from cryptography import x509
@@ -13,6 +14,16 @@ from certs.errors import PemError
 
 def cert_to_pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+def der_to_pem(der: bytes) -> str:
+    """The PEM block of a DER certificate: the text `cert_to_pem` gives for it (64 base64
+    characters a line), without parsing the certificate (the CA's signer holds the leaf as DER)."""
+    text = binascii.b2a_base64(der, newline=False)
+    lines = b"\n".join([text[i : i + 64] for i in range(0, len(text), 64)])
+    return (b"-----BEGIN CERTIFICATE-----\n" + lines + b"\n-----END CERTIFICATE-----\n").decode(
+        "ascii"
+    )
 
 
 def certs_to_pem(certs: Iterable[x509.Certificate]) -> str:

@@ -252,7 +252,8 @@ class AgentReports:
         authority may still sign its other identities' leaves and so stays counted until its
         next periodic report says otherwise — an over-count, never an under-count)."""
         label = valid_agent_id(headers.get(AGENT_ID_HEADER))
-        instance = instance_of(caller)
+        # Istio's agents send no label: the pod is not looked at then (`instance_of` is pure).
+        instance = instance_of(caller) if label is not None else None
         if label is None or instance is None:
             self._record_unknown(caller, now)
             return

@@ -17,6 +17,8 @@ once per request; `use` replaces it in one assignment.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cached_property
 from typing import Protocol
 
 from cryptography import x509
@@ -24,15 +26,26 @@ from cryptography import x509
 from ca_server.authority.leaf_ledger import LeafLedger
 from ca_server.authority.slots import authority_id
 from ca_server.ttl import Validity
-from certs import PublicKey, SigningAuthority, SpiffeId
+from certs import PublicKey, SigningAuthority, SpiffeId, der_to_pem, random_serial
 from certs.chain import issued_by
 from meshca.clock import Clock, SystemClock
 
 
 @dataclass(frozen=True)
 class IssuedCertificate:
-    leaf: x509.Certificate
+    """A signed leaf, with what the CA's request path reads of it known from the signing
+    itself (the serial it chose, the notAfter it encoded, its authority's key id), so the
+    leaf is parsed only by a caller that asks for `leaf`."""
+
+    der: bytes
+    serial: int
+    not_after: datetime  # as the leaf holds it: UTC, whole seconds
+    issuer_key_id: str | None  # `certs.issuer_key_id(leaf)`: the authority's
     cert_chain: list[str]  # Istio's response layout: leaf, intermediates, root bundle
+
+    @cached_property
+    def leaf(self) -> x509.Certificate:
+        return x509.load_der_x509_certificate(self.der)
 
 
 class Signer(Protocol):
@@ -122,17 +135,29 @@ class LocalSigner:
     ) -> IssuedCertificate:
         """The leaf from the authority's DER template (`certs.leaf_template`: byte for byte the
         builder's TBSCertificate); `csr`, the verified CSR the key was read from, spares the
-        re-encoding of an EC key. Loaded back once because callers read the leaf's fields."""
+        re-encoding of an EC key. Not parsed back: what callers read of the leaf is known here."""
         signing = self._signing
         authority = signing.authority
+        serial = random_serial()
         der = authority.leaf_template.sign(
             public_key,
             identity,
             not_before=validity.not_before,
             not_after=validity.not_after,
+            serial=serial,
             csr=csr,
         )
-        leaf = x509.load_der_x509_certificate(der)
+        # What the template encoded (whole seconds, UTC): the leaf's `not_valid_after_utc`.
+        end = validity.not_after  # a naive time is taken as UTC, as the template does
+        not_after = (
+            end.replace(tzinfo=UTC) if end.tzinfo is None else end.astimezone(UTC)
+        ).replace(microsecond=0)
         if signing.counts_under is not None:
-            self.ledger.record(signing.counts_under, leaf.not_valid_after_utc, self._clock.now())
-        return IssuedCertificate(leaf=leaf, cert_chain=authority.response_chain(leaf))
+            self.ledger.record(signing.counts_under, not_after, self._clock.now())
+        return IssuedCertificate(
+            der=der,
+            serial=serial,
+            not_after=not_after,
+            issuer_key_id=authority.leaf_issuer_key_id,
+            cert_chain=authority.response_chain_pem(der_to_pem(der)),
+        )

@@ -1,14 +1,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from certs import (
+    LeafTemplate,
     PemError,
+    SpiffeId,
     cert_to_pem,
     certs_to_der,
     certs_to_pem,
+    der_to_pem,
     load_cert,
     load_certs,
     load_der_certs,
@@ -83,3 +89,22 @@ def test_concatenated_der_round_trip_keeps_order(pki: Pki, other_pki: Pki) -> No
 def test_bad_concatenated_der_is_a_pem_error(pki: Pki, mangle: Callable[[bytes], bytes]) -> None:
     with pytest.raises(PemError, match="bundle: "):
         load_der_certs(mangle(certs_to_der([pki.root, pki.root])), what="bundle")
+
+
+def test_der_to_pem_is_the_text_cert_to_pem_gives(pki: Pki) -> None:
+    """DER lengths of (nearly) every residue modulo 48 (48 octets make one base64 line)."""
+    template = LeafTemplate.for_issuer(pki.intermediate, pki.intermediate_key)
+    now = datetime.now(UTC)
+    certs = [pki.root, pki.intermediate]
+    for length in range(1, 120):
+        der = template.sign(
+            pki.leaf_key.public_key(),
+            SpiffeId("cluster.local", "default", "s" * length),
+            not_before=now,
+            not_after=now + timedelta(hours=1),
+        )
+        certs.append(x509.load_der_x509_certificate(der))
+    residues = {len(cert.public_bytes(Encoding.DER)) % 48 for cert in certs}
+    assert 0 in residues and len(residues) >= 40  # lengths step past the DER length octets
+    for cert in certs:
+        assert der_to_pem(cert.public_bytes(Encoding.DER)) == cert_to_pem(cert)
