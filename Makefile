@@ -5,6 +5,10 @@ BIN     = $(VENV)/bin
 # Test processes run side by side (pytest-xdist), one file per worker so a module's fixtures
 # start once; 0 runs the suite in this process.
 PYTEST_WORKERS ?= 2
+# The CA's wire tests, run a second time on grpc.aio's server: the fallback `--rpc-server auto`
+# takes when grpcio's completion-queue layer is not the one tested (ca_server/serving/cq_server.py).
+AIO_WIRE_TESTS = tests/compat tests/hostile tests/ca_server/test_create_certificate.py \
+	tests/ca_server/test_refusals.py
 
 .PHONY: up test lint proto prometheus-tools real-binaries fuzz
 
@@ -16,6 +20,9 @@ test: $(VENV)/.installed-test prometheus-tools real-binaries
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	@echo "the CA wire tests again on the fallback server (--rpc-server aio)"
+	MESHCA_TEST_RPC_SERVER=aio $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
+		$(AIO_WIRE_TESTS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

@@ -138,20 +138,23 @@ class LocalSigner:
         re-encoding of an EC key. Not parsed back: what callers read of the leaf is known here."""
         signing = self._signing
         authority = signing.authority
+        end = validity.not_after  # a naive time is taken as UTC, as the template does
+        end = end.replace(tzinfo=UTC) if end.tzinfo is None else end.astimezone(UTC)
+        # The TTL was clamped to the authority the caller saw; with handlers running off the
+        # event loop (`ca_server.serving.cq_server`) a reload may swap it before this line, and
+        # no leaf may outlive the chain that signs it.
+        end = min(end, authority.not_after)
         serial = random_serial()
         der = authority.leaf_template.sign(
             public_key,
             identity,
             not_before=validity.not_before,
-            not_after=validity.not_after,
+            not_after=end,
             serial=serial,
             csr=csr,
         )
         # What the template encoded (whole seconds, UTC): the leaf's `not_valid_after_utc`.
-        end = validity.not_after  # a naive time is taken as UTC, as the template does
-        not_after = (
-            end.replace(tzinfo=UTC) if end.tzinfo is None else end.astimezone(UTC)
-        ).replace(microsecond=0)
+        not_after = end.replace(microsecond=0)
         if signing.counts_under is not None:
             self.ledger.record(signing.counts_under, not_after, self._clock.now())
         return IssuedCertificate(

@@ -51,3 +51,21 @@ def test_what_the_signer_says_is_what_the_leaf_holds(not_after: datetime) -> Non
         assert issued.issuer_key_id == issuer_key_id(leaf) is not None
         assert issued.cert_chain == authority.response_chain(leaf)
         assert issued.cert_chain[0] == cert_to_pem(leaf)
+
+
+def test_a_leaf_never_outlives_the_authority_that_signs_it() -> None:
+    """The TTL is clamped against the authority the request path saw; when a reload swaps in a
+    shorter-lived one before the signature (handlers run off the event loop), the signer clamps
+    again rather than sign a leaf its chain does not cover."""
+    long_lived = new_self_signed_authority(
+        KeySpec(), "cluster.local", now=NOW, lifetime=timedelta(days=365)
+    )
+    short_lived = new_self_signed_authority(
+        KeySpec(), "cluster.local", now=NOW, lifetime=timedelta(hours=2)
+    )
+    signer = LocalSigner(long_lived)
+    validity = Validity(NOW - timedelta(minutes=1), NOW + timedelta(days=1), None, None)
+    signer.replace(short_lived)  # after the TTL was granted against `long_lived`
+    issued = signer.sign(generate_private_key(KeySpec()).public_key(), SLEEP, validity)
+    assert issued.not_after == issued.leaf.not_valid_after_utc <= short_lived.not_after
+    assert issued.leaf.not_valid_after_utc > NOW + timedelta(hours=1)
