@@ -499,6 +499,20 @@ class FleetReports:
     stale: int = 0  # snapshots of processes gone longer than STALE_AFTER: not counted
     callers: dict[str, tuple[int, int]] = field(default_factory=dict)  # identity -> counts
 
+    @classmethod
+    def merged(
+        cls,
+        entries: dict[str, FleetEntry],
+        unknown: set[str],
+        unseen: tuple[int, int, int],
+        callers: dict[str, list[int]],
+    ) -> FleetReports:
+        """What a merge of snapshots or shards ends with: `unseen` is (dropped, unreadable,
+        stale), `callers` the per-identity [reports, relabels] it summed."""
+        dropped, unreadable, stale = unseen
+        counts = {identity: (c[0], c[1]) for identity, c in callers.items()}
+        return cls(entries, frozenset(unknown), dropped, unreadable, stale, counts)
+
     @property
     def bundles(self) -> dict[str, str | None]:
         return {key: entry.bundle for key, entry in self.entries.items()}
@@ -675,14 +689,7 @@ def _merge(
             if current is None or entry.refreshed > current.refreshed:
                 latest[entry.key] = entry
     cache.keep_only(wheres)
-    result = FleetReports(
-        latest,
-        frozenset(unknown),
-        dropped,
-        unreadable,
-        stale,
-        {identity: (c[0], c[1]) for identity, c in callers.items()},
-    )
+    result = FleetReports.merged(latest, unknown, (dropped, unreadable, stale), callers)
     cache.merged = (signature, result, holds_until)
     return result
 

@@ -386,14 +386,7 @@ class ShardMerger:
             last_key, last_holds, last = self._result
             if last_key == key and cutoff < last_holds:
                 return last
-        result = FleetReports(
-            self._entries,
-            frozenset(unknown),
-            dropped,
-            unreadable,
-            stale,
-            {identity: (c[0], c[1]) for identity, c in callers.items()},
-        )
+        result = FleetReports.merged(self._entries, unknown, (dropped, unreadable, stale), callers)
         self._result = (key, holds_until, result)
         return result
 
