@@ -68,6 +68,7 @@ CASES: dict[str, tuple[list[str], dict[str, str], int, str]] = {
         USAGE,
         "--debug-listen",
     ),
+    "ca --rpc-server unknown": (_ca("--rpc-server", "uvloop"), {}, USAGE, "--rpc-server"),
     "ca --workers 2, --listen port in use": (
         [
             "ca",
