@@ -480,6 +480,24 @@ class FleetEntry:
     node: str | None
     refreshed: float
 
+    @classmethod
+    def decoded(
+        cls, key: Any, identity: Any, label: Any, bundle: Any, leaves: Any, node: Any,
+        refreshed: Any,
+    ) -> FleetEntry:  # fmt: skip
+        """An entry from its published JSON fields (a snapshot's or a shard's). An optional
+        text of the wrong type reads as absent; a malformed `leaves` or `refreshed` raises, so
+        the snapshot counts as unreadable (unseen) rather than as an agent serving nothing."""
+        return cls(
+            str(key),
+            str(identity),
+            label if isinstance(label, str) else None,
+            bundle if isinstance(bundle, str) else None,
+            frozenset(filter(None, (leaves or "").split(","))),
+            node if isinstance(node, str) else None,
+            float(refreshed),
+        )
+
     @property
     def pod(self) -> str:
         """`namespace/name` of the pod the credential proved."""
@@ -550,15 +568,7 @@ def parse_snapshot(text: str) -> ParsedSnapshot:
         raise TypeError("agents is not an object")
     entries = []
     for key, (identity, label, bundle, authority, node, refreshed, until) in agents.items():
-        entry = FleetEntry(
-            str(key),
-            str(identity),
-            label if isinstance(label, str) else None,
-            bundle if isinstance(bundle, str) else None,
-            frozenset(filter(None, (authority or "").split(","))),
-            node if isinstance(node, str) else None,
-            float(refreshed),
-        )
+        entry = FleetEntry.decoded(key, identity, label, bundle, authority, node, refreshed)
         entries.append((entry, float(until)))
     return ParsedSnapshot(
         float(snapshot["published"]),

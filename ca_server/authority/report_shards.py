@@ -230,15 +230,7 @@ def parse_shard(text: str, previous: ParsedShard | None = None) -> ParsedShard:
             entries[key] = old_entries[key]
             continue
         identity, label, bundle, authority, node, since = published
-        entries[key] = FleetEntry(
-            str(key),
-            str(identity),
-            label if isinstance(label, str) else None,
-            bundle if isinstance(bundle, str) else None,
-            frozenset(filter(None, (authority or "").split(","))),
-            node if isinstance(node, str) else None,
-            float(since),
-        )
+        entries[key] = FleetEntry.decoded(key, identity, label, bundle, authority, node, since)
     return ParsedShard(float(body["written"]), entries, raw)
 
 
