@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cryptography import x509
 
@@ -50,9 +50,11 @@ from ca_server.metrics import CaMetrics
 from ca_server.server import build_authenticators, impersonation_policy_for
 from ca_server.service import CertificateService
 from certs import (
+    PublicKey,
     cert_to_pem,
     load_cert,
     load_csr,
+    load_verified_csr,
     make_authority,
     public_key_of,
 )
@@ -163,7 +165,7 @@ async def step_costs(workdir: Path, csr: str, count: int) -> None:
 
         return step
 
-    for name in ("load_csr", "authorize_csr", "grant_validity", "audit", "authn_request"):
+    for name in ("load_verified_csr", "authorize_csr", "grant_validity", "audit", "authn_request"):
         setattr(service_module, name, timed(name, getattr(service_module, name)))
     authenticators = service._authenticators
     authenticators.authenticate = timed_async(  # type: ignore[method-assign]
@@ -216,10 +218,10 @@ def main() -> None:
 
         def floor() -> str:
             """The CSR read and the leaf as the CA's signer makes it (DER template), PEM."""
-            request = load_csr(csr)
+            request, key = load_verified_csr(csr)
             now = datetime.now(UTC)
             der = authority.leaf_template.sign(
-                public_key_of(request),
+                cast(PublicKey, key),
                 IDENTITY,
                 not_before=now,
                 not_after=now + timedelta(hours=24),

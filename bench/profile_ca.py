@@ -28,7 +28,7 @@ from bench.vs_cfssl import Meshca, ensure_tools, write_pki
 STEPS: list[tuple[str, tuple[str, ...]]] = [
     ("metrics (prometheus_client)", ("prometheus_client/",)),
     ("audit line", ("meshca/logs.py", "logging/__init__.py", "json/")),
-    ("CSR parse + verify", ("load_csr (",)),
+    ("CSR parse + verify", ("load_verified_csr (",)),
     ("leaf build + sign + PEM", ("sign (ca_server/authority/signer.py", "response_chain (")),
     ("strict checks (authz)", ("authorize_csr (",)),
     ("authentication", ("authenticate (",)),

@@ -14,7 +14,8 @@ It serves `istio.v1.auth.IstioCertificateService/CreateCertificate` with meshca'
 and one of three handlers:
 - `noop`: answers a response of a real certificate chain's size, built once. What one RPC
   costs on this layer with nothing done: the ceiling for any handler.
-- `sign`: decodes the request, reads and verifies the CSR (`certs.load_csr`), signs the leaf
+- `sign`: decodes the request, reads and verifies the CSR (`certs.load_verified_csr`, the key
+  loaded once, as the CA reads it), signs the leaf
   from the DER template (`SigningAuthority.leaf_template`, the CA's signer), encodes the PEM
   chain. What a CA that checks nothing else (no authentication, no identity check, no audit,
   no metrics) costs: the ceiling for meshca.
@@ -49,6 +50,7 @@ from certs import (
     build_workload_certificate,
     cert_to_pem,
     load_csr,
+    load_verified_csr,
     make_authority,
     public_key_of,
 )
@@ -104,11 +106,9 @@ def build_handler(args: argparse.Namespace, counter: Counter) -> Callable[[bytes
 
     def sign(data: bytes) -> bytes:
         request = ca_pb2.IstioCertificateRequest.FromString(data)
-        csr = load_csr(request.csr)
+        csr, key = load_verified_csr(request.csr)
         now = datetime.now(UTC)
-        der = template.sign(
-            public_key_of(csr), IDENTITY, not_before=now, not_after=now + LEAF_LIFETIME, csr=csr
-        )
+        der = template.sign(key, IDENTITY, not_before=now, not_after=now + LEAF_LIFETIME, csr=csr)
         chain = [der_to_pem(der), root_pem]
         return ca_pb2.IstioCertificateResponse(cert_chain=chain).SerializeToString()
 

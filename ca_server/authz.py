@@ -11,6 +11,7 @@ from typing import cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtensionOID
 
 from ca_server.errors import InvalidRequestError, PermissionDeniedError, clip, clip_list
@@ -20,13 +21,20 @@ _MIN_RSA_BITS = 2048
 _ACCEPTED_CURVES = ("secp256r1", "secp384r1")
 
 
-def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> PublicKey:
+def authorize_csr(
+    csr: x509.CertificateSigningRequest,
+    identity: SpiffeId,
+    *,
+    public_key: CertificatePublicKeyTypes | None = None,
+) -> PublicKey:
     """Raises unless the CSR asks for exactly `identity` as its one URI SAN, and nothing more.
 
     Returns the CSR's public key, checked (ECDSA P-256/P-384 or RSA ≥ 2048): the key to
-    certify. Read once here so the signer does not parse it from the CSR again."""
+    certify. `public_key` is the CSR's key as `certs.load_verified_csr` loaded it to verify the
+    signature; without it the key is loaded from the CSR here. Read once so the signer does not
+    parse it from the CSR again."""
     if _asks_for_exactly(csr, identity):
-        return _checked_public_key(csr)
+        return _checked_public_key(csr, public_key)
     contents = describe_csr(csr)
     extras = [
         f"{len(values)} {kind} SAN(s) {clip_list(values)}"
@@ -78,7 +86,7 @@ def authorize_csr(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> Pu
             f"CSR asks for {clip(contents.uri_sans[0])} but the caller is authenticated as "
             f"{identity.uri}; a workload can only request its own identity",
         )
-    return _checked_public_key(csr)
+    return _checked_public_key(csr, public_key)
 
 
 def _asks_for_exactly(csr: x509.CertificateSigningRequest, identity: SpiffeId) -> bool:
@@ -99,8 +107,10 @@ def _asks_for_exactly(csr: x509.CertificateSigningRequest, identity: SpiffeId) -
     return type(name) is x509.UniformResourceIdentifier and name.value == identity.uri
 
 
-def _checked_public_key(csr: x509.CertificateSigningRequest) -> PublicKey:
-    key = csr.public_key()
+def _checked_public_key(
+    csr: x509.CertificateSigningRequest, loaded: CertificatePublicKeyTypes | None
+) -> PublicKey:
+    key = loaded if loaded is not None else csr.public_key()
     family = key_family(key)  # not isinstance: ABC checks cost on every request
     if family == "rsa":
         key_size = cast(rsa.RSAPublicKey, key).key_size

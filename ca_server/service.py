@@ -12,6 +12,7 @@ refused with `UNAVAILABLE` and a `grpc-retry-pushback-ms` trailer before any wor
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 import grpc
 from cryptography import x509
@@ -34,7 +35,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.request_decoding import UndecodableRequest
 from ca_server.ttl import grant_validity
 from ca_server.wire import IMPERSONATED_IDENTITY, RETRY_PUSHBACK_TRAILER
-from certs import CertsError, SpiffeId, load_certs, load_csr
+from certs import CertsError, SpiffeId, load_certs, load_verified_csr
 from meshca.clock import Clock
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
@@ -111,13 +112,14 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
                 reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
                 raise InvalidRequestError(reason, request.problem)
             identity = await self._identity_for(caller, request.metadata)
-            csr = load_csr(request.csr)
-            public_key = authorize_csr(csr, identity)
+            csr, csr_key = load_verified_csr(request.csr)
+            public_key = authorize_csr(csr, identity, public_key=csr_key)
+            now = self._clock.now()
             validity = grant_validity(
                 request.validity_duration,
                 self._ttl_policy,
                 ca_not_after=self._signer.authority.not_after,
-                now=self._clock.now(),
+                now=now,
             )
             issued = self._signer.sign(public_key, identity, validity, csr=csr)
         except CertsError as exc:
@@ -136,8 +138,8 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         self._metrics.granted_ttl.observe(validity.granted.total_seconds())
         serial = format(issued.serial, "x")
         not_after = issued.not_after
-        self._record_report(metadata, caller, identity, issued.issuer_key_id)
-        self._metrics.leaves.record(IssuedLeaf(identity.uri, serial, self._clock.now(), not_after))
+        self._record_report(metadata, caller, identity, issued.issuer_key_id, now)
+        self._metrics.leaves.record(IssuedLeaf(identity.uri, serial, now, not_after))
         audit(
             "issued",
             outcome="issued",
@@ -156,7 +158,12 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         return ca_pb2.IstioCertificateResponse(cert_chain=issued.cert_chain)
 
     def _record_report(
-        self, metadata: Metadata, caller: Caller, identity: SpiffeId, leaf_authority: str | None
+        self,
+        metadata: Metadata,
+        caller: Caller,
+        identity: SpiffeId,
+        leaf_authority: str | None,
+        now: datetime,
     ) -> None:
         """Notes what an agent says it trusts (`ca_server.authority.agent_reports`), only once its
         request was authenticated, authorized and signed: a refused request records nothing,
@@ -173,7 +180,6 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             and key.lower() in REPORT_HEADERS
         }
         issued_by = leaf_authority if headers else None
-        now = self._clock.now()
         self._agent_reports.record_csr(
             caller,
             headers,

@@ -11,7 +11,15 @@ from certs.authority import (
     self_signed_authority,
 )
 from certs.chain import build_path, is_ca, verify_chain
-from certs.csr import MAX_CSR_BYTES, CsrContents, build_csr, describe_csr, load_csr
+from certs.csr import (
+    MAX_CSR_BYTES,
+    CsrContents,
+    VerifiedCsr,
+    build_csr,
+    describe_csr,
+    load_csr,
+    load_verified_csr,
+)
 from certs.errors import (
     CertsError,
     ChainError,
@@ -75,6 +83,7 @@ __all__ = [
     "SigningAuthority",
     "SpiffeId",
     "SpiffeIdError",
+    "VerifiedCsr",
     "build_csr",
     "build_intermediate_certificate",
     "build_path",
@@ -98,6 +107,7 @@ __all__ = [
     "load_csr",
     "load_der_certs",
     "load_private_key",
+    "load_verified_csr",
     "make_authority",
     "new_self_signed_authority",
     "private_key_to_pem",

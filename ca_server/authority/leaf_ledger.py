@@ -27,7 +27,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -39,15 +39,23 @@ log = logging.getLogger(__name__)
 
 LEDGER_DIR = "leaves"
 AGENTS_DIR = "agents"
-# (leaves ending within, bucket width in seconds): finer near expiry, where it matters.
-_STEPS = ((timedelta(minutes=10), 5), (timedelta(hours=1), 60))
+# (leaves ending within this many seconds, bucket width in seconds): finer near expiry, where
+# it matters.
+_STEPS = ((10 * 60, 5), (60 * 60, 60))
 _COARSE = 3600
 
 
 def _bucket(not_after: datetime, now: datetime) -> int:
-    left = not_after - now
-    step = next((width for horizon, width in _STEPS if left <= horizon), _COARSE)
-    return math.ceil(not_after.timestamp() / step) * step
+    """The end of `not_after`'s bucket (unix seconds). In seconds, not timedeltas: the signer
+    calls this for every leaf."""
+    end = not_after.timestamp()
+    left = end - now.timestamp()
+    step = _COARSE
+    for horizon, width in _STEPS:
+        if left <= horizon:
+            step = width
+            break
+    return math.ceil(end / step) * step
 
 
 class LeafLedger:
@@ -59,8 +67,12 @@ class LeafLedger:
         self.changed = False
 
     def record(self, authority: str, not_after: datetime, now: datetime) -> None:
+        bucket = _bucket(not_after, now)
         with self._lock:
-            self._buckets.setdefault(authority, Counter())[_bucket(not_after, now)] += 1
+            buckets = self._buckets.get(authority)
+            if buckets is None:
+                buckets = self._buckets[authority] = Counter()
+            buckets[bucket] += 1
             self.changed = True
 
     def live(self, now: datetime) -> dict[str, int]:

@@ -43,3 +43,17 @@ def test_every_process_snapshot_counts_and_spent_ones_are_swept(tmp_path: Path):
     names = sorted(p.name for p in (tmp_path / LEDGER_DIR).glob("*.json"))
     assert names == ["ca-3.json", "garbage.json"], "spent snapshots of gone processes are swept"
     assert reader.live(later) == {"b": 1}
+
+
+def test_bucket_width_by_time_left_and_never_before_the_expiry():
+    """5 s buckets up to 10 minutes left, a minute up to an hour, else an hour; the bucket
+    ends at or after NotAfter (rounded up), within one width of it."""
+    from ca_server.authority.leaf_ledger import _bucket
+
+    for left, width in ((1, 5), (600, 5), (601, 60), (3600, 60), (3601, 3600), (86400, 3600)):
+        not_after = NOW + timedelta(seconds=left)  # NOW is half a second past a whole one
+        end = _bucket(not_after, NOW)
+        assert end % width == 0, (left, end)
+        assert not_after.timestamp() <= end < not_after.timestamp() + width, (left, end)
+    on_the_edge = NOW.replace(microsecond=0) + timedelta(minutes=20)  # a whole bucket end
+    assert _bucket(on_the_edge, NOW) == on_the_edge.timestamp()

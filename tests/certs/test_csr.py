@@ -19,8 +19,9 @@ from certs import (
     describe_csr,
     generate_private_key,
     load_csr,
+    load_verified_csr,
 )
-from certs.csr import unexpected_extensions
+from certs.csr import _signature_verifies, unexpected_extensions
 from certs.keys import public_key_bytes
 from tests.certs.helpers import IDENTITY
 from tests.support.hostile_csr import csr_with, pem_of, two_sans
@@ -306,3 +307,103 @@ def test_describe_lists_unexpected_extensions_in_the_same_pass(key: PrivateKey) 
     )
     assert contents.uri_sans == (IDENTITY.uri,)
     assert contents.asks_to_sign_certificates is False
+
+
+# --- the lean signature check decides as `is_signature_valid` --------------------------------
+
+# Signature algorithm identifiers (DER), to re-label a CSR's signature with another algorithm.
+_ALGORITHM_IDS = {
+    "ecdsa-sha256": bytes.fromhex("300a06082a8648ce3d040302"),
+    "ecdsa-sha384": bytes.fromhex("300a06082a8648ce3d040303"),
+    "ecdsa-sha512": bytes.fromhex("300a06082a8648ce3d040304"),
+    "rsa-sha256": bytes.fromhex("300d06092a864886f70d01010b0500"),
+}
+_SIGNERS: dict[str, tuple[KeySpec, hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
+    # key, and the hash its CSR is signed with
+    "p256-sha256": (KeySpec("ECDSA", curve="P256"), hashes.SHA256()),
+    "p256-sha384": (KeySpec("ECDSA", curve="P256"), hashes.SHA384()),
+    "p384-sha384": (KeySpec("ECDSA", curve="P384"), hashes.SHA384()),
+    "p384-sha256": (KeySpec("ECDSA", curve="P384"), hashes.SHA256()),
+    "p256-sha512": (KeySpec("ECDSA", curve="P256"), hashes.SHA512()),
+    "rsa-sha256": (KeySpec("RSA"), hashes.SHA256()),
+}
+
+
+def _relabelled(csr: x509.CertificateSigningRequest, algorithm: bytes, flip: int | None) -> bytes:
+    """`csr`'s DER with its signatureAlgorithm replaced and, with `flip`, one byte of the
+    request info (`flip` >= 0) or of the signature value (`flip` < 0) changed."""
+    info = bytearray(csr.tbs_certrequest_bytes)
+    signature = bytearray(csr.signature)
+    if flip is not None and flip >= 0:
+        info[flip % len(info)] ^= 0x01
+    elif flip is not None:
+        signature[flip % len(signature)] ^= 0x01
+    bit_string = b"\x00" + bytes(signature)
+    body = bytes(info) + algorithm + b"\x03" + _length(len(bit_string)) + bit_string
+    return b"\x30" + _length(len(body)) + body
+
+
+def _length(n: int) -> bytes:
+    if n < 0x80:
+        return bytes([n])
+    raw = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([0x80 | len(raw)]) + raw
+
+
+@pytest.fixture(scope="module")
+def signed_csrs() -> dict[str, x509.CertificateSigningRequest]:
+    csrs = {}
+    for name, (spec, hash_algorithm) in _SIGNERS.items():
+        signing_key = generate_private_key(spec)
+        csrs[name] = (
+            x509.CertificateSigningRequestBuilder()
+            .subject_name(x509.Name([]))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(IDENTITY.uri)]), True
+            )
+            .sign(signing_key, hash_algorithm)
+        )
+    return csrs
+
+
+@pytest.mark.parametrize("signer", list(_SIGNERS))
+@pytest.mark.parametrize("algorithm", list(_ALGORITHM_IDS))
+@pytest.mark.parametrize("flip", [None, 0, 7, 40, 100, -1, -9, -30])
+def test_the_direct_ecdsa_check_decides_as_is_signature_valid(
+    signed_csrs: dict[str, x509.CertificateSigningRequest],
+    signer: str,
+    algorithm: str,
+    flip: int | None,
+) -> None:
+    """`load_verified_csr` verifies ECDSA CSRs with the key it loaded instead of
+    `is_signature_valid`, which loads it again; over every pairing of key, signing hash and
+    labelled algorithm (matching, a wrong hash, another key type), intact or with a byte of the
+    request info or signature changed, both give the same verdict, or both refuse to decide."""
+    der = _relabelled(signed_csrs[signer], _ALGORITHM_IDS[algorithm], flip)
+    try:
+        csr = x509.load_der_x509_csr(der)
+        expected: object = csr.is_signature_valid
+    except Exception as exc:  # the flipped byte broke the structure, or an unknown algorithm
+        expected = type(exc)
+    if expected is ValueError or expected is x509.InvalidVersion:
+        with pytest.raises(CsrError):
+            load_verified_csr(pem_of(der))
+        return
+    try:
+        actual: object = _signature_verifies(csr, csr.public_key())
+    except Exception as exc:
+        actual = type(exc)
+    assert actual == expected
+    if flip is None:  # intact: valid exactly when the label is the algorithm actually used
+        matching = (
+            algorithm
+            == f"{'rsa' if signer.startswith('rsa') else 'ecdsa'}-" + (signer.rpartition("-")[2])
+        )
+        assert expected is matching
+
+
+def test_load_verified_csr_hands_over_the_key_it_verified_with() -> None:
+    key = generate_private_key()
+    verified = load_verified_csr(build_csr(key, IDENTITY))
+    assert public_key_bytes(verified.public_key) == public_key_bytes(key)  # type: ignore[arg-type]
+    assert verified.csr.is_signature_valid
