@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import values as prometheus_values
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -72,6 +73,36 @@ def _multiprocess() -> bool:
     # What the supervisor sets for its workers (`ca_server.serving.workers`), and what
     # prometheus-client reads to choose its multiprocess values.
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+_pid = os.getpid()
+
+
+def _process_id() -> int:
+    return _pid
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+def _use_values_with_a_kept_pid() -> None:
+    """In multiprocess mode (a worker of `meshca ca --workers N`) prometheus-client's values
+    call `os.getpid()` on every `inc`, `set` and `observe` to notice a fork: a system call
+    each (the C library keeps no pid cache), 8 per certificate issued. Its documented hook,
+    `MultiProcessValue(process_identifier=...)`, takes a pid this module keeps and renews in a
+    forked child, which answers the same. Installed when this module is imported, before any
+    metric exists (metrics are made at run time, by `CaMetrics`), so every value shares the
+    one class and its files; a process not in multiprocess mode keeps its mutex values."""
+    if _multiprocess() and getattr(prometheus_values.ValueClass, "_multiprocess", False):
+        os.register_at_fork(after_in_child=_forked)
+        prometheus_values.ValueClass = prometheus_values.MultiProcessValue(
+            process_identifier=_process_id
+        )
+
+
+_use_values_with_a_kept_pid()
 
 
 class WithoutRetiredSeries(Collector):

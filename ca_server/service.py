@@ -90,10 +90,12 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             self._metrics.shed.labels("renewal" if renewal else "first").inc()
             await self._refuse(context, exc, None, context.peer())
             raise AssertionError("unreachable: context.abort raises") from exc
+        in_flight = self._metrics.in_flight
+        in_flight.inc()
         try:
-            with self._metrics.in_flight.track_inprogress():
-                return await self._create_certificate(request, context, metadata)
+            return await self._create_certificate(request, context, metadata)
         finally:
+            in_flight.dec()
             ticket.release()
 
     async def _create_certificate(
