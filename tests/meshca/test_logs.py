@@ -3,6 +3,9 @@ import json
 import logging
 from datetime import datetime, timedelta
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from meshca.logs import audit, configure_logging
 
 
@@ -56,3 +59,24 @@ def test_audit_line_keys_are_sorted_and_odd_values_written_as_text():
     keys = list(json.loads(line))
     assert keys == sorted(keys) == ["alpha", "msg", "pid", "ts", "when", "zeta"]
     assert json.loads(line)["when"] == "0:00:05"
+
+
+_JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(),
+    st.timedeltas(),
+)
+
+
+@given(st.dictionaries(st.text(), _JSON_VALUES, max_size=16))
+def test_the_audit_encoder_writes_what_json_writes(fields: dict[str, object]) -> None:
+    """The audit line's encoder (the C encoder made once) gives `json.dumps`'s text with the
+    line's settings: sorted keys, ASCII escapes, NaN and infinities as JSON's extensions,
+    other values as their `str`."""
+    from meshca.logs import _encode_audit
+
+    expected = json.dumps(fields, sort_keys=True, default=str)
+    assert _encode_audit(fields) == expected
