@@ -263,7 +263,7 @@ def report(
         print()
     cpus = os.cpu_count() or 1
     for level in levels:
-        rate = {name: median(name, level, "certs_per_second") for name in names}
+        rates = {name: median(name, level, "certs_per_second") for name in names}
         cpu = {name: 1000 * median(name, level, "cpu_ms_per_cert") for name in names}
         print(f"c={level}:")
         print(
@@ -272,19 +272,19 @@ def report(
         )
         print(
             "  sign floor ÷ cfssl: "
-            + f"builder+aio {rate[f'sign-builder-aio-{workers}'] / rate['cfssl']:4.2f}, "
+            + f"builder+aio {rates[f'sign-builder-aio-{workers}'] / rates['cfssl']:4.2f}, "
             + ", ".join(
-                f"template+{rpc} {rate[f'sign-{rpc}-{workers}'] / rate['cfssl']:4.2f}"
+                f"template+{rpc} {rates[f'sign-{rpc}-{workers}'] / rates['cfssl']:4.2f}"
                 for rpc in RPC_LAYERS
             )
         )
         print(
-            f"  meshca ÷ cfssl {rate[f'meshca-{workers}'] / rate['cfssl']:4.2f} "
-            f"(aio {rate[f'meshca-{workers}-aio'] / rate['cfssl']:4.2f}); "
-            f"meshca ÷ sign-cq {rate[f'meshca-{workers}'] / rate[f'sign-cq-{workers}']:4.2f}; "
+            f"  meshca ÷ cfssl {rates[f'meshca-{workers}'] / rates['cfssl']:4.2f} "
+            f"(aio {rates[f'meshca-{workers}-aio'] / rates['cfssl']:4.2f}); "
+            f"meshca ÷ sign-cq {rates[f'meshca-{workers}'] / rates[f'sign-cq-{workers}']:4.2f}; "
             f"CPU/cert meshca ÷ cfssl {cpu[f'meshca-{workers}'] / cpu['cfssl']:4.2f}"
         )
-        if "meshca-1" not in rate:
+        if "meshca-1" not in rates:
             continue
         for kind in ("noop-cq", "sign-cq", "meshca"):
             one, many = f"{kind}-1", f"{kind}-{workers}"
@@ -293,7 +293,7 @@ def report(
             load = median(many, level, "load_cores")
             bound = min(workers, (cpus - load) / cores(one, level))
             print(
-                f"  {kind:8} {workers} ÷ 1 = {rate[many] / rate[one]:4.2f}   (machine bound "
+                f"  {kind:8} {workers} ÷ 1 = {rates[many] / rates[one]:4.2f}   (machine bound "
                 f"{bound:4.2f}: {cpus} CPUs - h2load {load:.2f}, over one process's "
                 f"{cores(one, level):.2f} cores)"
             )

@@ -31,6 +31,7 @@ import grpc
 from agent.main import Agent
 from agent.propagation import leaf_authority
 from agent.taints import SOURCE_REPORT
+from certs import SpiffeId
 from meshca.clock import SystemClock
 from meshca.logs import configure_logging
 from meshca_proto import ca_pb2
@@ -91,7 +92,7 @@ async def run(tmp: Path, count: int, window: float) -> None:
         await wait(lambda: scheduler.has_valid_certificate(), 300)
         print(f"node agent serving {count} identities; taint window {window:g} s")
 
-        def all_renewed(generations: dict[object, int]) -> Callable[[], bool]:
+        def all_renewed(generations: dict[SpiffeId, int]) -> Callable[[], bool]:
             states = scheduler.states.values()
             return lambda: all(s.generation > generations[s.identity] for s in states)
 

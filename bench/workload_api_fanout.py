@@ -25,8 +25,9 @@ import asyncio
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -111,7 +112,7 @@ async def follow_sds(socket: Path, index: int, tracker: Tracker) -> None:
 async def measure(
     server_loop: LoopThread,
     cache: SecretCache,
-    follow: Callable[[Path, int, Tracker], Awaitable[None]],
+    follow: Callable[[Path, int, Tracker], Coroutine[Any, Any, None]],
     socket: Path,
     streams: int,
     rotations: int,
