@@ -38,6 +38,7 @@ from collections.abc import Callable
 from concurrent import futures
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import grpc
 from cryptography import x509
@@ -46,6 +47,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
 from ca_server.serving.cq_server import CompletionQueueServer
 from certs import (
+    PublicKey,
     SpiffeId,
     build_workload_certificate,
     cert_to_pem,
@@ -108,7 +110,13 @@ def build_handler(args: argparse.Namespace, counter: Counter) -> Callable[[bytes
         request = ca_pb2.IstioCertificateRequest.FromString(data)
         csr, key = load_verified_csr(request.csr)
         now = datetime.now(UTC)
-        der = template.sign(key, IDENTITY, not_before=now, not_after=now + LEAF_LIFETIME, csr=csr)
+        der = template.sign(
+            cast(PublicKey, key),  # the template refuses any key but EC or RSA
+            IDENTITY,
+            not_before=now,
+            not_after=now + LEAF_LIFETIME,
+            csr=csr,
+        )
         chain = [der_to_pem(der), root_pem]
         return ca_pb2.IstioCertificateResponse(cert_chain=chain).SerializeToString()
 
