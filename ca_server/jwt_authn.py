@@ -7,8 +7,10 @@ Verified tokens are cached (`ca_server.token_cache`: by digest, never the token 
 expire, at most five minutes, so a burst of renewals with the same token costs one signature check
 and a JWKS key withdrawn after a leak stops being honoured from the cache within minutes.
 
-Concurrency: runs on the event loop; reading a JWKS file or fetching a JWKS URL blocks, so both
-run in worker threads.
+Concurrency: runs where the RPC server runs the handler (its completion-queue thread, or the
+event loop) while the verified-token cache answers; a token that needs the issuer's keys moves the
+handler to the loop first (`cq_server.to_the_loop`), since reading a JWKS file or fetching a JWKS
+URL blocks and so runs in a worker thread the loop waits for.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import jwt
 from ca_server.authn import AuthnRequest, Caller
 from ca_server.config import JwtIssuerConfig
 from ca_server.errors import AuthenticationError
+from ca_server.serving.cq_server import to_the_loop
 from ca_server.token_cache import VerifiedTokenCache, token_digest
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username
@@ -66,6 +69,7 @@ class JwksFile:
         self._reading: asyncio.Future[jwt.PyJWKSet] | None = None
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        await to_the_loop()  # a task and a timer follow
         if self._reading is None or self._reading.done():
             self._reading = asyncio.ensure_future(asyncio.to_thread(self._current_keys))
         try:
@@ -100,6 +104,7 @@ class JwksUrl:
         self._url = url
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        await to_the_loop()  # the fetch is the loop's to start and to wait for
         try:
             keys = await asyncio.to_thread(self._client.get_signing_keys)
         except jwt.PyJWKClientError as exc:
