@@ -153,9 +153,17 @@ class Admission:
         Why a rate and not a per-request time: what bounds the drain differs by request (the
         API server's review budget for a new token, the CPU for a cached one), and a mix of
         both makes any per-request average meaningless; completions per second are what the
-        clients waiting actually get."""
+        clients waiting actually get.
+
+        The clients away are at least those refused in the current window: the smoothed
+        estimate learns of them only when the window closes, and in a storm's first window (no
+        estimate yet) every client refused would otherwise be told the same floor-length wait
+        and be back, refused again, within it. How often that happens depends on how fast the
+        server answers a refusal (the completion-queue server several times faster than
+        grpc.aio's), so without this the number of refusals in a storm did too."""
         rate = self._rate or 1 / _INITIAL_SERVICE_TIME
-        drain_ms = (self._in_flight + self._waiting) / rate * 1000
+        waiting = max(self._waiting, self._window_refusals)
+        drain_ms = (self._in_flight + waiting) / rate * 1000
         if renewal:
             drain_ms *= _RENEWAL_HINT_FACTOR
         return int(min(_MAX_HINT_MS, max(_MIN_HINT_MS, drain_ms)))

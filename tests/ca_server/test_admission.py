@@ -106,6 +106,33 @@ def test_clients_already_told_to_wait_lengthen_the_hint():
         ticket.release()
 
 
+def test_a_storm_before_the_first_window_closes_lengthens_the_hint_refusal_by_refusal():
+    """The first half second of a storm: 128 requests wait inside (on TokenReview), none has
+    completed, so no rate is known and no refusal has been folded into the clients away. The
+    1,000 clients refused meanwhile must still be told to wait behind those refused before
+    them, not all the same floor-length wait that brings them straight back (each would then
+    be refused again, as often as the server can answer a refusal within the window)."""
+    ticks = _Ticks()
+    admission = Admission(AdmissionPolicy(max_in_flight=128, max_in_flight_renewals=64), ticks)
+    tickets = [admission.admit(renewal=False) for _ in range(128)]
+    hints = []
+    for _ in range(1000):  # in 0.1 s
+        ticks.now += 0.0001
+        with pytest.raises(OverloadedError) as refused:
+            admission.admit(renewal=False)
+        hints.append(refused.value.retry_after_ms)
+    assert hints == sorted(hints)
+    # At the initial 500 completions/s: 128 in flight alone is 256 ms; 999 clients ahead too,
+    # 2.25 s.
+    assert hints[0] == 256
+    assert 2_200 <= hints[-1] <= 2_300, hints[-1]
+    with pytest.raises(OverloadedError) as renewal:
+        admission.admit(renewal=True)
+    assert renewal.value.retry_after_ms >= 4 * hints[-1]
+    for ticket in tickets:
+        ticket.release()
+
+
 def test_only_an_explicit_renewal_header_marks_a_renewal():
     assert is_renewal([("authorization", "Bearer x"), ("x-meshca-renewal", "1")])
     assert is_renewal([("x-meshca-renewal", "true")])
