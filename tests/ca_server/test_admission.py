@@ -106,26 +106,27 @@ def test_clients_already_told_to_wait_lengthen_the_hint():
         ticket.release()
 
 
-def test_a_storm_before_the_first_window_closes_lengthens_the_hint_refusal_by_refusal():
-    """The first half second of a storm: 128 requests wait inside (on TokenReview), none has
-    completed, so no rate is known and no refusal has been folded into the clients away. The
-    1,000 clients refused meanwhile must still be told to wait behind those refused before
-    them, not all the same floor-length wait that brings them straight back (each would then
-    be refused again, as often as the server can answer a refusal within the window)."""
+def test_clients_refused_before_the_first_window_closes_lengthen_the_hint():
+    """A storm's first 0.4 s: 128 requests in flight completing at 500/s (the initial guess),
+    five clients refused between two completions. No window has closed, so none of them is in
+    the smoothed count of clients away yet; each must still be told to wait behind those
+    refused before it, not the same floor-length wait that brings them all straight back
+    (to be refused again, as often as the server can answer a refusal)."""
     ticks = _Ticks()
     admission = Admission(AdmissionPolicy(max_in_flight=128, max_in_flight_renewals=64), ticks)
     tickets = [admission.admit(renewal=False) for _ in range(128)]
     hints = []
-    for _ in range(1000):  # in 0.1 s
-        ticks.now += 0.0001
-        with pytest.raises(OverloadedError) as refused:
-            admission.admit(renewal=False)
-        hints.append(refused.value.retry_after_ms)
+    for _ in range(200):
+        ticks.now += 0.002
+        tickets.pop(0).release()
+        tickets.append(admission.admit(renewal=False))
+        for _ in range(5):
+            with pytest.raises(OverloadedError) as refused:
+                admission.admit(renewal=False)
+            hints.append(refused.value.retry_after_ms)
     assert hints == sorted(hints)
-    # At the initial 500 completions/s: 128 in flight alone is 256 ms; 999 clients ahead too,
-    # 2.25 s.
-    assert hints[0] == 256
-    assert 2_200 <= hints[-1] <= 2_300, hints[-1]
+    assert hints[0] == 256  # 128 in flight at 500/s
+    assert 2_200 <= hints[-1] <= 2_300, hints[-1]  # and the 999 clients refused before it
     with pytest.raises(OverloadedError) as renewal:
         admission.admit(renewal=True)
     assert renewal.value.retry_after_ms >= 4 * hints[-1]
