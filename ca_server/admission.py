@@ -173,14 +173,17 @@ class Admission:
         rate = self._rate or 1 / _INITIAL_SERVICE_TIME
         now = self._monotonic()
         self._forget_returned(now)
-        factor = _RENEWAL_HINT_FACTOR if renewal else 1
+        per_client = (_RENEWAL_HINT_FACTOR if renewal else 1) / rate
         ahead = self._in_flight
-        wait = factor * ahead / rate
-        for slot in self._return_slots:  # clients due back no later than its turn go first
-            if slot * _RETURN_SLOT > now + wait:
+        wait = ahead * per_client
+        # The clients booked no later than its turn go first (and push the turn further).
+        # At most one pass over the slots, ~30 s / `_RETURN_SLOT` of them in a long storm.
+        returns, cap = self._returns, _MAX_HINT_MS / 1000
+        for slot in self._return_slots:
+            if slot * _RETURN_SLOT > now + wait or wait >= cap:
                 break
-            ahead += self._returns[slot]
-            wait = factor * ahead / rate
+            ahead += returns[slot]
+            wait = ahead * per_client
         return int(min(_MAX_HINT_MS, max(_MIN_HINT_MS, wait * 1000)))
 
     def _sent_away(self, hint_ms: int) -> None:
