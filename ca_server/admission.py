@@ -19,7 +19,12 @@ A purely CPU-bound backlog (dev tokens, cached reviews) waits in gRPC's core bef
 it and is not counted; it is bounded by the clients' own concurrency and drained at full speed
 by the workers (`bench/storm.py` measures both cases). Counting it would need a hook gRPC's
 asyncio server does not offer; yielding once per request to let it surface cost ~3 % per
-certificate and still saw only a handful of requests at a time.
+certificate and still saw only a handful of requests at a time. On the completion-queue server
+(`ca_server.serving.cq_server`) a handler starts as soon as its request is read, whatever the
+loop's backlog, so a request that goes to the loop for any wait, however short, is counted
+while it then waits for the loop's CPU: what should not count (a new development token, a
+cached review) must finish inline (`ca_server.jwt_authn.JwksFile` answers from a set read less
+than a second ago for that reason).
 
 Concurrency: handlers run on the completion-queue thread or on the event loop
 (`ca_server.serving.cq_server`), so admitting and releasing take a lock (held for arithmetic
