@@ -125,20 +125,39 @@ class JwksFile:
 
 
 class JwksUrl:
-    """A JWKS served over HTTP(S), fetched and cached by PyJWT's `PyJWKClient`."""
+    """A JWKS served over HTTP(S), fetched and cached by PyJWT's `PyJWKClient`.
 
-    def __init__(self, url: str) -> None:
+    As `JwksFile`: a key of the set obtained less than `recheck_interval` ago answers inline,
+    without a worker thread (the client's own cache needs one per call, since it may fetch)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        recheck_interval: float = 1.0,
+    ) -> None:
         self._client = jwt.PyJWKClient(url, cache_keys=True, lifespan=300, timeout=5)
         self._url = url
+        self._monotonic = monotonic
+        self._recheck_interval = recheck_interval
+        self._keys: Sequence[jwt.PyJWK] = ()
+        self._checked_at = -math.inf
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        if self._monotonic() - self._checked_at < self._recheck_interval:
+            key = _find_key(self._keys, kid)
+            if key is not None:
+                return key
         await to_the_loop()  # the fetch is the loop's to start and to wait for
+        looked_at = self._monotonic()
         try:
             keys = await asyncio.to_thread(self._client.get_signing_keys)
         except jwt.PyJWKClientError as exc:
             raise AuthenticationError(
                 "jwks-unavailable", f"cannot fetch the issuer's JWKS from {self._url}: {exc}"
             ) from exc
+        self._keys, self._checked_at = keys, looked_at
         return _pick_key(keys, kid, self._url)
 
 
@@ -166,7 +185,7 @@ def _pick_key(keys: Sequence[jwt.PyJWK], kid: str | None, where: str) -> jwt.PyJ
 
 def key_source_for(jwks: str, monotonic: Callable[[], float] = time.monotonic) -> KeySource:
     if jwks.startswith(("http://", "https://")):
-        return JwksUrl(jwks)
+        return JwksUrl(jwks, monotonic=monotonic)
     return JwksFile(Path(jwks), monotonic=monotonic)
 
 
