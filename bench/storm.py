@@ -70,6 +70,7 @@ from pathlib import Path
 import grpc
 
 from agent.config import DEFAULT_REPORT_INTERVAL
+from ca_server.config import RPC_SERVER_CHOICES
 from ca_server.dev_issuer import load_dev_issuer
 from ca_server.token_cache import VerifiedTokenCache
 from certs import SpiffeId, build_csr, generate_private_key
@@ -97,6 +98,7 @@ class Outcome:
     renewal: bool
     latency: float | None = None  # first attempt to certificate; None when it never came
     hinted_refusals: int = 0
+    hinted_ms: int = 0  # the retry hints it was given, summed
     deadline_exceeded: int = 0
     other_errors: list[str] = field(default_factory=list)
 
@@ -304,6 +306,7 @@ async def run_storm(
                 outcome.deadline_exceeded += 1
             if hint is not None:
                 outcome.hinted_refusals += 1
+                outcome.hinted_ms += int(hint)
                 delay = int(hint) / 1000 * rng.uniform(1.0, 1.5)
             elif error.code() in RETRYABLE:
                 outcome.other_errors.append(error.code().name)
@@ -335,7 +338,14 @@ def report(outcomes: list[Outcome], wall: float, metrics: str) -> None:
     got = [o for o in outcomes if o.latency is not None]
     print(f"wall time {wall:.1f} s for {len(outcomes)} requests: {len(got) / wall:.0f} certs/s")
     print(f"failed (no certificate in the end): {len(outcomes) - len(got)}")
-    print(f"refusals with a retry hint: {sum(o.hinted_refusals for o in outcomes)}")
+    refusals = sum(o.hinted_refusals for o in outcomes)
+    hinted = sum(o.hinted_ms for o in outcomes)
+    print(
+        f"refusals with a retry hint: {refusals} (first certificates "
+        f"{sum(o.hinted_refusals for o in outcomes if not o.renewal)}, renewals "
+        f"{sum(o.hinted_refusals for o in outcomes if o.renewal)}; mean hint "
+        f"{hinted / max(refusals, 1):.0f} ms)"
+    )
     print(f"DEADLINE_EXCEEDED: {sum(o.deadline_exceeded for o in outcomes)}")
     others = [error for o in outcomes for error in o.other_errors]
     print(f"other errors: {len(others)} {sorted(set(others))[:5]}")
@@ -570,6 +580,13 @@ def main() -> None:
     parser.add_argument(
         "--report-period", type=float, default=1.0, help="seconds between an agent's reports"
     )
+    parser.add_argument(
+        "--rpc-server",
+        nargs="+",
+        choices=RPC_SERVER_CHOICES,
+        default=None,
+        help="the CA's gRPC server; several: the certificate storm once on each, in this run",
+    )
     args = parser.parse_args()
     renewals = args.identities // 5 if args.renewals is None else args.renewals
     extra = []
@@ -577,6 +594,13 @@ def main() -> None:
         extra += ["--workers", str(args.workers)]
     if args.max_in_flight is not None:
         extra += ["--max-in-flight", str(args.max_in_flight)]
+    if args.rpc_server and len(args.rpc_server) > 1 and not args.reports:
+        for server in args.rpc_server:
+            print(f"-- --rpc-server {server}")
+            certificate_storm(args, [*extra, "--rpc-server", server], renewals)
+        return
+    if args.rpc_server:
+        extra += ["--rpc-server", args.rpc_server[0]]
     if args.reports:
         report_storm(args, extra)
         return

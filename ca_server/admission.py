@@ -19,7 +19,12 @@ A purely CPU-bound backlog (dev tokens, cached reviews) waits in gRPC's core bef
 it and is not counted; it is bounded by the clients' own concurrency and drained at full speed
 by the workers (`bench/storm.py` measures both cases). Counting it would need a hook gRPC's
 asyncio server does not offer; yielding once per request to let it surface cost ~3 % per
-certificate and still saw only a handful of requests at a time.
+certificate and still saw only a handful of requests at a time. On the completion-queue server
+(`ca_server.serving.cq_server`) a handler starts as soon as its request is read, whatever the
+loop's backlog, so a request that goes to the loop for any wait, however short, is counted
+while it then waits for the loop's CPU: what should not count (a new development token, a
+cached review) must finish inline (`ca_server.jwt_authn.JwksFile` answers from a set read less
+than a second ago for that reason).
 
 Concurrency: handlers run on the completion-queue thread or on the event loop
 (`ca_server.serving.cq_server`), so admitting and releasing take a lock (held for arithmetic
@@ -28,6 +33,8 @@ only).
 
 from __future__ import annotations
 
+import bisect
+import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -48,6 +55,8 @@ _RATE_WINDOW = 0.5
 _RATE_WEIGHT = 0.3
 # Before the first window closes: assume a request takes this long (a cached-token issuance).
 _INITIAL_SERVICE_TIME = 0.002
+# Clients refused are booked by the time they were told to come back, at this resolution.
+_RETURN_SLOT = 0.25
 
 
 def is_renewal(metadata: Iterable[tuple[str, str | bytes]]) -> bool:
@@ -83,11 +92,10 @@ class Admission:
         self._busy_since = 0.0  # start of the current busy stretch (valid while in flight)
         self._window_busy = 0.0  # busy time in the current window, before `_busy_since`
         self._window_completions = 0
-        # Clients told to come back later, estimated (Little's law) from the refusals of the
-        # last windows times the mean wait they were told: the queue outside the CA.
-        self._waiting = 0.0
-        self._window_refusals = 0
-        self._window_hinted = 0.0  # seconds of retry hint handed out in this window
+        # The queue outside the CA: clients refused, booked by the time they were told to come
+        # back (in `_RETURN_SLOT` slots), until that time.
+        self._returns: dict[int, int] = {}  # slot -> clients due back in it
+        self._return_slots: list[int] = []  # the slots booked, in order
         self._lock = threading.Lock()
 
     @property
@@ -107,9 +115,8 @@ class Admission:
     def _admit(self, renewal: bool) -> Ticket:
         limit = self._policy.max_in_flight_renewals if renewal else self._policy.max_in_flight
         if self._in_flight >= limit:
-            hint_ms = self.retry_hint_ms(renewal=renewal)
-            self._window_refusals += 1
-            self._window_hinted += hint_ms / 1000
+            hint_ms = self._hint_ms(renewal)
+            self._sent_away(hint_ms)
             raise OverloadedError(
                 "overloaded-renewal" if renewal else "overloaded",
                 f"the CA is busy ({self._in_flight} requests in flight, limit {limit} for "
@@ -139,26 +146,65 @@ class Admission:
                 f"the CA is busy ({busy} requests in flight, limit {limit} for agent reports, "
                 "which come after every certificate request); report again next period or "
                 f"after the {RETRY_PUSHBACK_TRAILER} hint",
-                retry_after_ms=self.retry_hint_ms(renewal=True),
+                retry_after_ms=self._hint_ms(renewal=True),
             )
         self._reports_in_flight += 1
         return Ticket(self, report=True)
 
     def retry_hint_ms(self, *, renewal: bool) -> int:
-        """About the time the queue needs to drain at the rate requests have been completing
-        (longer for renewals), within [50 ms, 30 s]. The queue is the requests in flight plus
-        the clients already told to come back: with only the former, 10,000 waiting pods
-        would each be told "a few seconds" and return in a flood of refusals.
+        """When a client refused now gets its turn, at the rate requests have been completing:
+        after the requests in flight and the clients already told to come back before it
+        (four times that for renewals), within [50 ms, 30 s]. Without the latter, 10,000
+        waiting pods would each be told "a few seconds" and return in a flood of refusals.
 
         Why a rate and not a per-request time: what bounds the drain differs by request (the
         API server's review budget for a new token, the CPU for a cached one), and a mix of
         both makes any per-request average meaningless; completions per second are what the
-        clients waiting actually get."""
+        clients waiting actually get.
+
+        Why every client refused is booked at the time it was told (`_sent_away`) rather than
+        the clients away estimated from the refusal rate times the hints: in a storm's first
+        second the same clients are refused several times over while the hints are still
+        short, so a rate counted each of them several times, and more the faster the server
+        answers a refusal (the completion-queue server several times faster than grpc.aio's).
+        The estimate ran to five times the clients there were; everyone was told the whole
+        queue's time (30 s), they came back together long after the CA had drained, and met a
+        full CA again. Booked, each client is told its own turn: returns are spread at the
+        rate the CA completes requests."""
+        with self._lock:
+            return self._hint_ms(renewal)
+
+    def _hint_ms(self, renewal: bool) -> int:
         rate = self._rate or 1 / _INITIAL_SERVICE_TIME
-        drain_ms = (self._in_flight + self._waiting) / rate * 1000
-        if renewal:
-            drain_ms *= _RENEWAL_HINT_FACTOR
-        return int(min(_MAX_HINT_MS, max(_MIN_HINT_MS, drain_ms)))
+        now = self._monotonic()
+        self._forget_returned(now)
+        per_client = (_RENEWAL_HINT_FACTOR if renewal else 1) / rate
+        ahead = self._in_flight
+        wait = ahead * per_client
+        # The clients booked no later than its turn go first (and push the turn further).
+        # At most one pass over the slots, ~30 s / `_RETURN_SLOT` of them in a long storm.
+        returns, cap = self._returns, _MAX_HINT_MS / 1000
+        for slot in self._return_slots:
+            if slot * _RETURN_SLOT > now + wait or wait >= cap:
+                break
+            ahead += returns[slot]
+            wait = ahead * per_client
+        return int(min(_MAX_HINT_MS, max(_MIN_HINT_MS, wait * 1000)))
+
+    def _sent_away(self, hint_ms: int) -> None:
+        """Books a client refused with `hint_ms` at the time it may come back."""
+        slot = math.floor((self._monotonic() + hint_ms / 1000) / _RETURN_SLOT)
+        if slot not in self._returns:
+            bisect.insort(self._return_slots, slot)
+            self._returns[slot] = 0
+        self._returns[slot] += 1
+
+    def _forget_returned(self, now: float) -> None:
+        """Drops the bookings that are due: those clients are back (admitted, or booked again)."""
+        current = math.floor(now / _RETURN_SLOT)
+        slots = self._return_slots
+        while slots and slots[0] < current:
+            del self._returns[slots.pop(0)]
 
     def _release(self, ticket: Ticket) -> None:
         with self._lock:
@@ -181,12 +227,4 @@ class Admission:
                 if self._rate is None
                 else self._rate + _RATE_WEIGHT * (observed - self._rate)
             )
-            # Little's law: clients away = refusals per second x mean time away. Clients wait
-            # the hint times U[1, 1.5] (meshca's agent), so 1.25 x the mean hint.
-            away = (
-                1.25 * self._window_hinted / self._window_refusals if self._window_refusals else 0
-            )
-            waiting = self._window_refusals / busy * away
-            self._waiting += _RATE_WEIGHT * (waiting - self._waiting)
             self._window_busy, self._busy_since, self._window_completions = 0.0, now, 0
-            self._window_refusals, self._window_hinted = 0, 0.0

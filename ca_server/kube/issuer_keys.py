@@ -17,8 +17,10 @@ When keys are fetched:
   outage must not stop issuance for tokens we can still verify).
 
 Concurrency: `key_for` runs where request handlers run (the RPC server's completion-queue
-thread, or the event loop); every fetch is a blocking HTTP call on the synchronous client and
-runs in a worker thread (`asyncio.to_thread`) under a loop task. Each piece of state is replaced
+thread, or the event loop) while the current keys answer; before it starts or joins a refresh it
+moves the handler to the loop (`cq_server.to_the_loop`), so the refresh task is created and
+awaited there only. Every fetch is a blocking HTTP call on the synchronous client and runs in a
+worker thread (`asyncio.to_thread`) under that loop task. Each piece of state is replaced
 by one assignment (the key set by the refresh task, the refresh task by `key_for`), so no lock
 is needed.
 """
@@ -38,6 +40,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from ca_server.errors import AuthenticationError, CaSetupError, DependencyUnavailableError
+from ca_server.serving.cq_server import to_the_loop
 from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
@@ -146,15 +149,20 @@ class ClusterIssuerKeys:
             raise DependencyUnavailableError(
                 "issuer-keys-unavailable", "the CA has not loaded the cluster's issuer keys yet"
             )
-        if self._monotonic() - current.fetched_at >= self._max_age:
+        if self._monotonic() - current.fetched_at >= self._max_age and not self._refresh_running():
+            await to_the_loop()  # a task follows
             self._start_refresh()  # in the background; the current keys still answer
         key = _find(current.keys, kid)
         if key is not None:
             return key
         if kid is not None and self._refresh_allowed():
+            await to_the_loop()
             self._start_refresh()
-        if self._refreshing is not None:
-            await asyncio.shield(self._refreshing)
+        refreshing = self._refreshing
+        if refreshing is not None:
+            if not refreshing.done():
+                await to_the_loop()  # joining a running task adds a callback to it
+            await asyncio.shield(refreshing)
             key = _find(self._current.keys if self._current else (), kid)
             if key is not None:
                 return key
@@ -175,8 +183,11 @@ class ClusterIssuerKeys:
     def _refresh_allowed(self) -> bool:
         return self._monotonic() - self._last_attempt >= self._min_refresh_interval
 
+    def _refresh_running(self) -> bool:
+        return self._refreshing is not None and not self._refreshing.done()
+
     def _start_refresh(self) -> None:
-        if self._refreshing is None or self._refreshing.done():
+        if not self._refresh_running():
             self._last_attempt = self._monotonic()
             self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
 

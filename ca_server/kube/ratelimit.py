@@ -10,8 +10,9 @@ at once or not at all. They never reserve a future slot, so a certificate reques
 behind them, and a certificate storm right after a report storm still finds half the burst.
 
 Concurrency: `acquire` reserves a slot synchronously and then sleeps until the slot's time, so
-waiters are served in order. Reserving takes a lock: request handlers run on the RPC server's
-completion-queue thread as well as on the event loop (`ca_server.serving.cq_server`).
+waiters are served in order; it sleeps on the event loop (the TokenReview authenticator moves a
+handler there before it reviews, `cq_server.to_the_loop`). Reserving takes a lock, so the
+bucket stays exact whichever thread a caller runs on.
 """
 
 from __future__ import annotations

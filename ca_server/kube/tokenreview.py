@@ -23,11 +23,14 @@ it is refused with `OverloadedError` (UNAVAILABLE and a retry hint) instead of q
 certificate requests. Cache hits and a review already under way for the same token cost nothing
 and are always served.
 
-Concurrency: `authenticate` runs on the event loop. The review itself is a blocking HTTP call on
-the synchronous client, so it runs in a worker thread (`asyncio.to_thread`) after the token
-bucket admits it. Concurrent requests with the same token share one review, run as a task of
-its own: a caller that goes away (deadline, cancelled RPC) stops waiting but does not cancel
-the review the others are waiting for.
+Concurrency: `authenticate` answers from its caches wherever the RPC server runs the handler (its
+completion-queue thread, or the event loop); a token it has to review moves the handler to the
+loop first (`cq_server.to_the_loop`), so the reviews in flight, their tasks and the bucket's
+waits are the loop's alone. The review itself is a blocking HTTP call on the synchronous
+client, so it runs in a worker thread (`asyncio.to_thread`) after the token bucket admits it.
+Concurrent requests with the same token share one review, run as a task of its own: a caller
+that goes away (deadline, cancelled RPC) stops waiting but does not cancel the review the
+others are waiting for.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from ca_server.errors import (
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.metrics import CaMetrics
+from ca_server.serving.cq_server import to_the_loop
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry, token_shape
 from ca_server.wire import RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId
@@ -176,6 +180,8 @@ class TokenReviewAuthenticator:
         if refusal is not None:  # counted by the service as a denial, like the first time
             raise AuthenticationError(refusal.reason, refusal.message)
         _refuse_expired_token(token, now)
+        # A new token: what follows creates and joins a task, so it runs on the loop.
+        await to_the_loop()
         review = self._in_flight.get(digest)
         if review is None:
             paid = request.advisory and self._spare_token()

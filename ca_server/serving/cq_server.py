@@ -17,8 +17,25 @@ Concurrency model (which thread runs what):
 - **The asyncio loop** (the CA's, given to the server) takes over a handler that suspends (it
   awaits a TokenReview, a JWKS fetch, the API budget): the suspended coroutine is handed to
   the loop, which resumes it as a task and sends its answer. While the CQ thread drives a
-  step, the loop is registered as the thread's running loop, so `asyncio.get_running_loop()`,
-  `create_task` and `to_thread` in handler code refer to the CA's loop.
+  step, the loop is registered as the thread's running loop, so `asyncio.get_running_loop()`
+  in handler code refers to the CA's loop.
+- **The rule for handler code: `await to_the_loop()` before touching the loop.** The loop's
+  own methods are not thread-safe: creating a task, a timer (`asyncio.sleep`, `wait_for`,
+  `asyncio.wait(timeout=...)`) or a future's callback from the CQ thread appends to the
+  loop's ready queue or pushes onto its timer heap from outside the loop (a heap the loop
+  thread may be popping at that moment), and what it scheduled waits until something else
+  wakes the loop from `select`; asyncio's debug mode refuses it ("Non-thread-safe operation
+  invoked on an event loop other than the current one"). So a handler about to start I/O
+  first awaits `to_the_loop()`: on the CQ thread it suspends with nothing to wait for, the
+  server hands it to the loop, and the loop runs the rest (one hop, the one a handler that
+  waits pays anyway); on the loop (a resumed handler, or `--rpc-server aio`) it returns at
+  once. The steady state (a cached or development token, a client certificate) never gets
+  there, so it stays on the CQ thread. The CA's handlers do it where a token is new:
+  `ca_server.kube.tokenreview` (before the review), `ca_server.jwt_authn` (before reading a
+  JWKS), `ca_server.kube.issuer_keys` (before starting or joining a refresh);
+  tests/k8s/test_loop_thread_safety.py runs a CA in debug mode through those paths.
+  `asyncio.current_task()` on the CQ thread names whatever task the loop is running, so
+  `asyncio.timeout()` and task groups also belong after `to_the_loop()`.
 - **Streaming methods** (health `Watch`, reflection) and anything not unary-unary run as tasks
   on the loop, their reads and writes awaited as batch completions the CQ thread resolves.
   Slower per call, and rare.
@@ -259,9 +276,34 @@ class _StreamContext:
         await self._call.abort(code, details, trailing_metadata)
 
 
+_inline = threading.local()  # `.step` is True on a completion-queue thread
+
+
+class _ToTheLoop:
+    """What `to_the_loop()` returns: suspends once on a completion-queue thread, with nothing
+    to wait for (a bare yield), so the server hands the handler to the loop."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        if getattr(_inline, "step", False):
+            yield None
+
+
+_TO_THE_LOOP = _ToTheLoop()
+
+
+def to_the_loop() -> Awaitable[None]:
+    """`await to_the_loop()` before a handler touches the event loop (a task, a timer, a
+    future callback): on the completion-queue thread the rest of the handler then runs on the
+    CA's loop; on the loop it returns at once (module docstring: the rule for handler code)."""
+    return _TO_THE_LOOP
+
+
 class _Resume:
     """Continues a coroutine the CQ thread started and that suspended on `first` (what it
-    yielded to its driver: a future, or None for a bare yield), as part of a loop task."""
+    yielded to its driver: a future, or None for a bare yield such as `to_the_loop`'s), as
+    part of a loop task."""
 
     def __init__(self, coroutine: Any, first: Any) -> None:
         self._coroutine = coroutine
@@ -269,6 +311,11 @@ class _Resume:
 
     def __await__(self) -> Generator[Any, None, Any]:
         value = self._first
+        if value is None:  # handed over with nothing to wait for: go on now, on the loop
+            try:
+                value = self._coroutine.send(None)
+            except StopIteration as done:
+                return done.value
         while True:
             try:
                 yield value
@@ -312,8 +359,10 @@ class CompletionQueueServer(grpc.aio.Server):
         self._stopped = asyncio.Event()
         self._request_tag = object()
         self._shutdown_tag = object()
-        # Whether the loop has callbacks waiting (tasks created by a handler step on the CQ
-        # thread sit there until the loop wakes); feature-detected, else always wake it.
+        # Whether the loop has callbacks waiting. Handlers hand themselves to the loop before
+        # scheduling anything (`to_the_loop`); this is the net for one that does not, whose
+        # callback would otherwise sit there until the loop wakes. Feature-detected, else
+        # always wake it.
         self._ready_queue = getattr(loop, "_ready", None)
 
     # --- handlers ---
@@ -432,6 +481,7 @@ class CompletionQueueServer(grpc.aio.Server):
 
     def _poll(self) -> None:
         asyncio.events._set_running_loop(self._loop)
+        _inline.step = True
         operation_complete = cygrpc.CompletionType.operation_complete
         while True:
             event = self._queue.poll()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import random
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -104,6 +107,73 @@ def test_clients_already_told_to_wait_lengthen_the_hint():
     assert hints[-1] >= 2_000, hints[-1]  # in flight alone would say 100 ms
     for ticket in tickets:
         ticket.release()
+
+
+def test_clients_refused_before_the_first_window_closes_lengthen_the_hint():
+    """A storm's first 0.4 s: 128 requests in flight completing at 500/s (the initial guess),
+    five clients refused between two completions. No window has closed, so none of them is in
+    the smoothed count of clients away yet; each must still be told to wait behind those
+    refused before it, not the same floor-length wait that brings them all straight back
+    (to be refused again, as often as the server can answer a refusal)."""
+    ticks = _Ticks()
+    admission = Admission(AdmissionPolicy(max_in_flight=128, max_in_flight_renewals=64), ticks)
+    tickets = [admission.admit(renewal=False) for _ in range(128)]
+    hints = []
+    for _ in range(200):
+        ticks.now += 0.002
+        tickets.pop(0).release()
+        tickets.append(admission.admit(renewal=False))
+        for _ in range(5):
+            with pytest.raises(OverloadedError) as refused:
+                admission.admit(renewal=False)
+            hints.append(refused.value.retry_after_ms)
+    assert hints == sorted(hints)
+    assert hints[0] == 256  # 128 in flight at 500/s
+    assert 2_200 <= hints[-1] <= 2_300, hints[-1]  # and the 999 clients refused before it
+    with pytest.raises(OverloadedError) as renewal:
+        admission.admit(renewal=True)
+    assert renewal.value.retry_after_ms >= 4 * hints[-1]
+    for ticket in tickets:
+        ticket.release()
+
+
+def test_a_storm_is_spread_over_the_time_the_ca_needs_for_it():
+    """A closed loop: 1,000 clients at once at a CA that takes 128 and completes 100 a second,
+    so ~10 s of work. Each refused client comes back after its hint times U[1, 1.5] (meshca's
+    agent) and is refused again if the CA is still full. Each is told its own turn (after
+    the clients told before it), so no hint is beyond the time the whole queue takes and the
+    CA is not left idle while clients stay away: everyone is served within ~15 s.
+
+    With the clients away estimated from the refusal rate times the hints, the clients
+    refused several times in the first second were counted several times over: every hint
+    went to 30 s, clients came back together after the CA had drained, and the last one was
+    served after 52 s (47 s with the current window's refusals counted too)."""
+    ticks = _Ticks()
+    admission = Admission(AdmissionPolicy(max_in_flight=128, max_in_flight_renewals=64), ticks)
+    jitter = random.Random(7)
+    arrivals = [(0.0, client) for client in range(1000)]
+    inside: list[Any] = []  # tickets, completed in order every 10 ms
+    next_completion, hints, served_by = 0.01, [], 0.0
+    while arrivals or inside:
+        if inside and (not arrivals or next_completion <= arrivals[0][0]):
+            ticks.now = next_completion
+            inside.pop(0).release()
+            served_by, next_completion = ticks.now, ticks.now + 0.01
+            continue
+        ticks.now, client = heapq.heappop(arrivals)
+        try:
+            ticket = admission.admit(renewal=False)
+        except OverloadedError as refused:
+            hint = refused.retry_after_ms / 1000
+            hints.append(hint)
+            heapq.heappush(arrivals, (ticks.now + hint * jitter.uniform(1, 1.5), client))
+            continue
+        if not inside:
+            next_completion = ticks.now + 0.01
+        inside.append(ticket)
+    assert max(hints) <= 11, max(hints)
+    assert served_by <= 16, served_by
+    assert len(hints) < 2_000, len(hints)
 
 
 def test_only_an_explicit_renewal_header_marks_a_renewal():

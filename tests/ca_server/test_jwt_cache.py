@@ -6,6 +6,7 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
@@ -14,7 +15,7 @@ from jwt.algorithms import RSAAlgorithm
 
 from ca_server.authn import AuthnRequest
 from ca_server.errors import AuthenticationError
-from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
+from ca_server.jwt_authn import JwksFile, JwksUrl, JwtAuthenticator, TrustedIssuer
 from meshca.clock import FakeClock
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 
@@ -34,8 +35,11 @@ def test_a_withdrawn_jwks_key_stops_working_within_minutes_despite_the_cache(tmp
     jwks = tmp_path / "jwks.json"
     jwks.write_text(_jwks(leaked, "leaked"))
     clock = FakeClock(START)
+    # The CA gives the key source its clock too (`key_source_for`): the file is looked at
+    # again once the set is a second old, on the same clock as the cache.
+    source = JwksFile(jwks, monotonic=clock.monotonic)
     authenticator = JwtAuthenticator(
-        [TrustedIssuer(K8S_ISSUER, JwksFile(jwks), ("istio-ca",))], "cluster.local", clock
+        [TrustedIssuer(K8S_ISSUER, source, ("istio-ca",))], "cluster.local", clock
     )
     claims = k8s_claims("default", "sleep", lifetime=365 * 86400, issued_at=START.timestamp())
     token = jwt.encode(claims, leaked, algorithm="RS256", headers={"kid": "leaked"})
@@ -53,3 +57,53 @@ def test_a_withdrawn_jwks_key_stops_working_within_minutes_despite_the_cache(tmp
     clock.advance(timedelta(minutes=5))  # the cache's clock; PyJWT checks exp in real time
     with pytest.raises(AuthenticationError, match="leaked"):
         authenticate()
+
+
+def _first_step(coroutine: Any) -> tuple[bool, Any]:
+    """Runs one step of `coroutine` on a loop: (finished in it, its value)."""
+
+    async def step() -> tuple[bool, Any]:
+        try:
+            coroutine.send(None)
+        except StopIteration as done:
+            return True, done.value
+        coroutine.close()
+        return False, None
+
+    return asyncio.run(step())
+
+
+def test_a_jwks_file_read_a_moment_ago_answers_without_waiting(tmp_path: Path):
+    """A new token whose key is in the set read less than a second ago is verified in one
+    step: no worker thread, nothing for the completion-queue server to hand to the loop (a
+    storm of new development tokens stays on its thread). A key id the set lacks, or a set a
+    second old, sends the lookup back to the file."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(_jwks(key, "k1"))
+    clock = FakeClock(START)
+    source = JwksFile(jwks, monotonic=clock.monotonic)
+    assert _first_step(source.key_for("k1"))[0] is False  # nothing read yet: the file
+    assert asyncio.run(source.key_for("k1")).key_id == "k1"
+    finished, found = _first_step(source.key_for("k1"))
+    assert finished and found.key_id == "k1"
+    assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks: the file
+    clock.advance(1.0)
+    assert _first_step(source.key_for("k1"))[0] is False  # a second old: the file again
+
+
+def test_a_jwks_url_fetched_a_moment_ago_answers_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The same for a JWKS URL (its client's cache still needs a worker thread per call)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    keys = jwt.PyJWKSet.from_json(_jwks(key, "k1")).keys
+    clock = FakeClock(START)
+    source = JwksUrl("https://issuer.example/openid/v1/jwks", monotonic=clock.monotonic)
+    monkeypatch.setattr(source._client, "get_signing_keys", lambda: keys)
+    assert asyncio.run(source.key_for("k1")).key_id == "k1"
+    finished, found = _first_step(source.key_for("k1"))
+    assert finished and found.key_id == "k1"
+    assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks: the client
+    clock.advance(1.0)
+    assert _first_step(source.key_for("k1"))[0] is False  # a second old: the client again

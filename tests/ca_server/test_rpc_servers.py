@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 import ca_server.serving.cq_server as cq_server
-from ca_server.serving.cq_server import CompletionQueueServer, rpc_server_for
+from ca_server.serving.cq_server import CompletionQueueServer, rpc_server_for, to_the_loop
 from tests.support.loop import LoopThread
 from tests.support.processes import wait_for
 
@@ -33,7 +33,8 @@ SERVICE = "test.Echo"
 
 
 class Echo:
-    """Unary handlers, `async def` as the CA's servicers are."""
+    """Unary handlers, `async def` as the CA's servicers are, following the completion-queue
+    server's rule: `await to_the_loop()` before a timer or a task."""
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
@@ -45,7 +46,17 @@ class Echo:
             [request, headers.get("x-test", "-").encode(), context.peer().split(":")[0].encode()]
         )
 
+    async def threads(self, request: bytes, context: Any) -> bytes:
+        """Where its steps ran: before `to_the_loop()`, after it, after a task it created."""
+        seen = [threading.current_thread().name]
+        await to_the_loop()
+        seen.append(threading.current_thread().name)
+        await asyncio.create_task(asyncio.sleep(0.01))
+        seen.append(threading.current_thread().name)
+        return "|".join(seen).encode()
+
     async def waits(self, request: bytes, context: Any) -> bytes:
+        await to_the_loop()
         try:
             await asyncio.sleep(float(request.decode()))
         except asyncio.CancelledError:
@@ -61,6 +72,7 @@ class Echo:
         raise AssertionError("unreachable")
 
     async def refuse_later(self, request: bytes, context: Any) -> bytes:
+        await to_the_loop()
         await asyncio.sleep(0.01)
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not you")
         raise AssertionError("unreachable")
@@ -80,11 +92,15 @@ def served(
 ) -> Iterator[tuple[str, LoopThread, Any, Any]]:
     """(address, loop, server, health servicer) of a server of each kind."""
     with LoopThread() as loop:
+        # Debug mode: asyncio refuses a non-thread-safe call on the loop from another thread
+        # (the completion-queue thread), which then fails the handler and the test.
+        loop.loop.set_debug(True)
 
         async def start() -> tuple[Any, Any, int]:
             server = rpc_server_for(request.param, [("grpc.max_receive_message_length", 4096)])
             methods = {
                 "Now": echo.now,
+                "Threads": echo.threads,
                 "Waits": echo.waits,
                 "Refuse": echo.refuse,
                 "RefuseLater": echo.refuse_later,
@@ -131,6 +147,29 @@ def test_inline_and_handed_over_answers_with_metadata_and_peer(served):
         waits = [unary(channel, "Waits").future(b"0.01", timeout=5) for _ in range(10)]
         assert [f.result().split(b"|")[0] for f in futures] == [str(i).encode() for i in range(50)]
         assert all(f.result() == b"waited" for f in waits)
+
+
+def test_a_handler_moves_to_the_loop_before_it_touches_it(served):
+    """The steady state stays on the completion-queue thread; `to_the_loop()` moves the rest of
+    a handler to the loop's thread (where it may create tasks and timers), and on the loop it
+    is a no-op. The fixture's loop is in debug mode, which refuses the loop's non-thread-safe
+    calls from any other thread."""
+    address, _, server, _ = served
+    first = "meshca-rpc-cq" if isinstance(server, CompletionQueueServer) else "test-loop"
+    with grpc.insecure_channel(address) as channel:
+        answers = [unary(channel, "Threads").future(b"", timeout=5) for _ in range(20)]
+        assert {f.result() for f in answers} == {f"{first}|test-loop|test-loop".encode()}
+
+
+def test_to_the_loop_returns_at_once_off_the_completion_queue_thread():
+    async def hops() -> int:
+        steps = 0
+        awaitable = to_the_loop().__await__()
+        for _ in awaitable:
+            steps += 1
+        return steps
+
+    assert asyncio.run(hops()) == 0
 
 
 def test_abort_sends_the_status_and_trailing_metadata(served):
