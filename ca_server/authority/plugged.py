@@ -398,11 +398,14 @@ class PluggedDriver(DriverCore):
                 "keeping the current CA: the changed %s is unusable: %s", source.description, exc
             )
             return current
+        # The audit line first: handlers sign on the RPC server's completion-queue thread, not
+        # on this loop, so a leaf of the new authority could otherwise be answered (and seen)
+        # before the line that says the CA moved to it.
+        audit_reload(authority)
         self._adopt(authority)
         log.info(
             "reloaded %s; now signing with serial %x",
             source.description,
             authority.cert.serial_number,
         )
-        audit_reload(authority)
         return current
