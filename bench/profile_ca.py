@@ -5,9 +5,17 @@ Run: `.venv/bin/python -m bench.profile_ca [--duration 6] [--concurrency 8]`
 Needs `py-spy` (`.venv/bin/pip install py-spy`; not a project dependency) and h2load (see
 `bench/vs_cfssl.py`). It starts `meshca ca --workers 1` with a plugged-in P-256 root, drives it
 with h2load exactly as `bench/vs_cfssl.py` does, samples the worker with
-`py-spy record --gil` (only samples holding the GIL: the CPU the process spends), and prints the
-share of samples under each step of a request, attributed to the innermost step on the stack.
+`py-spy record --gil` (only samples of a thread holding the GIL), and prints the share of
+samples under each step of a request, attributed to the innermost step on the stack, and the
+GIL-held CPU per certificate each step stands for (samples ÷ rate ÷ certificates).
 Run it before and after a change to see what the change bought.
+
+What it cannot see: work done without the GIL. cryptography releases it for the signature math
+(the CSR's ECDSA verify, the leaf's signature: two threads verify ~1.9x as fast as one), and
+grpc core's own threads, TLS and the kernel never hold it; so the process CPU per certificate
+printed on the first line is larger than the sum of the steps, and a step that calls into the
+signature math shows only its Python part. `bench/handler_cost.py --steps` times the steps with
+the math included (in-process, no gRPC).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ STEPS: list[tuple[str, tuple[str, ...]]] = [
     ("RPC server (cq_server)", ("ca_server/serving/cq_server.py",)),
 ]
 MACHINERY = "gRPC + asyncio machinery"
+_RATE = 250  # py-spy samples per second
 
 
 def categorize(stack: list[str]) -> str:
@@ -96,7 +105,7 @@ def main() -> None:
                     "--duration",
                     str(args.duration),
                     "--rate",
-                    "250",
+                    str(_RATE),
                     "--pid",
                     str(ca.pid),
                     "--output",
@@ -120,12 +129,14 @@ def main() -> None:
     per_cert_us = cpu / issued * 1e6 if issued else float("nan")
     print(
         f"one worker at concurrency {args.concurrency}: {issued:.0f} certificates in "
-        f"{args.duration} s, {per_cert_us:.0f} µs CPU each; {total} GIL samples"
+        f"{args.duration} s, {per_cert_us:.0f} µs CPU each (the process); {total} GIL samples, "
+        f"{total / _RATE / issued * 1e6 if issued else float('nan'):.0f} µs of it holding the GIL"
     )
-    print(f"  {'step':30} {'share':>7} {'µs/cert':>8}")
+    print(f"  {'step':30} {'share':>7} {'GIL µs':>8}")
     for step, _ in [*STEPS, (MACHINERY, ())]:
         share = counts[step] / total
-        print(f"  {step:30} {100 * share:6.1f}% {share * per_cert_us:8.0f}")
+        gil_us = counts[step] / _RATE / issued * 1e6 if issued else float("nan")
+        print(f"  {step:30} {100 * share:6.1f}% {gil_us:8.0f}")
 
 
 if __name__ == "__main__":
