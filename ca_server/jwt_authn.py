@@ -92,7 +92,7 @@ class JwksFile:
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
         keys = self._keys
         if keys is not None and self._monotonic() - self._checked_at < self._recheck_interval:
-            key = _find_key(keys.keys, kid)
+            key = find_key(keys.keys, kid)
             if key is not None:
                 return key
         await to_the_loop()  # a task and a timer follow
@@ -146,7 +146,7 @@ class JwksUrl:
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
         if self._monotonic() - self._checked_at < self._recheck_interval:
-            key = _find_key(self._keys, kid)
+            key = find_key(self._keys, kid)
             if key is not None:
                 return key
         await to_the_loop()  # the fetch is the loop's to start and to wait for
@@ -161,7 +161,8 @@ class JwksUrl:
         return _pick_key(keys, kid, self._url)
 
 
-def _find_key(keys: Sequence[jwt.PyJWK], kid: str | None) -> jwt.PyJWK | None:
+def find_key(keys: Sequence[jwt.PyJWK], kid: str | None) -> jwt.PyJWK | None:
+    """The key `kid` names in a JWKS, or its only key for a token without `kid`; else `None`."""
     if kid is None:
         return keys[0] if len(keys) == 1 else None
     for key in keys:
@@ -171,7 +172,7 @@ def _find_key(keys: Sequence[jwt.PyJWK], kid: str | None) -> jwt.PyJWK | None:
 
 
 def _pick_key(keys: Sequence[jwt.PyJWK], kid: str | None, where: str) -> jwt.PyJWK:
-    key = _find_key(keys, kid)
+    key = find_key(keys, kid)
     if key is not None:
         return key
     if kid is None:

@@ -40,6 +40,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from ca_server.errors import AuthenticationError, CaSetupError, DependencyUnavailableError
+from ca_server.jwt_authn import find_key
 from ca_server.serving.cq_server import to_the_loop
 from meshca.kube_client import api_error_text
 
@@ -152,7 +153,7 @@ class ClusterIssuerKeys:
         if self._monotonic() - current.fetched_at >= self._max_age and not self._refresh_running():
             await to_the_loop()  # a task follows
             self._start_refresh()  # in the background; the current keys still answer
-        key = _find(current.keys, kid)
+        key = find_key(current.keys, kid)
         if key is not None:
             return key
         if kid is not None and self._refresh_allowed():
@@ -163,7 +164,7 @@ class ClusterIssuerKeys:
             if not refreshing.done():
                 await to_the_loop()  # joining a running task adds a callback to it
             await asyncio.shield(refreshing)
-            key = _find(self._current.keys if self._current else (), kid)
+            key = find_key(self._current.keys if self._current else (), kid)
             if key is not None:
                 return key
         return self._refuse(kid)
@@ -209,12 +210,3 @@ class ClusterIssuerKeys:
                 fresh.issuer,
             )
         self._current = fresh
-
-
-def _find(keys: tuple[jwt.PyJWK, ...], kid: str | None) -> jwt.PyJWK | None:
-    if kid is None:
-        return keys[0] if len(keys) == 1 else None
-    for key in keys:
-        if key.key_id == kid:
-            return key
-    return None

@@ -18,6 +18,7 @@ from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwksFile, JwksUrl, JwtAuthenticator, TrustedIssuer
 from meshca.clock import FakeClock
 from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
+from tests.support.jwks_http import serve_jwks
 
 START = datetime.now(UTC)
 
@@ -92,18 +93,17 @@ def test_a_jwks_file_read_a_moment_ago_answers_without_waiting(tmp_path: Path):
     assert _first_step(source.key_for("k1"))[0] is False  # a second old: the file again
 
 
-def test_a_jwks_url_fetched_a_moment_ago_answers_without_waiting(
-    monkeypatch: pytest.MonkeyPatch,
-):
-    """The same for a JWKS URL (its client's cache still needs a worker thread per call)."""
+def test_a_jwks_url_fetched_a_moment_ago_answers_without_waiting():
+    """The same for a JWKS URL, served over HTTP on loopback (its client's cache still needs a
+    worker thread per call)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    keys = jwt.PyJWKSet.from_json(_jwks(key, "k1")).keys
     clock = FakeClock(START)
-    source = JwksUrl("https://issuer.example/openid/v1/jwks", monotonic=clock.monotonic)
-    monkeypatch.setattr(source._client, "get_signing_keys", lambda: keys)
-    assert asyncio.run(source.key_for("k1")).key_id == "k1"
-    finished, found = _first_step(source.key_for("k1"))
-    assert finished and found.key_id == "k1"
-    assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks: the client
-    clock.advance(1.0)
-    assert _first_step(source.key_for("k1"))[0] is False  # a second old: the client again
+    with serve_jwks(_jwks(key, "k1").encode()) as url:
+        source = JwksUrl(url, monotonic=clock.monotonic)
+        assert _first_step(source.key_for("k1"))[0] is False  # nothing fetched yet: the client
+        assert asyncio.run(source.key_for("k1")).key_id == "k1"
+        finished, found = _first_step(source.key_for("k1"))
+        assert finished and found.key_id == "k1"
+        assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks: the client
+        clock.advance(1.0)
+        assert _first_step(source.key_for("k1"))[0] is False  # a second old: the client again

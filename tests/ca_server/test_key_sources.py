@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -17,6 +15,7 @@ from certs import SpiffeId, build_csr, generate_private_key, load_cert, load_cer
 from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
+from tests.support.jwks_http import serve_jwks
 
 pytestmark = pytest.mark.process  # every test runs a CA
 
@@ -25,25 +24,8 @@ SLEEP = SpiffeId("cluster.local", "default", "sleep")
 
 @pytest.fixture
 def jwks_url(rsa_issuer: RsaIssuer) -> Iterator[str]:
-    body = rsa_issuer.jwks_path.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/openid/v1/jwks"
-    server.shutdown()
-    server.server_close()
+    with serve_jwks(rsa_issuer.jwks_path.read_bytes()) as url:
+        yield url
 
 
 def test_tokens_verified_against_a_jwks_url(tmp_path: Path, rsa_issuer: RsaIssuer, jwks_url: str):

@@ -13,12 +13,10 @@ log.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer, make_rsa_issuer
 from tests.k8s.conftest import CaFactory, issue, spiffe
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
+from tests.support.jwks_http import serve_jwks
 from tests.support.kube_api import KubeApiServer
 
 DEBUG = {"PYTHONASYNCIODEBUG": "1"}
@@ -93,27 +92,8 @@ def test_issuer_keys_refreshed_after_a_rotation(kube_api: KubeApiServer, kube_ca
 def issuer_and_url(tmp_path: Path) -> Iterator[tuple[RsaIssuer, str]]:
     """An RS256 issuer (its JWKS written to a file) and the URL serving the same JWKS."""
     issuer = make_rsa_issuer(tmp_path)
-    body = issuer.jwks_path.read_bytes()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield issuer, f"http://127.0.0.1:{server.server_address[1]}/openid/v1/jwks"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_jwks(issuer.jwks_path.read_bytes()) as url:
+        yield issuer, url
 
 
 @pytest.mark.process  # starts a CA
