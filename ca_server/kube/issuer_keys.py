@@ -14,7 +14,8 @@ When keys are fetched:
   with made-up key ids costs at most one API call per interval;
 - in the background once the set is older than `max_age`, so a key the cluster withdrew stops
   being trusted without a restart. A failed refresh keeps the last good set (an API-server
-  outage must not stop issuance for tokens we can still verify).
+  outage must not stop issuance for tokens we can still verify) and is tried again at most
+  once per `min_refresh_interval`, not by every request that finds the set still old.
 
 Concurrency: `key_for` runs where request handlers run (the RPC server's completion-queue
 thread, or the event loop) while the current keys answer; before it starts or joins a refresh it
@@ -150,7 +151,11 @@ class ClusterIssuerKeys:
             raise DependencyUnavailableError(
                 "issuer-keys-unavailable", "the CA has not loaded the cluster's issuer keys yet"
             )
-        if self._monotonic() - current.fetched_at >= self._max_age and not self._refresh_running():
+        if (
+            self._monotonic() - current.fetched_at >= self._max_age
+            and self._refresh_allowed()  # a failing refresh is retried once per interval
+            and not self._refresh_running()
+        ):
             await to_the_loop()  # a task follows
             self._start_refresh()  # in the background; the current keys still answer
         key = find_key(current.keys, kid)

@@ -11,6 +11,7 @@ import pytest
 from ca_server.errors import AuthenticationError, CaSetupError
 from ca_server.kube.issuer_keys import ClusterIssuerKeys
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api.faults import Fault
 from tests.support.kube_api.issuer import DISCOVERY_PATH, JWKS_PATH
 
 
@@ -84,6 +85,38 @@ def test_old_keys_are_refreshed_in_the_background_and_kept_on_failure(
         assert (await keys.key_for(new_kid)).key_id == new_kid
         await asyncio.sleep(0.2)
         assert (await keys.key_for(new_kid)).key_id == new_kid
+
+    asyncio.run(scenario())
+
+
+def test_old_keys_whose_refresh_fails_are_refetched_once_per_interval(
+    kube_api: KubeApiServer,
+) -> None:
+    """Keys past `max_age` while the issuer's JWKS fails: the last good keys keep answering,
+    and a request that finds no refresh running starts one only when `min_refresh_interval`
+    has passed since the last attempt, not one per request (an API outage must not become a
+    flood of JWKS fetches at the CA's request rate)."""
+    clock = FakeMonotonic()
+    keys = ClusterIssuerKeys(
+        kube_api.api_client(), monotonic=clock, min_refresh_interval=10, max_age=300
+    )
+    keys.load()
+    kid = kube_api.issuer.current_key_id
+    kube_api.faults.add(Fault("get", JWKS_PATH, status=503))
+
+    async def scenario() -> None:
+        clock.now += 300
+        for _ in range(20):
+            assert (await keys.key_for(kid)).key_id == kid
+            await asyncio.sleep(0.05)  # the background refresh fails meanwhile
+        assert kube_api.count("get", JWKS_PATH) == 1 + 1  # load, then one failed attempt
+        clock.now += 10
+        assert (await keys.key_for(kid)).key_id == kid
+        for _ in range(100):
+            if kube_api.count("get", JWKS_PATH) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert kube_api.count("get", JWKS_PATH) == 3  # the interval passed: one more
 
     asyncio.run(scenario())
 

@@ -192,6 +192,7 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                 )
                 if method != "GET":
                     raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
+                self._apply_fault("get", url.path)  # armed as Fault("get", JWKS_PATH, ...)
                 issuer = self.backend.issuer
                 record.code = 200
                 self._send_json(
