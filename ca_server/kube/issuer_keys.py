@@ -193,7 +193,9 @@ class ClusterIssuerKeys:
         return self._refreshing is not None and not self._refreshing.done()
 
     def _start_refresh(self) -> None:
-        if not self._refresh_running():
+        # Checked again here, on the loop: a refresh may have started and ended while the
+        # request moved to it (`to_the_loop`).
+        if not self._refresh_running() and self._refresh_allowed():
             self._last_attempt = self._monotonic()
             self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
 

@@ -172,18 +172,19 @@ class TokenReviewAuthenticator:
             )
         digest = token_digest(cluster_id, token)
         now = self._clock.now()
-        cached = self._cache.get(digest, now)
+        cached = self._remembered(digest, now)
         if cached is not None:
-            self._metrics.tokenreview_cache_hits.inc()
             return cached
-        refusal = self._refusals.get(digest, now)
-        if refusal is not None:  # counted by the service as a denial, like the first time
-            raise AuthenticationError(refusal.reason, refusal.message)
         _refuse_expired_token(token, now)
         # A new token: what follows creates and joins a task, so it runs on the loop.
         await to_the_loop()
         review = self._in_flight.get(digest)
         if review is None:
+            # The hop to the loop may have let a review of this very token finish (its answer
+            # is remembered, and it is no longer in flight): one review per token, not two.
+            cached = self._remembered(digest, self._clock.now())
+            if cached is not None:
+                return cached
             paid = request.advisory and self._spare_token()
             review = asyncio.create_task(
                 self._review_and_remember(api, token, cluster_id, digest, paid=paid)
@@ -191,6 +192,18 @@ class TokenReviewAuthenticator:
             self._in_flight[digest] = review
             review.add_done_callback(lambda task: self._review_done(digest, task))
         return await asyncio.shield(review)
+
+    def _remembered(self, digest: str, now: datetime) -> Caller | None:
+        """The caller a review of this token found, or its refusal raised again (counted by the
+        service as a denial, like the first time); `None` for a token not reviewed lately."""
+        cached = self._cache.get(digest, now)
+        if cached is not None:
+            self._metrics.tokenreview_cache_hits.inc()
+            return cached
+        refusal = self._refusals.get(digest, now)
+        if refusal is not None:
+            raise AuthenticationError(refusal.reason, refusal.message)
+        return None
 
     def _spare_token(self) -> bool:
         """True once a spare token is taken; `OverloadedError` when there is none."""

@@ -23,6 +23,7 @@ from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.metrics import CaMetrics
+from ca_server.serving import cq_server
 from meshca.clock import Clock, FakeClock, SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc
 from tests.hostile.inprocess_ca import InProcessCa, good_csr
@@ -59,6 +60,32 @@ def _authenticator(clients: KubeClients, clock: Clock | None = None) -> TokenRev
 
 def _request(token: str) -> AuthnRequest:
     return AuthnRequest(headers={"authorization": f"Bearer {token}"})
+
+
+def test_a_review_that_ends_while_a_request_moves_to_the_loop_is_not_made_again(
+    kube_api: KubeApiServer, clients: KubeClients
+) -> None:
+    """On the completion-queue server a request with a new token looks up the remembered answers
+    on the CQ thread, then moves to the loop (`cq_server.to_the_loop`) to start or join the
+    token's review. A review of the same token can finish in between: the request must take
+    its answer, not start a second review (the flood test's bound: one per distinct token)."""
+    authenticator = _authenticator(clients)
+
+    async def scenario() -> None:
+        cq_server._inline.step = True  # the first step as the completion-queue thread runs it
+        try:
+            moved = authenticator.authenticate(_request("forged-token"))
+            assert moved.send(None) is None  # nothing remembered: it asks for the loop
+        finally:
+            cq_server._inline.step = False
+        with pytest.raises(AuthenticationError):  # another request, reviewed to the end
+            await authenticator.authenticate(_request("forged-token"))
+        assert kube_api.tokenreview_count == 1
+        with pytest.raises(AuthenticationError):  # the first resumes on the loop, as the server
+            await cq_server._Resume(moved, None)  # resumes a handed-over handler
+        assert kube_api.tokenreview_count == 1, "the token was reviewed twice"
+
+    asyncio.run(scenario())
 
 
 def test_a_cancelled_first_caller_does_not_cancel_the_shared_review(
