@@ -33,7 +33,7 @@ from certs import (
 from meshca.clock import SystemClock
 from meshca.commands.status import add_arguments, run
 from tests.agent.test_agent_inprocess import status, until
-from tests.support.agent_wiring import scheduler_of
+from tests.support.agent_wiring import node_agent_config, scheduler_of
 from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import http_text
@@ -63,16 +63,7 @@ def test_node_agent_serves_100_identities_with_at_most_8_csrs_in_flight() -> Non
         server, addr = await start_fake_ca(ca, tmp, clock.now())
         (tmp / "token").write_text(NODE_TOKEN)
         pairs = tuple((f"ns{i % 10}", f"sa{i}") for i in range(100))
-        config = AgentConfig(
-            ca_addr=addr,
-            ca_root_ca=tmp / "root-cert.pem",
-            token_path=tmp / "token",
-            sds_socket=tmp / "sds" / "socket",
-            output_certs=tmp / "certs",
-            status_port=0,
-            node_mode=True,
-            identities=pairs,
-        )
+        config = node_agent_config(tmp, addr, pairs)
         assert config.max_concurrent_fetches == 8
         agent = Agent(config, clock=SystemClock())
         await agent.start()
