@@ -17,6 +17,7 @@ import json
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import jwt
@@ -148,38 +149,63 @@ def unsigned(plane: RealControlPlane) -> Presented:
     return Presented(f"{header}.{payload}.", presented.identity)
 
 
-def deleted_pod(plane: RealControlPlane) -> Presented:
+PROBE_AUDIENCE = "meshca-test-probe"
+
+
+def _changed_state(plane: RealControlPlane, change: Callable[[str, Any], None]) -> Presented:
+    """A pod-bound token, then `change(account, pod)` made to the objects it names.
+
+    The API server judges a bound token against its informer caches (the ServiceAccount and
+    Pod listers first, a live read only on a miss) and remembers a successful review for 10 s
+    (kube-apiserver's token success cache), so a DELETE that has returned is not yet what
+    TokenReview sees. A second token bound to the same objects, never shown to anyone else,
+    is reviewed until the API server refuses it: from then on its caches hold the change, and
+    the presented token, reviewed by nobody so far, gets a verdict on the state the case
+    names. Reviewing the presented token itself while waiting would put a stale success in
+    that 10 s cache."""
     account, pod = _account_and_pod(plane)
     token = plane.request_token(NAMESPACE, account, audiences=(AUDIENCE,), pod=pod)
-    plane.delete_pod(NAMESPACE, pod.metadata.name)  # type: ignore[attr-defined]
+    probe = plane.request_token(NAMESPACE, account, audiences=(PROBE_AUDIENCE,), pod=pod)
+    change(account, pod)
+    wait_for(
+        lambda: not plane.token_review(probe, [PROBE_AUDIENCE]).authenticated,
+        30,
+        "the API server's TokenReview to see the change",
+    )
     return Presented(token, spiffe(NAMESPACE, account), state_changed=True)
+
+
+def deleted_pod(plane: RealControlPlane) -> Presented:
+    return _changed_state(
+        plane, lambda account, pod: plane.delete_pod(NAMESPACE, pod.metadata.name)
+    )
 
 
 def recreated_pod(plane: RealControlPlane) -> Presented:
     """The pod deleted and created again under its name: the token names the old uid."""
-    account, pod = _account_and_pod(plane)
-    token = plane.request_token(NAMESPACE, account, audiences=(AUDIENCE,), pod=pod)
-    name = pod.metadata.name  # type: ignore[attr-defined]
-    plane.delete_pod(NAMESPACE, name)
-    plane.create_pod(NAMESPACE, name, account)
-    return Presented(token, spiffe(NAMESPACE, account), state_changed=True)
+
+    def recreate(account: str, pod: Any) -> None:
+        plane.delete_pod(NAMESPACE, pod.metadata.name)
+        plane.create_pod(NAMESPACE, pod.metadata.name, account)
+
+    return _changed_state(plane, recreate)
 
 
 def deleted_service_account(plane: RealControlPlane) -> Presented:
     """The account deleted while its pod keeps running."""
-    account, pod = _account_and_pod(plane)
-    token = plane.request_token(NAMESPACE, account, audiences=(AUDIENCE,), pod=pod)
-    plane.delete_service_account(NAMESPACE, account)
-    return Presented(token, spiffe(NAMESPACE, account), state_changed=True)
+    return _changed_state(
+        plane, lambda account, pod: plane.delete_service_account(NAMESPACE, account)
+    )
 
 
 def recreated_service_account(plane: RealControlPlane) -> Presented:
     """The account deleted and created again under its name (a new uid)."""
-    account, pod = _account_and_pod(plane)
-    token = plane.request_token(NAMESPACE, account, audiences=(AUDIENCE,), pod=pod)
-    plane.delete_service_account(NAMESPACE, account)
-    plane.create_service_account(NAMESPACE, account)
-    return Presented(token, spiffe(NAMESPACE, account), state_changed=True)
+
+    def recreate(account: str, pod: Any) -> None:
+        plane.delete_service_account(NAMESPACE, account)
+        plane.create_service_account(NAMESPACE, account)
+
+    return _changed_state(plane, recreate)
 
 
 # (case, token maker, accepted). Every case: the API server, the TokenReview CA and the
