@@ -103,12 +103,14 @@ def apply_deploy_rbac(
     roles, bindings = deploy_rbac_objects(deploy_account)
     suffix = f"{namespace}-{service_account}"
     applied = AppliedRbac([])
+    granted: list[list[dict[str, Any]]] = []  # each role's rules, as created
     for role in roles:
         body = copy.deepcopy(role.doc)
         body["metadata"] = {"name": f"{role.name}-{suffix}"}
         scope: Scope = "cluster" if role.kind == "ClusterRole" else "namespace"
         if drop is not None:
             body["rules"] = _flat_rules(body.get("rules") or [], scope, drop)
+        granted.append(body.get("rules") or [])
         if role.kind == "ClusterRole":
             api.create_cluster_role(body)
             applied.objects.append(("ClusterRole", None, body["metadata"]["name"]))
@@ -130,7 +132,7 @@ def apply_deploy_rbac(
             body["metadata"]["namespace"] = namespace
             api.create_namespaced_role_binding(namespace, body)
             applied.objects.append(("RoleBinding", namespace, body["metadata"]["name"]))
-    _wait_effective(plane, namespace, service_account, roles, drop)
+    _wait_effective(plane, namespace, service_account, granted)
     return applied
 
 
@@ -138,39 +140,39 @@ def _wait_effective(
     plane: RealControlPlane,
     namespace: str,
     service_account: str,
-    roles: list[Manifest],
-    drop: Rule | None,
+    granted: list[list[dict[str, Any]]],
 ) -> None:
-    """The authorizer reads RBAC from an informer: wait until it allows one granted rule."""
-    granted = [
-        rule
-        for role in roles
-        for rule in _flat_rules(
-            role.doc.get("rules") or [],
-            "cluster" if role.kind == "ClusterRole" else "namespace",
-            drop or Rule("", "", "", "cluster"),
-        )
-        if "resources" in rule
-    ]
-    if not granted:
-        return
-    sample = granted[0]
-    review = kubernetes.client.V1SubjectAccessReview(
-        spec=kubernetes.client.V1SubjectAccessReviewSpec(
-            user=f"system:serviceaccount:{namespace}:{service_account}",
-            groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-            resource_attributes=kubernetes.client.V1ResourceAttributes(
-                group=sample["apiGroups"][0],
-                resource=sample["resources"][0],
-                verb=sample["verbs"][0],
-                namespace=namespace,
-            ),
-        )
-    )
+    """The authorizer reads RBAC from informers, one per kind (Role, RoleBinding, ClusterRole,
+    ClusterRoleBinding), each with its own lag: wait until it allows one rule of every role
+    created, so each role and its binding have reached it, not just the first."""
     api: Any = kubernetes.client.AuthorizationV1Api(plane.admin())
-    wait_for(
-        lambda: bool(api.create_subject_access_review(review).status.allowed),
-        10,
-        f"RBAC for {namespace}/{service_account} to take effect",
-        interval=0.1,
-    )
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    for rules in granted:
+        sample = next((rule for rule in rules if rule.get("resources")), None)
+        if sample is None:
+            continue
+        names = sample.get("resourceNames") or [None]
+        review = kubernetes.client.V1SubjectAccessReview(
+            spec=kubernetes.client.V1SubjectAccessReviewSpec(
+                user=user,
+                groups=groups,
+                resource_attributes=kubernetes.client.V1ResourceAttributes(
+                    group=sample["apiGroups"][0],
+                    resource=sample["resources"][0],
+                    verb=sample["verbs"][0],
+                    namespace=namespace,
+                    name=names[0],
+                ),
+            )
+        )
+
+        def allowed(review: Any = review) -> bool:
+            return bool(api.create_subject_access_review(review).status.allowed)
+
+        wait_for(
+            allowed,
+            10,
+            f"RBAC for {namespace}/{service_account} to take effect ({sample})",
+            interval=0.1,
+        )
