@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.quiet_http import QuietThreadingHTTPServer
 
 
 @contextlib.contextmanager
@@ -23,7 +25,7 @@ def serve_jwks(body: bytes) -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -17,9 +17,11 @@ import sys
 import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
+
+from tests.support.quiet_http import QuietThreadingHTTPServer
 
 from . import errors
 from .admin import ADMIN_PREFIX, handle_admin
@@ -70,7 +72,7 @@ def _decode_continue(token: str) -> tuple[str, str]:
         raise errors.bad_request(f"invalid continue token {token!r}") from None
 
 
-class KubeApiHTTPServer(ThreadingHTTPServer):
+class KubeApiHTTPServer(QuietThreadingHTTPServer):
     """Threaded HTTP server that remembers open sockets so ``stop()`` can cut them."""
 
     daemon_threads = True
