@@ -166,6 +166,9 @@ def _changed_state(plane: RealControlPlane, change: Callable[[str, Any], None]) 
     account, pod = _account_and_pod(plane)
     token = plane.request_token(NAMESPACE, account, audiences=(AUDIENCE,), pod=pod)
     probe = plane.request_token(NAMESPACE, account, audiences=(PROBE_AUDIENCE,), pod=pod)
+    # The probe is good before the change (else the wait below proves nothing), asked with an
+    # audience list of its own: the success cache is keyed by token and audiences.
+    assert plane.token_review(probe, [PROBE_AUDIENCE, "unused"]).authenticated
     change(account, pod)
     wait_for(
         lambda: not plane.token_review(probe, [PROBE_AUDIENCE]).authenticated,
