@@ -43,6 +43,21 @@ _PORT_RANGE = (20000, 32000)
 _handed_out: set[int] = set()
 
 
+def _worker_port_range() -> tuple[int, int]:
+    """This test process's share of `_PORT_RANGE`: pytest-xdist workers (`gw0`, `gw1`, ...)
+    each pick from their own slice, so a port one worker found free cannot be taken by a
+    server another worker starts before this one's child binds it (a CA that could not
+    listen, in a CI run with the machine loaded). Outside xdist, the whole range."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 2:
+        return _PORT_RANGE
+    low, high = _PORT_RANGE
+    size = (high - low) // count
+    start = low + int(worker[2:]) % count * size
+    return start, start + size
+
+
 @contextlib.contextmanager
 def children_get_ctrl_c() -> Iterator[None]:
     """Children started inside stop on Ctrl-C (SIGINT) as a terminal's foreground job does.
@@ -64,10 +79,12 @@ def children_get_ctrl_c() -> Iterator[None]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range, and never handed
-    out before by this test process (so two servers of one test cannot be given the same one)."""
+    """A TCP port on 127.0.0.1 that is free now, outside the ephemeral range, never handed out
+    before by this test process (so two servers of one test cannot be given the same one), and
+    in this xdist worker's own slice (`_worker_port_range`)."""
+    ports = _worker_port_range()
     for _ in range(1000):
-        port = random.randrange(*_PORT_RANGE)
+        port = random.randrange(*ports)
         if port in _handed_out:
             continue
         with socket.socket() as sock:
@@ -77,7 +94,7 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port in {_PORT_RANGE}")
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def wait_for(
