@@ -74,6 +74,19 @@ def _first_step(coroutine: Any) -> tuple[bool, Any]:
     return asyncio.run(step())
 
 
+def _answers_inline_only_from_a_fresh_set(source: Any, clock: FakeClock) -> None:
+    """`source` (a JwksFile or JwksUrl knowing key `k1`) goes to its file or URL for its first
+    lookup, answers `k1` in the first step while its set is under a second old, and goes back
+    for a key id the set lacks or once the set is a second old."""
+    assert _first_step(source.key_for("k1"))[0] is False  # nothing read yet
+    assert asyncio.run(source.key_for("k1")).key_id == "k1"
+    finished, found = _first_step(source.key_for("k1"))
+    assert finished and found.key_id == "k1"
+    assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks
+    clock.advance(1.0)
+    assert _first_step(source.key_for("k1"))[0] is False  # a second old: read again
+
+
 def test_a_jwks_file_read_a_moment_ago_answers_without_waiting(tmp_path: Path):
     """A new token whose key is in the set read less than a second ago is verified in one
     step: no worker thread, nothing for the completion-queue server to hand to the loop (a
@@ -83,14 +96,7 @@ def test_a_jwks_file_read_a_moment_ago_answers_without_waiting(tmp_path: Path):
     jwks = tmp_path / "jwks.json"
     jwks.write_text(_jwks(key, "k1"))
     clock = FakeClock(START)
-    source = JwksFile(jwks, monotonic=clock.monotonic)
-    assert _first_step(source.key_for("k1"))[0] is False  # nothing read yet: the file
-    assert asyncio.run(source.key_for("k1")).key_id == "k1"
-    finished, found = _first_step(source.key_for("k1"))
-    assert finished and found.key_id == "k1"
-    assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks: the file
-    clock.advance(1.0)
-    assert _first_step(source.key_for("k1"))[0] is False  # a second old: the file again
+    _answers_inline_only_from_a_fresh_set(JwksFile(jwks, monotonic=clock.monotonic), clock)
 
 
 def test_a_jwks_url_fetched_a_moment_ago_answers_without_waiting():
@@ -99,11 +105,4 @@ def test_a_jwks_url_fetched_a_moment_ago_answers_without_waiting():
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     clock = FakeClock(START)
     with serve_jwks(_jwks(key, "k1").encode()) as url:
-        source = JwksUrl(url, monotonic=clock.monotonic)
-        assert _first_step(source.key_for("k1"))[0] is False  # nothing fetched yet: the client
-        assert asyncio.run(source.key_for("k1")).key_id == "k1"
-        finished, found = _first_step(source.key_for("k1"))
-        assert finished and found.key_id == "k1"
-        assert _first_step(source.key_for("k2"))[0] is False  # a key id it lacks: the client
-        clock.advance(1.0)
-        assert _first_step(source.key_for("k1"))[0] is False  # a second old: the client again
+        _answers_inline_only_from_a_fresh_set(JwksUrl(url, monotonic=clock.monotonic), clock)
