@@ -37,7 +37,9 @@ Module map:
   `metrics`, `secrets`.
 - `workload_api` (the SPIFFE Workload API from the same cache; who is asking is a
   `CallerResolver`'s business), `workload_attestor` (node mode: peer credentials → cgroup →
-  pod → identity), `peer_relay` (node mode: the public socket, taking `SO_PEERCRED`).
+  pod → identity), `peer_relay` (node mode: the public socket, taking `SO_PEERCRED`),
+  `peer_process` (node mode: the connecting process held by a pidfd or its start time, so
+  what is read of its pid is its own).
 - `errors`: every error the agent raises on purpose, drawn once; `config`: flags and
   environment (`AgentConfig.from_args`). The commands (`meshca agent`, `meshca up`) live above
   the agent in `meshca.commands`; the pod watch uses the runtime's `meshca.informer`.

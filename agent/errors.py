@@ -130,7 +130,8 @@ class UnknownFileResourceError(UnknownResourceError):
 class CallerNotAttested(AgentError):
     """A Workload API caller the node agent cannot tie to a live pod on its node
     (`agent.workload_attestor`); the message says which step failed (peer credentials, the
-    process's cgroup, the pod) so the operator knows what to fix. `reason` is the metric label."""
+    process: unreadable, or not proven to be the one that connected (`agent.peer_process`), its
+    cgroup, the pod) so the operator knows what to fix. `reason` is the metric label."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

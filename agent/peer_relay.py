@@ -2,10 +2,11 @@
 
 grpc does not tell a Python servicer who is at the other end of a Unix socket (no
 `SO_PEERCRED` in its auth context). So in node mode the public socket is this relay's: it
-accepts a connection, reads the kernel's peer credentials (`SO_PEERCRED`) and hands them to
-`inspect` at once (`agent.workload_attestor`: the caller's pod UID from its cgroup, before its
-pid could be reused), then opens a connection of its own to the gRPC server's private socket
-from a socket bound to a fresh abstract name, and copies bytes both ways. The servicer sees
+accepts a connection, takes the connecting process from the kernel (`SO_PEERCRED`, and a pidfd
+where the kernel has `SO_PEERPIDFD`: `agent.peer_process`) and hands it to `inspect` at once
+(`agent.workload_attestor`: the caller's pod UID from its cgroup, proven to be the caller's and
+not a later holder of its pid), then opens a connection of its own to the gRPC server's private
+socket from a socket bound to a fresh abstract name, and copies bytes both ways. The servicer sees
 that name as `context.peer()` (`unix-abstract:<name>`) and asks `accepted(peer)` what was
 learned at accept time. A name carries a random 128-bit token, so no other process can present
 one, and the private socket sits in a 0700 directory of the agent's own (never in the volume
@@ -28,22 +29,26 @@ import os
 import secrets
 import shutil
 import socket
-import struct
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import CallerNotAttested
+from agent.peer_process import (
+    NO_PEER,
+    SO_PEERPIDFD,
+    PeerCredentials,
+    PeerProcess,
+    take_peer_process,
+)
 from agent.workload_api import prepare_socket_path
-from agent.workload_attestor import NO_PEER, PeerCredentials
 
 log = logging.getLogger(__name__)
 
 ABSTRACT_PREFIX = "unix-abstract:"
 DEFAULT_MAX_CONNECTIONS = 4096
 _CHUNK = 64 * 1024
-_UCRED = struct.Struct("3i")
 
 
 @dataclass(frozen=True)
@@ -56,21 +61,17 @@ class Accepted:
     refusal: CallerNotAttested | None
 
 
-def peer_credentials(sock: socket.socket) -> PeerCredentials:
-    """The kernel's credentials of the process that connected `sock` (Linux `SO_PEERCRED`)."""
-    pid, uid, gid = _UCRED.unpack(
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    )
-    return PeerCredentials(pid, uid, gid)
-
-
 class PeerRelay:
     """Public socket `public_path` (mode `socket_mode`) → private gRPC socket (see above)."""
+
+    # The socket option that yields the caller's pidfd; tests set one the kernel does not know
+    # to take the start-time way (`agent.peer_process`) on any kernel.
+    pidfd_option = SO_PEERPIDFD
 
     def __init__(
         self,
         public_path: Path,
-        inspect: Callable[[PeerCredentials], str],
+        inspect: Callable[[PeerProcess], str],
         *,
         socket_mode: int = 0o600,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -129,7 +130,7 @@ class PeerRelay:
         try:
             if client is None:
                 raise CallerNotAttested(NO_PEER, "the connection carries no socket to inspect")
-            peer = peer_credentials(client)
+            caller = take_peer_process(client, pidfd_option=self.pidfd_option)
         except (OSError, CallerNotAttested) as exc:
             refusal = (
                 exc
@@ -138,9 +139,11 @@ class PeerRelay:
             )
             return Accepted(None, None, refusal)
         try:
-            return Accepted(peer, self._inspect(peer), None)
+            return Accepted(caller.credentials, self._inspect(caller), None)
         except CallerNotAttested as exc:
-            return Accepted(peer, None, exc)
+            return Accepted(caller.credentials, None, exc)
+        finally:
+            caller.close()
 
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

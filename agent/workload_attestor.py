@@ -4,36 +4,42 @@ A node agent's socket is shared by every pod on the node, so what a caller gets 
 what the kernel says about it, never from anything it sends (the request has no fields, and
 metadata is the caller's to forge). SPIRE's Kubernetes workload attestor's way:
 
-1. the kernel's peer credentials of the connection (`SO_PEERCRED`: pid, uid, gid), read by
-   `agent.peer_relay` the moment the connection is accepted;
-2. the pid's cgroup (`/proc/<pid>/cgroup`), read at that same moment so a pid that exits and is
-   reused later cannot change the answer: the kubelet puts every container of a pod under a
-   cgroup named for the pod's UID (`.../pod<uid>/<container>` with cgroupfs,
-   `...-pod<uid_with_underscores>.slice/...` with systemd), cgroup v1 and v2 alike;
+1. the kernel's peer credentials of the connection (`SO_PEERCRED`: pid, uid, gid) and, where it
+   has one, a pidfd on the connecting process (`SO_PEERPIDFD`), taken by `agent.peer_relay`
+   the moment the connection is accepted (`agent.peer_process.take_peer_process`);
+2. the pid's cgroup (`/proc/<pid>/cgroup`), read at that same moment and proven to be the
+   connecting process's, not that of a process that took its pid after it exited
+   (`agent.peer_process.CallerProc`: the pidfd still running, or the start time before the
+   accept and unchanged); a pid that is reused later cannot change the answer. The kubelet
+   puts every container of a pod under a cgroup named for the pod's UID (`.../pod<uid>/
+   <container>` with cgroupfs, `...-pod<uid_with_underscores>.slice/...` with systemd),
+   cgroup v1 and v2 alike;
 3. the pod with that UID in the node agent's own pod informer (`PodDirectory`): it must be on
    this node and live; its namespace and service account make the SPIFFE ID, and the SVID is
    the scheduler's certificate for that identity, published under the SPIFFE ID.
 
 Any step that fails raises `CallerNotAttested` with the step in `reason` and a message for the
 operator; the Workload API answers PERMISSION_DENIED. A process outside any pod (a host
-process, the kubelet) is not placed: the node agent serves pods only.
+process, the kubelet) is not placed: the node agent serves pods only; nor is a caller that
+cannot be told from a process that took its pid.
 
 Injectable: `ProcessCgroups` reads below any `proc_root` (tests hand in a directory with
-`<pid>/cgroup` files) and `PodDirectory` is a protocol (tests hand in a dict), so the whole
-chain runs in tests on real sockets with real peer credentials, without real pods.
+`<pid>/cgroup` and `<pid>/stat` files) and `PodDirectory` is a protocol (tests hand in a dict),
+so the whole chain runs in tests on real sockets with real peer credentials, without real pods.
 
-Concurrency: `cgroup_of` is one read of a procfs file (never blocks on a disk) and runs on the
-event loop at accept time; `PodDirectory.pod_by_uid` reads the informer's locked index.
+Concurrency: `pod_uid_of` is a few reads of procfs files (never blocks on a disk) and a poll of
+a pidfd, and runs on the event loop at accept time; `PodDirectory.pod_by_uid` reads the
+informer's locked index.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agent.errors import CallerNotAttested
+from agent.peer_process import NO_PEER, CallerProc, PeerProcess
 from agent.scheduler import publish_as_spiffe_id
 from certs import SpiffeId, SpiffeIdError
 from meshca.pods import PodInfo
@@ -41,8 +47,6 @@ from meshca.pods import PodInfo
 if TYPE_CHECKING:
     from agent.peer_relay import Accepted
 
-NO_PEER = "no_peer_credentials"
-NO_CGROUP = "process_unreadable"
 NOT_IN_POD = "not_in_a_pod"
 UNKNOWN_POD = "unknown_pod"
 POD_ENDED = "pod_not_running"
@@ -53,15 +57,6 @@ _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?![0-9a-f])"
 )
 MAX_CGROUP_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class PeerCredentials:
-    """What the kernel says about the process at the other end of a Unix socket."""
-
-    pid: int
-    uid: int
-    gid: int
 
 
 def pod_uid_in_cgroup(text: str) -> str | None:
@@ -76,32 +71,22 @@ def pod_uid_in_cgroup(text: str) -> str | None:
 
 
 class ProcessCgroups:
-    """Reads a process's cgroup membership below `proc_root` (normally `/proc`)."""
+    """Reads a caller's cgroup membership below `proc_root` (normally `/proc`), proven to be
+    the connecting process's (`agent.peer_process.CallerProc`)."""
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
-        self.proc_root = proc_root
+        self.proc = CallerProc(proc_root)
 
-    def pod_uid_of(self, pid: int) -> str:
-        """The UID of the pod `pid` runs in; `CallerNotAttested` if it cannot be read or is
-        in no pod."""
-        if pid <= 0:
-            raise CallerNotAttested(NO_PEER, "the kernel reported no process for this caller")
-        path = self.proc_root / str(pid) / "cgroup"
-        try:
-            with path.open("rb") as handle:
-                text = handle.read(MAX_CGROUP_BYTES).decode("utf-8", "replace")
-        except OSError as exc:
-            raise CallerNotAttested(
-                NO_CGROUP,
-                f"the caller (pid {pid}) cannot be inspected ({path}: {exc.strerror}); the node "
-                "agent needs the host's PID namespace (hostPID: true) to see its callers",
-            ) from None
-        uid = pod_uid_in_cgroup(text)
+    def pod_uid_of(self, caller: PeerProcess) -> str:
+        """The UID of the pod `caller` runs in; `CallerNotAttested` if it cannot be read, is
+        not proven to be the caller's, or is in no pod."""
+        raw = self.proc.read(caller, "cgroup", MAX_CGROUP_BYTES)
+        uid = pod_uid_in_cgroup(raw.decode("utf-8", "replace"))
         if uid is None:
             raise CallerNotAttested(
                 NOT_IN_POD,
-                f"the caller (pid {pid}) runs in no Kubernetes pod (its cgroup names none); "
-                "the node agent serves identities to pods only",
+                f"the caller (pid {caller.pid}) runs in no Kubernetes pod (its cgroup names "
+                "none); the node agent serves identities to pods only",
             )
         return uid
 
@@ -122,9 +107,9 @@ class NodeAttestor:
         self.trust_domain = trust_domain
         self.cgroups = cgroups or ProcessCgroups()
 
-    def pod_uid_of(self, peer: PeerCredentials) -> str:
+    def pod_uid_of(self, caller: PeerProcess) -> str:
         """Step 1-2, at accept time."""
-        return self.cgroups.pod_uid_of(peer.pid)
+        return self.cgroups.pod_uid_of(caller)
 
     def identity_of_pod(self, pod_uid: str) -> SpiffeId:
         """Step 3, at call time (the informer may learn of a new pod a moment after it starts)."""

@@ -3,7 +3,10 @@
 The real relay, attestor and server on a real socket; the callers are real processes running
 the real py-spiffe client (`tests.support.spiffe_workload`), so `SO_PEERCRED` reports their
 own pids. The two lookups the attestor makes are injected: `/proc` is a directory this test
-writes (`<pid>/cgroup`, in the kubelet's systemd format) and the pods are a dict by UID.
+writes (`<pid>/cgroup`, in the kubelet's systemd format, and `<pid>/stat` linked to the real
+process's) and the pods are a dict by UID. Both ways the relay holds a caller (a pidfd, where
+the kernel has one; its start time) run against real processes, and a caller that connects
+and exits before it is inspected (`tests.support.held_connection`) is never placed.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +30,7 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.config import AgentConfig
 from agent.main import Agent
+from agent.peer_process import SO_PEERPIDFD, PeerProcess
 from agent.secrets import TlsSecret
 from agent.workload_api import REFUSED_NOT_ATTESTED
 from agent.workload_attestor import NodeCaller, ProcessCgroups
@@ -31,6 +38,8 @@ from certs import load_cert, load_private_key
 from meshca.clock import SystemClock
 from tests.agent.test_agent_inprocess import until
 from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
+from tests.support.fake_proc import NO_SUCH_OPTION, boot_ns, file_process, kernel_has_peer_pidfd
+from tests.support.held_connection import channel_over, fetch_x509_svid, hand_over_connection
 from tests.support.kube_api import KubeApiServer
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env
@@ -100,9 +109,9 @@ def start_workload(socket: Path, *extra: str) -> tuple[subprocess.Popen[str], st
 
 
 def file_cgroup(proc: Path, pid: str, pod_uid: str | None) -> None:
-    """What the injected /proc says of `pid`: in `pod_uid`'s pod, or (None) in no pod."""
-    (proc / pid).mkdir()
-    (proc / pid / "cgroup").write_text(pod_cgroup(pod_uid) if pod_uid else HOST_CGROUP)
+    """What the injected /proc says of `pid`: in `pod_uid`'s pod, or (None) in no pod; its
+    stat is the real process's."""
+    file_process(proc, pid, pod_cgroup(pod_uid) if pod_uid else HOST_CGROUP)
 
 
 def stop_workload(child: subprocess.Popen[str]) -> None:
@@ -184,6 +193,117 @@ def test_a_workload_that_tries_never_receives_another_workloads_key(
     direct = by_how["private socket"]
     assert direct["error"] == "PERMISSION_DENIED"
     assert "did not come through the node agent's Workload API socket" in direct["details"]
+
+
+# --- the caller is the process that connected, not its pid number -----------------------------
+
+WAYS = {
+    "pidfd": pytest.param(
+        SO_PEERPIDFD,
+        marks=pytest.mark.skipif(
+            not kernel_has_peer_pidfd(), reason="this kernel has no SO_PEERPIDFD (Linux 6.5+)"
+        ),
+    ),
+    "start time": NO_SUCH_OPTION,  # as on a kernel before 6.5: every kernel runs this way
+}
+
+
+@pytest.mark.parametrize("pidfd_option", WAYS.values(), ids=WAYS.keys())
+def test_a_live_caller_is_placed_either_way(
+    ca: TestCa, issued: dict[str, Issued], pidfd_option: int
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="wapiw", dir="/tmp") as directory:
+        root = Path(directory)
+        proc = root / "proc"
+        proc.mkdir()
+        pods = PodsByUid()
+        pods.add(ORDERS_POD, "shop", "orders")
+        with node_server(
+            root / "api.sock", ca, issued, pods, proc, pidfd_option=pidfd_option
+        ) as hosted:
+            (orders,) = run_workload(hosted, proc, ORDERS_POD)
+    assert orders["spiffe_id"] == ORDERS
+    assert orders["key_sha256"] == key_digest(issued[ORDERS])
+
+
+def until_the_tick_after(moment_ns: int) -> None:
+    """Waits until the boot clock is in a later clock tick than `moment_ns`'s."""
+    hz = os.sysconf("SC_CLK_TCK")
+    while boot_ns() * hz // 1_000_000_000 <= moment_ns * hz // 1_000_000_000:
+        time.sleep(1 / hz)
+
+
+class InspectionGate:
+    """The relay's `before_inspect`: tells the test a caller was taken, then holds the relay
+    until the test lets it inspect (the window in which a caller's pid can change hands)."""
+
+    def __init__(self) -> None:
+        self.taken = threading.Event()
+        self.go = threading.Event()
+        self.accepted_ns = 0
+
+    def __call__(self, caller: PeerProcess) -> None:
+        self.accepted_ns = caller.accepted_ns
+        self.taken.set()
+        assert self.go.wait(30), "the test never let the relay inspect its caller"
+
+
+@pytest.mark.parametrize("pidfd_option", WAYS.values(), ids=WAYS.keys())
+def test_a_caller_that_exits_before_it_is_inspected_is_never_placed(
+    ca: TestCa, issued: dict[str, Issued], pidfd_option: int
+) -> None:
+    """A process of the orders pod connects, hands its connection to another (this test) and
+    exits before the relay inspects it; a process of the payments pod then takes its pid
+    (here: the injected /proc says so, with a real process started after the accept as the
+    stat). The connection is refused, never served the payments SVID; the relay keeps
+    placing live callers."""
+    gate = InspectionGate()
+    with tempfile.TemporaryDirectory(prefix="wapix", dir="/tmp") as directory:
+        root = Path(directory)
+        proc = root / "proc"
+        proc.mkdir()
+        pods = PodsByUid()
+        pods.add(ORDERS_POD, "shop", "orders")
+        pods.add(PAYMENTS_POD, "shop", "payments")
+        with node_server(
+            root / "api.sock",
+            ca,
+            issued,
+            pods,
+            proc,
+            pidfd_option=pidfd_option,
+            before_inspect=gate,
+        ) as hosted:
+            caller = hand_over_connection(hosted.socket)
+            taker = None
+            try:
+                file_process(proc, caller.pid, pod_cgroup(ORDERS_POD))
+                assert gate.taken.wait(30)
+                caller.let_exit()
+                until_the_tick_after(gate.accepted_ns)  # the taker's start is then a later tick
+                taker = subprocess.Popen(
+                    [sys.executable, "-c", "import time; time.sleep(60)"], text=True
+                )
+                file_process(proc, caller.pid, pod_cgroup(PAYMENTS_POD), stat_of=taker.pid)
+                gate.go.set()
+                with channel_over(caller.connection) as channel:
+                    answer = fetch_x509_svid(channel)
+            finally:
+                gate.go.set()
+                caller.close()
+                if taker is not None:
+                    stop_workload(taker)
+            (live,) = run_workload(hosted, proc, ORDERS_POD)
+            refusals = hosted.metric(REFUSALS, reason=REFUSED_NOT_ATTESTED)
+    assert answer.get("error") == "PERMISSION_DENIED", answer
+    expected = (
+        "exited before the node agent finished inspecting it"
+        if pidfd_option == SO_PEERPIDFD
+        else "started after the connection was accepted"
+    )
+    assert expected in answer["details"] and "not placed" in answer["details"]
+    assert refusals == 1
+    assert live["spiffe_id"] == ORDERS
 
 
 NODE = "node-1"

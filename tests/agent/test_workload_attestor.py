@@ -1,29 +1,41 @@
 """Placing a Workload API caller: cgroup texts the kubelet writes (cgroupfs and systemd
-drivers, cgroup v1 and v2), unreadable processes, pods the informer does not know or that
-ended, and connections that did not come through the relay. Pure: `/proc` is a directory."""
+drivers, cgroup v1 and v2), unreadable processes, pids that are no longer the caller's (a
+start time after the accept, a process that changed while it was read, an exited caller's
+pidfd), pods the informer does not know or that ended, and connections that did not come
+through the relay. `/proc` is a directory (`tests.support.fake_proc`); a pidfd is real."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.errors import CallerNotAttested
+from agent.peer_process import (
+    CALLER_EXITED,
+    NO_PEER,
+    PID_REUSED,
+    UNREADABLE,
+    PeerCredentials,
+)
 from agent.peer_relay import Accepted
 from agent.workload_attestor import (
     BAD_IDENTITY,
-    NO_CGROUP,
-    NO_PEER,
     NOT_IN_POD,
     POD_ENDED,
     UNKNOWN_POD,
     NodeAttestor,
     NodeCaller,
-    PeerCredentials,
     ProcessCgroups,
     pod_uid_in_cgroup,
 )
-from tests.support.workload_api_server import PodsByUid
+from tests.support.fake_proc import boot_ns, caller, file_process, stat_text
+from tests.support.workload_api_server import PodsByUid, pod_cgroup
 
 UID = "5f0c8e3e-1d2b-4c6a-9e7f-0a1b2c3d4e5f"
 SYSTEMD_UID = UID.replace("-", "_")
@@ -75,23 +87,134 @@ def test_a_cgroup_text_naming_two_pods_is_refused() -> None:
     assert "2 different pods" in str(info.value)
 
 
-def write_cgroup(proc: Path, pid: int, text: str) -> None:
-    (proc / str(pid)).mkdir(parents=True)
-    (proc / str(pid) / "cgroup").write_text(text)
-
-
 def test_process_cgroups_refusals_name_the_step(tmp_path: Path) -> None:
     cgroups = ProcessCgroups(tmp_path)
-    write_cgroup(tmp_path, 42, f"0::/kubepods/burstable/pod{UID}/c\n")
-    write_cgroup(tmp_path, 43, "0::/user.slice/session-1.scope\n")
-    assert cgroups.pod_uid_of(42) == UID
-    cases = {0: NO_PEER, 43: NOT_IN_POD, 44: NO_CGROUP}
+    file_process(tmp_path, 42, f"0::/kubepods/burstable/pod{UID}/c\n", start_ticks=1)
+    file_process(tmp_path, 43, "0::/user.slice/session-1.scope\n", start_ticks=1)
+    assert cgroups.pod_uid_of(caller(42)) == UID
+    cases = {0: NO_PEER, 43: NOT_IN_POD, 44: UNREADABLE}
     for pid, reason in cases.items():
         with pytest.raises(CallerNotAttested) as info:
-            cgroups.pod_uid_of(pid)
+            cgroups.pod_uid_of(caller(pid))
         assert info.value.reason == reason
     with pytest.raises(CallerNotAttested, match="hostPID: true"):
-        cgroups.pod_uid_of(44)
+        cgroups.pod_uid_of(caller(44))
+
+
+# --- is the pid still the caller's? ----------------------------------------------------------
+# Each case goes through `NodeAttestor.pod_uid_of`, the relay's `inspect`: the process now at
+# the caller's pid is in the payments pod, the caller was not.
+
+PAYMENTS_UID = "8a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d"
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def tick_of(boot_ns: int) -> int:
+    return boot_ns * HZ // 1_000_000_000
+
+
+@pytest.fixture
+def attestor(tmp_path: Path) -> NodeAttestor:
+    pods = PodsByUid()
+    pods.add(UID, "shop", "orders")
+    pods.add(PAYMENTS_UID, "shop", "payments")
+    return NodeAttestor(pods, "cluster.local", ProcessCgroups(tmp_path))
+
+
+def test_a_process_started_after_the_accept_is_not_the_caller(
+    tmp_path: Path, attestor: NodeAttestor
+) -> None:
+    """The start-time way (no pidfd): the process at the pid must have started before the
+    connection was accepted, in an earlier clock tick than the accept's."""
+    accepted = boot_ns()
+    file_process(tmp_path, 42, pod_cgroup(PAYMENTS_UID), start_ticks=tick_of(accepted) + 3)
+    with pytest.raises(CallerNotAttested) as info:
+        attestor.pod_uid_of(caller(42, accepted))
+    assert info.value.reason == PID_REUSED
+    assert "started after the connection was accepted" in str(info.value)
+    file_process(tmp_path, 42, pod_cgroup(PAYMENTS_UID), start_ticks=tick_of(accepted))
+    with pytest.raises(CallerNotAttested) as info:
+        attestor.pod_uid_of(caller(42, accepted))
+    assert info.value.reason == PID_REUSED
+    assert "within the clock tick" in str(info.value) and "connect again" in str(info.value)
+    file_process(tmp_path, 42, pod_cgroup(UID), start_ticks=tick_of(accepted) - 1)
+    assert attestor.pod_uid_of(caller(42, accepted)) == UID
+
+
+@pytest.fixture
+def cgroup_fifo(tmp_path: Path) -> Iterator[Path]:
+    """Pid 42's cgroup file as a FIFO: its reader waits for the test's writer, so the test
+    acts exactly while the attestor reads it."""
+    file_process(tmp_path, 42, "", start_ticks=1)
+    fifo = tmp_path / "42" / "cgroup"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    yield fifo
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # frees a writer nobody read
+
+
+def test_a_process_that_changes_while_it_is_read_is_not_the_caller(
+    tmp_path: Path, attestor: NodeAttestor, cgroup_fifo: Path
+) -> None:
+    """The start-time way: the caller exits while its cgroup is read and another process, in
+    another pod, takes its pid (its start time still before the accept, so only the second
+    read of the stat can tell)."""
+    accepted = boot_ns()
+    (tmp_path / "42" / "stat").write_text(stat_text(42, tick_of(accepted) - 100))
+
+    def take_the_pid() -> None:
+        with cgroup_fifo.open("w") as reading:  # opens once the attestor opens it
+            (tmp_path / "42" / "stat").write_text(stat_text(42, tick_of(accepted) - 50))
+            reading.write(pod_cgroup(PAYMENTS_UID))
+
+    taker = threading.Thread(target=take_the_pid, daemon=True)
+    taker.start()
+    try:
+        with pytest.raises(CallerNotAttested) as info:
+            attestor.pod_uid_of(caller(42, accepted))
+    finally:
+        taker.join(5)
+    assert info.value.reason == PID_REUSED
+    assert "changed while the node agent inspected it" in str(info.value)
+
+
+def test_a_gone_pid_is_refused(tmp_path: Path, attestor: NodeAttestor) -> None:
+    with pytest.raises(CallerNotAttested) as info:
+        attestor.pod_uid_of(caller(4242))
+    assert info.value.reason == UNREADABLE
+    assert "it has exited" in str(info.value)
+
+
+def test_with_a_pidfd_a_live_caller_is_placed_without_its_start_time(
+    tmp_path: Path, attestor: NodeAttestor
+) -> None:
+    """The pidfd way: the pidfd (of this very process) says the caller still runs, so the pid
+    was its own while the cgroup was read; no stat is read (none is filed)."""
+    pid = os.getpid()
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "cgroup").write_text(pod_cgroup(UID))
+    pidfd = os.pidfd_open(pid)
+    try:
+        assert attestor.pod_uid_of(caller(pid, pidfd=pidfd)) == UID
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.process  # the caller is a child process that exits
+def test_with_a_pidfd_an_exited_caller_is_refused(tmp_path: Path, attestor: NodeAttestor) -> None:
+    """The pidfd way: a caller that has exited is refused, whatever its pid's files now say
+    (here: another pod, and a start time before the accept)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    pidfd = os.pidfd_open(child.pid)
+    try:
+        child.wait(10)
+        file_process(tmp_path, child.pid, pod_cgroup(PAYMENTS_UID), start_ticks=1)
+        with pytest.raises(CallerNotAttested) as info:
+            attestor.pod_uid_of(caller(child.pid, pidfd=pidfd))
+    finally:
+        os.close(pidfd)
+    assert info.value.reason == CALLER_EXITED
+    assert "exited before the node agent finished inspecting it" in str(info.value)
 
 
 def test_the_pod_decides_the_identity(tmp_path: Path) -> None:

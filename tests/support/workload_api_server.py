@@ -4,18 +4,21 @@ synchronous clients (py-spiffe, grpc's sync stubs, client subprocesses) can driv
 A pod-mode server (`pod_server`) serves `default` + `ROOTCA` from a `SecretCache` seeded from
 a `TestCa`; a node-mode one (`node_server`) puts the real `PeerRelay` on the socket and attests
 with the real `NodeAttestor`, whose two lookups are injected: `/proc` is a directory the test
-writes (`<pid>/cgroup`) and the pods are a dict by UID.
+writes (`<pid>/cgroup`, `<pid>/stat`: `tests.support.fake_proc`) and the pods are a dict by UID.
+A test may also choose how the relay holds the caller (`pidfd_option`) and stop it between
+taking the caller and inspecting it (`before_inspect`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client import generate_latest
 
 from agent.metrics import AgentMetrics
+from agent.peer_process import PeerProcess
 from agent.peer_relay import PeerRelay
 from agent.secrets import Secret, SecretCache, TlsSecret
 from agent.workload_api import WorkloadApiServer
@@ -120,14 +123,26 @@ def node_server(
     proc_root: Path,
     *,
     max_streams_per_caller: int | None = None,
+    pidfd_option: int | None = None,
+    before_inspect: Callable[[PeerProcess], None] | None = None,
 ) -> Iterator[Hosted]:
     """A node agent's Workload API: each of `issued` published under its SPIFFE ID, callers
-    attested through the relay against `pods` and the cgroup files under `proc_root`."""
+    attested through the relay against `pods` and the files under `proc_root`. `pidfd_option`
+    replaces the relay's `SO_PEERPIDFD` (one the kernel does not know: the start-time way);
+    `before_inspect` runs on the loop after the relay took a caller, before it is inspected."""
     cache = SecretCache()
     metrics = AgentMetrics(SystemClock())
 
     attestor = NodeAttestor(pods, ca.trust_domain, ProcessCgroups(proc_root))
-    relay = PeerRelay(socket, attestor.pod_uid_of, socket_mode=0o666)
+
+    def inspect(caller: PeerProcess) -> str:
+        if before_inspect is not None:
+            before_inspect(caller)
+        return attestor.pod_uid_of(caller)
+
+    relay = PeerRelay(socket, inspect, socket_mode=0o666)
+    if pidfd_option is not None:
+        relay.pidfd_option = pidfd_option
     server = WorkloadApiServer(
         cache,
         socket,
