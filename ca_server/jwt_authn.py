@@ -9,7 +9,7 @@ and a JWKS key withdrawn after a leak stops being honoured from the cache within
 
 Concurrency: runs where the RPC server runs the handler (its completion-queue thread, or the
 event loop) while the verified-token cache answers; a token that needs the issuer's keys moves the
-handler to the loop first (`cq_server.to_the_loop`), since reading a JWKS file or fetching a JWKS
+handler to the loop first (`loop_handoff.to_the_loop`), since reading a JWKS file or fetching a JWKS
 URL blocks and so runs in a worker thread the loop waits for.
 """
 
@@ -31,7 +31,7 @@ import jwt
 from ca_server.authn import AuthnRequest, Caller
 from ca_server.config import JwtIssuerConfig
 from ca_server.errors import AuthenticationError
-from ca_server.serving.cq_server import to_the_loop
+from ca_server.loop_handoff import to_the_loop
 from ca_server.token_cache import VerifiedTokenCache, token_digest
 from certs import CertsError, SpiffeId
 from meshca.accounts import account_from_username

@@ -3,7 +3,7 @@
 This is the only place where internal errors become gRPC statuses, metrics and audit lines.
 Concurrency: `async def`, run by `ca_server.serving.cq_server` inline on its completion-queue
 thread until it awaits something that is not ready or is about to start I/O (the authenticators
-then move it with `cq_server.to_the_loop`), then on the CA's event loop (or entirely on the loop
+then move it with `loop_handoff.to_the_loop`), then on the CA's event loop (or entirely on the loop
 with `--rpc-server aio`); every step is CPU-light (one ECDSA/RSA signature), and
 blocking I/O (JWKS URL fetch) is pushed to threads by the authenticators.
 Admission control (`ca_server.admission`) runs first: a request beyond the in-flight limit is

@@ -107,6 +107,20 @@ def test_only_the_completion_queue_server_uses_grpcs_private_core():
     assert users == ["ca_server.serving.cq_server"]
 
 
+def test_only_the_composition_root_imports_the_rpc_server():
+    """Handlers obey `await to_the_loop()` (`ca_server.loop_handoff`) without importing the
+    server that needs it: the RPC server is chosen and built in one place (`ca_server.server`)."""
+    users = [
+        module_name(path)
+        for package in ("ca_server", "agent", "meshca", "certs")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if any(
+            within(m, ("ca_server.serving.cq_server",)) for m in imported_modules(path.read_text())
+        )
+    ]
+    assert users == ["ca_server.server"]
+
+
 # -- the CA's composition root, its wire names and its package root ---------------------------
 
 WIRE_MODULES = ("meshca/wire.py", "ca_server/wire.py")

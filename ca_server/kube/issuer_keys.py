@@ -19,7 +19,7 @@ When keys are fetched:
 
 Concurrency: `key_for` runs where request handlers run (the RPC server's completion-queue
 thread, or the event loop) while the current keys answer; before it starts or joins a refresh it
-moves the handler to the loop (`cq_server.to_the_loop`), so the refresh task is created and
+moves the handler to the loop (`loop_handoff.to_the_loop`), so the refresh task is created and
 awaited there only. Every fetch is a blocking HTTP call on the synchronous client and runs in a
 worker thread (`asyncio.to_thread`) under that loop task. Each piece of state is replaced
 by one assignment (the key set by the refresh task, the refresh task by `key_for`), so no lock
@@ -42,7 +42,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ca_server.errors import AuthenticationError, CaSetupError, DependencyUnavailableError
 from ca_server.jwt_authn import find_key
-from ca_server.serving.cq_server import to_the_loop
+from ca_server.loop_handoff import to_the_loop
 from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ behind them, and a certificate storm right after a report storm still finds half
 
 Concurrency: `acquire` reserves a slot synchronously and then sleeps until the slot's time, so
 waiters are served in order; it sleeps on the event loop (the TokenReview authenticator moves a
-handler there before it reviews, `cq_server.to_the_loop`). Reserving takes a lock, so the
+handler there before it reviews, `loop_handoff.to_the_loop`). Reserving takes a lock, so the
 bucket stays exact whichever thread a caller runs on.
 """
 

@@ -25,7 +25,7 @@ and are always served.
 
 Concurrency: `authenticate` answers from its caches wherever the RPC server runs the handler (its
 completion-queue thread, or the event loop); a token it has to review moves the handler to the
-loop first (`cq_server.to_the_loop`), so the reviews in flight, their tasks and the bucket's
+loop first (`loop_handoff.to_the_loop`), so the reviews in flight, their tasks and the bucket's
 waits are the loop's alone. The review itself is a blocking HTTP call on the synchronous
 client, so it runs in a worker thread (`asyncio.to_thread`) after the token bucket admits it.
 Concurrent requests with the same token share one review, run as a task of its own: a caller
@@ -54,8 +54,8 @@ from ca_server.errors import (
 )
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
+from ca_server.loop_handoff import to_the_loop
 from ca_server.metrics import CaMetrics
-from ca_server.serving.cq_server import to_the_loop
 from ca_server.token_cache import VerifiedTokenCache, token_digest, token_expiry, token_shape
 from ca_server.wire import RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId

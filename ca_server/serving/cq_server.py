@@ -19,23 +19,10 @@ Concurrency model (which thread runs what):
   the loop, which resumes it as a task and sends its answer. While the CQ thread drives a
   step, the loop is registered as the thread's running loop, so `asyncio.get_running_loop()`
   in handler code refers to the CA's loop.
-- **The rule for handler code: `await to_the_loop()` before touching the loop.** The loop's
-  own methods are not thread-safe: creating a task, a timer (`asyncio.sleep`, `wait_for`,
-  `asyncio.wait(timeout=...)`) or a future's callback from the CQ thread appends to the
-  loop's ready queue or pushes onto its timer heap from outside the loop (a heap the loop
-  thread may be popping at that moment), and what it scheduled waits until something else
-  wakes the loop from `select`; asyncio's debug mode refuses it ("Non-thread-safe operation
-  invoked on an event loop other than the current one"). So a handler about to start I/O
-  first awaits `to_the_loop()`: on the CQ thread it suspends with nothing to wait for, the
-  server hands it to the loop, and the loop runs the rest (one hop, the one a handler that
-  waits pays anyway); on the loop (a resumed handler, or `--rpc-server aio`) it returns at
-  once. The steady state (a cached or development token, a client certificate) never gets
-  there, so it stays on the CQ thread. The CA's handlers do it where a token is new:
-  `ca_server.kube.tokenreview` (before the review), `ca_server.jwt_authn` (before reading a
-  JWKS), `ca_server.kube.issuer_keys` (before starting or joining a refresh);
-  tests/k8s/test_loop_thread_safety.py runs a CA in debug mode through those paths.
-  `asyncio.current_task()` on the CQ thread names whatever task the loop is running, so
-  `asyncio.timeout()` and task groups also belong after `to_the_loop()`.
+- **The rule for handler code: `await to_the_loop()` before touching the loop**
+  (`ca_server.loop_handoff`, which says why): on the CQ thread it suspends with nothing to wait
+  for and this server hands the handler to the loop, which runs the rest; on the loop it
+  returns at once. The steady state never gets there, so it stays on the CQ thread.
 - **Streaming methods** (health `Watch`, reflection) and anything not unary-unary run as tasks
   on the loop, their reads and writes awaited as batch completions the CQ thread resolves.
   Slower per call, and rare.
@@ -76,6 +63,7 @@ from typing import Any
 import grpc
 
 from ca_server.config import RPC_SERVER_CHOICES
+from ca_server.loop_handoff import mark_inline_thread
 
 log = logging.getLogger(__name__)
 
@@ -276,30 +264,6 @@ class _StreamContext:
         await self._call.abort(code, details, trailing_metadata)
 
 
-_inline = threading.local()  # `.step` is True on a completion-queue thread
-
-
-class _ToTheLoop:
-    """What `to_the_loop()` returns: suspends once on a completion-queue thread, with nothing
-    to wait for (a bare yield), so the server hands the handler to the loop."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Generator[None, None, None]:
-        if getattr(_inline, "step", False):
-            yield None
-
-
-_TO_THE_LOOP = _ToTheLoop()
-
-
-def to_the_loop() -> Awaitable[None]:
-    """`await to_the_loop()` before a handler touches the event loop (a task, a timer, a
-    future callback): on the completion-queue thread the rest of the handler then runs on the
-    CA's loop; on the loop it returns at once (module docstring: the rule for handler code)."""
-    return _TO_THE_LOOP
-
-
 class _Resume:
     """Continues a coroutine the CQ thread started and that suspended on `first` (what it
     yielded to its driver: a future, or None for a bare yield such as `to_the_loop`'s), as
@@ -481,7 +445,7 @@ class CompletionQueueServer(grpc.aio.Server):
 
     def _poll(self) -> None:
         asyncio.events._set_running_loop(self._loop)
-        _inline.step = True
+        mark_inline_thread()
         operation_complete = cygrpc.CompletionType.operation_complete
         while True:
             event = self._queue.poll()

@@ -25,7 +25,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 import ca_server.serving.cq_server as cq_server
-from ca_server.serving.cq_server import CompletionQueueServer, rpc_server_for, to_the_loop
+from ca_server.loop_handoff import to_the_loop
+from ca_server.serving.cq_server import CompletionQueueServer, rpc_server_for
 from tests.support.loop import LoopThread
 from tests.support.processes import wait_for
 

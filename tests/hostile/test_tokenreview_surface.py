@@ -22,6 +22,7 @@ from ca_server.errors import AuthenticationError
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
+from ca_server.loop_handoff import mark_inline_thread
 from ca_server.metrics import CaMetrics
 from ca_server.serving import cq_server
 from meshca.clock import Clock, FakeClock, SystemClock
@@ -66,18 +67,18 @@ def test_a_review_that_ends_while_a_request_moves_to_the_loop_is_not_made_again(
     kube_api: KubeApiServer, clients: KubeClients
 ) -> None:
     """On the completion-queue server a request with a new token looks up the remembered answers
-    on the CQ thread, then moves to the loop (`cq_server.to_the_loop`) to start or join the
+    on the CQ thread, then moves to the loop (`loop_handoff.to_the_loop`) to start or join the
     token's review. A review of the same token can finish in between: the request must take
     its answer, not start a second review (the flood test's bound: one per distinct token)."""
     authenticator = _authenticator(clients)
 
     async def scenario() -> None:
-        cq_server._inline.step = True  # the first step as the completion-queue thread runs it
+        mark_inline_thread()  # the first step as the completion-queue thread runs it
         try:
             moved = authenticator.authenticate(_request("forged-token"))
             assert moved.send(None) is None  # nothing remembered: it asks for the loop
         finally:
-            cq_server._inline.step = False
+            mark_inline_thread(False)
         with pytest.raises(AuthenticationError):  # another request, reviewed to the end
             await authenticator.authenticate(_request("forged-token"))
         assert kube_api.tokenreview_count == 1
