@@ -7,13 +7,24 @@ naming the problem, so the handler refuses it like any other bad request: the CA
 `ca_server.request_decoding` and `ca_server.report_service`, the agent's `agent.sds_decoding`
 and `agent.workload_api`) and register the method handlers here, the way the generated code
 does: as a generic handler and as registered methods (grpc's faster lookup by method path).
+
+Servicers written for the generated code (grpcio's health and reflection servicers, which the
+CA serves, `ca_server.serving.endpoints`) never see an undecodable request: `lenient_handlers`
+wraps their methods so that one is answered `INVALID_ARGUMENT` before the servicer runs (a
+request stream ends at the first, after the answers to the requests before it), and reported to
+`on_undecodable` (the caller's log, rate-limited by peer). The wrappers are `async def`, as
+`grpc.aio`'s servicers are; both of the CA's servers run them (`ca_server.serving.cq_server`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 
 def add_service(
@@ -23,3 +34,129 @@ def add_service(
     handlers = dict(handlers)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, handlers),))
     server.add_registered_method_handlers(service_name, handlers)
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Request bytes that do not decode as the method's request message (`expected`)."""
+
+    expected: str  # the message's full protobuf name
+    size: int
+
+    def problem(self) -> str:
+        return (
+            f"the request ({self.size} bytes) does not decode as a {self.expected} "
+            "(malformed protobuf, or a string field that is not UTF-8)"
+        )
+
+
+def lenient_decoder(message_class: Any) -> Callable[[bytes], Any]:
+    """`message_class.FromString`, except that bytes it cannot decode become an `Undecodable`
+    instead of an exception inside grpc."""
+    expected = message_class.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError:
+            return Undecodable(expected, len(data))
+
+    return decode
+
+
+OnUndecodable = Callable[[str, str, Undecodable], None]
+"""Told (method path, peer, what arrived) before an undecodable request is refused."""
+
+
+@dataclass(frozen=True)
+class ServicerMethod:
+    """One method of a servicer written for the generated code: its behaviour (`async def`,
+    or an async generator for a response stream), its messages and its shape."""
+
+    behaviour: Callable[..., Any]
+    request: Any  # the request message class
+    response: Any  # the response message class
+    request_streaming: bool = False
+    response_streaming: bool = False
+
+
+def lenient_handlers(
+    service_name: str, methods: Mapping[str, ServicerMethod], on_undecodable: OnUndecodable
+) -> dict[str, grpc.RpcMethodHandler]:
+    """Method handlers for `methods` (name → method) that decode leniently and answer an
+    undecodable request with `INVALID_ARGUMENT` (module docstring); for `add_service`."""
+    handlers = {}
+    for name, method in methods.items():
+        path = f"/{service_name}/{name}"
+        decode = lenient_decoder(method.request)
+        serialize = method.response.SerializeToString
+        if method.request_streaming and method.response_streaming:
+            handlers[name] = grpc.stream_stream_rpc_method_handler(
+                _stream_request(path, method.behaviour, on_undecodable),
+                request_deserializer=decode,
+                response_serializer=serialize,
+            )
+        elif method.request_streaming:
+            raise ValueError(f"{path}: a client stream with one answer is not supported here")
+        else:
+            make = (
+                grpc.unary_stream_rpc_method_handler
+                if method.response_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            handlers[name] = make(
+                _unary_request(path, method.behaviour, on_undecodable),
+                request_deserializer=decode,
+                response_serializer=serialize,
+            )
+    return handlers
+
+
+async def _refuse(
+    context: Any, path: str, request: Undecodable, on_undecodable: OnUndecodable
+) -> NoReturn:
+    on_undecodable(path, context.peer(), request)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{path}: {request.problem()}")
+    raise AssertionError("abort() returned")  # pragma: no cover - abort always raises
+
+
+def _unary_request(
+    path: str, behaviour: Callable[..., Any], on_undecodable: OnUndecodable
+) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def stream_from(request: Any, context: Any) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await _refuse(context, path, request, on_undecodable)
+            async for response in behaviour(request, context):
+                yield response
+
+        return stream_from
+
+    async def answer(request: Any, context: Any) -> Any:
+        if isinstance(request, Undecodable):
+            await _refuse(context, path, request, on_undecodable)
+        return await behaviour(request, context)
+
+    return answer
+
+
+def _stream_request(
+    path: str, behaviour: Callable[..., Any], on_undecodable: OnUndecodable
+) -> Callable[..., Any]:
+    async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        undecodable: list[Undecodable] = []
+
+        async def decoded() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Undecodable):
+                    undecodable.append(request)
+                    return  # the servicer sees the stream end here
+                yield request
+
+        async for response in behaviour(decoded(), context):
+            yield response
+        if undecodable:
+            await _refuse(context, path, undecodable[0], on_undecodable)
+
+    return stream

@@ -41,7 +41,8 @@ Behaviour kept from the `grpc.aio` server it replaces: TLS and the mTLS port (th
 is read from the call: `x509_pem_cert`, `x509_pem_cert_chain`), metadata and peer, deadlines
 (enforced by grpc core; `time_remaining()`), `abort` with trailing metadata (the admission
 trailer `grpc-retry-pushback-ms`), `UNIMPLEMENTED` for unknown methods, `UNKNOWN` with a logged
-traceback for a handler's exception, `max_receive_message_length` (core), `SO_REUSEPORT`
+traceback for a handler's exception (and for a request decoder that raises, which the CA's
+services never register), `max_receive_message_length` (core), `SO_REUSEPORT`
 (a server option), graceful shutdown (no new calls, calls in flight drained for `grace`
 seconds, then cancelled).
 
@@ -497,10 +498,8 @@ class CompletionQueueServer(grpc.aio.Server):
         try:
             deserialize = handler.request_deserializer
             request = deserialize(data) if deserialize else data
-        except Exception:
-            log.exception("could not deserialize a request to %s", call.method.decode())
-            call.code, call.details = grpc.StatusCode.INTERNAL, "Exception deserializing request!"
-            self._send_status(call)
+        except Exception as exc:  # a decoder that raises: as grpc.aio answers it (the CA's
+            self._failed(call, exc)  # services decode leniently, meshca.grpc_services)
             return
         self._drive(call, handler, handler.unary_unary(request, call))
 

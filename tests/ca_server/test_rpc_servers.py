@@ -3,10 +3,11 @@
 Every test runs against both servers `--rpc-server` chooses between, in-process, with real
 gRPC clients: answers from a handler that never waits (run inline on the completion-queue
 thread) and from one that waits on the loop (handed over), metadata and peer, `abort` with the
-admission trailer, a handler's exception, unknown methods, deadlines, the health service's
-`Check` and streaming `Watch`, reflection over one bidi stream, and graceful shutdown (calls in
-flight drained within the grace, cancelled after it). The CA's own wire tests run on both paths
-with `MESHCA_TEST_RPC_SERVER` (tests/support/ca_process.py).
+admission trailer, a handler's exception (and a request decoder's), unknown methods,
+deadlines, the health service's `Check` and streaming `Watch`, reflection over one bidi
+stream, and graceful shutdown (calls in flight drained within the grace, cancelled after it).
+The CA's own wire tests run on both paths with `MESHCA_TEST_RPC_SERVER`
+(tests/support/ca_process.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from tests.support.loop import LoopThread
 from tests.support.processes import wait_for
 
 SERVICE = "test.Echo"
+STRICT_SERVICE = "test.Strict"  # its request decoder raises, as protobuf's does on garbage
+
+
+def refuse_to_decode(data: bytes) -> bytes:
+    raise ValueError(f"not a request ({len(data)} bytes)")
 
 
 class Echo:
@@ -112,6 +118,18 @@ def served(
                     grpc.method_handlers_generic_handler(
                         SERVICE,
                         {n: grpc.unary_unary_rpc_method_handler(f) for n, f in methods.items()},
+                    )
+                ]
+            )
+            server.add_generic_rpc_handlers(
+                [
+                    grpc.method_handlers_generic_handler(
+                        STRICT_SERVICE,
+                        {
+                            "Now": grpc.unary_unary_rpc_method_handler(
+                                echo.now, request_deserializer=refuse_to_decode
+                            )
+                        },
                     )
                 ]
             )
@@ -198,6 +216,25 @@ def test_handler_exception_is_unknown_and_logged(served, caplog: pytest.LogCaptu
     assert failed.value.code() == grpc.StatusCode.UNKNOWN
     assert "a bug" in (failed.value.details() or "")
     assert any(record.exc_info and "a bug" in str(record.exc_info[1]) for record in caplog.records)
+
+
+def test_a_request_decoder_that_raises_is_unknown_and_logged_on_both(
+    served, caplog: pytest.LogCaptureFixture
+):
+    """As grpc.aio answers it (the completion-queue server said INTERNAL). The CA's own services
+    decode leniently and never get here (tests/ca_server/test_endpoints.py)."""
+    address, *_ = served
+    with (
+        grpc.insecure_channel(address) as channel,
+        caplog.at_level(logging.ERROR),
+        pytest.raises(grpc.RpcError) as failed,
+    ):
+        channel.unary_unary(f"/{STRICT_SERVICE}/Now")(b"\xff", timeout=5)
+    assert failed.value.code() == grpc.StatusCode.UNKNOWN
+    assert "not a request (1 bytes)" in (failed.value.details() or "")
+    assert any(r.exc_info and "not a request" in str(r.exc_info[1]) for r in caplog.records)
+    with grpc.insecure_channel(address) as channel:
+        assert unary(channel, "Now")(b"after", timeout=5).startswith(b"after|")
 
 
 def test_unknown_method_oversized_request_and_deadline(served):
