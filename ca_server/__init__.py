@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ca_server.errors import CaSetupError
     from ca_server.server import run_ca
     from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
+    from ca_server.serving.cq_server import check_rpc_server
     from ca_server.serving.workers import WorkerSupervisor, default_worker_count, worker_argv
 
 # What the commands (`meshca ca`, `meshca token`) use, imported on first use: importing
@@ -54,6 +55,7 @@ _EXPORTS = {
     "default_worker_count": "ca_server.serving.workers",
     "worker_argv": "ca_server.serving.workers",
     "apply_cpu_scheduling": "ca_server.serving.cpu_scheduling",
+    "check_rpc_server": "ca_server.serving.cq_server",
     "check_data_dir": "ca_server.authority",
     "CaSetupError": "ca_server.errors",
     "DevIssuerMissing": "ca_server.dev_issuer",
@@ -66,6 +68,7 @@ __all__ = [
     "WorkerSupervisor",
     "apply_cpu_scheduling",
     "check_data_dir",
+    "check_rpc_server",
     "default_worker_count",
     "load_dev_issuer",
     "run_ca",

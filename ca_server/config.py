@@ -613,8 +613,9 @@ def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
         choices=RPC_SERVER_CHOICES,
         default="auto",
         help="gRPC server: completion-queue (one thread polls grpcio's completion queue and "
-        "answers inline; about 4x less CPU per call), aio (grpc.aio's server), or auto: the "
-        "first when the installed grpcio is a tested release, else the second with a warning "
+        "answers inline; about 4x less CPU per call; the CA refuses to start when the "
+        "installed grpcio cannot run it), aio (grpc.aio's server), or auto: the first when the "
+        "installed grpcio is a tested release, else the second with a warning "
         "(default %(default)s; docs/performance.md)",
     )
     # Set by the supervisor for its workers only.

@@ -46,9 +46,14 @@ services never register), `max_receive_message_length` (core), `SO_REUSEPORT`
 (a server option), graceful shutdown (no new calls, calls in flight drained for `grace`
 seconds, then cancelled).
 
-A private API: grpcio is pinned to the range tested (pyproject.toml); `completion_queue_problem`
-checks the version and every name used at start, and `rpc_server_for` falls back to
-`grpc.aio.server` with one WARNING when anything is missing (`--rpc-server`, ca_server.config).
+A private API, decided per run: `completion_queue_problem` checks at start that the installed
+grpcio is a release this server was tested with (`TESTED_GRPCIO`) and has every private name it
+uses (`_REQUIRED`). With `--rpc-server auto` (the default) `rpc_server_for` falls back to
+`grpc.aio.server` with one WARNING when anything is missing; `--rpc-server completion-queue`
+asked for by name is refused instead (`check_rpc_server`: a `ConfigError`, one line and exit 2
+from `meshca ca`), so an operator who chose it is never served by the other silently. grpcio
+itself is not pinned below a next release (pyproject.toml): the agent never runs this server,
+and a newer grpcio (a security release) costs the CA only this server, not its start.
 """
 
 from __future__ import annotations
@@ -63,12 +68,12 @@ from typing import Any
 
 import grpc
 
-from ca_server.config import RPC_SERVER_CHOICES
+from ca_server.config import RPC_SERVER_CHOICES, ConfigError
 from ca_server.loop_handoff import mark_inline_thread
 
 log = logging.getLogger(__name__)
 
-# grpcio releases this server was tested with (pyproject.toml pins the same range).
+# grpcio releases this server was tested with (pyproject.toml asks for the first at least).
 TESTED_GRPCIO = ("1.85.",)
 
 try:  # the layer both of grpcio's servers are built on
@@ -90,13 +95,15 @@ _REQUIRED = (
 )
 
 
-def completion_queue_problem() -> str | None:
-    """Why this server cannot run with the installed grpcio, or None when it can."""
-    if cygrpc is None:
+def completion_queue_problem(core: Any = cygrpc, version: str = grpc.__version__) -> str | None:
+    """Why this server cannot run with the installed grpcio, or None when it can. `core` and
+    `version` are the installed `grpc._cython.cygrpc` and grpcio's version unless a test hands
+    in others."""
+    if core is None:
         return "grpc._cython.cygrpc is not importable"
-    if not grpc.__version__.startswith(TESTED_GRPCIO):
-        return f"grpcio {grpc.__version__} is not a tested release ({', '.join(TESTED_GRPCIO)}x)"
-    missing = [name for name in _REQUIRED if not hasattr(cygrpc, name)]
+    if not version.startswith(TESTED_GRPCIO):
+        return f"grpcio {version} is not a tested release ({', '.join(TESTED_GRPCIO)}x)"
+    missing = [name for name in _REQUIRED if not hasattr(core, name)]
     if missing:
         return f"grpc._cython.cygrpc lacks {', '.join(missing)}"
     if not hasattr(asyncio.events, "_set_running_loop"):
@@ -104,17 +111,39 @@ def completion_queue_problem() -> str | None:
     return None
 
 
-def rpc_server_for(
-    choice: str, options: Sequence[tuple[str, Any]], loop: asyncio.AbstractEventLoop | None = None
-) -> grpc.aio.Server:
-    """The CA's gRPC server: this module's (`completion-queue`), `grpc.aio`'s (`aio`), or the
-    first when the installed grpcio allows it (`auto`, the default). Call from the CA's loop."""
+def check_rpc_server(choice: str, core: Any = cygrpc, version: str = grpc.__version__) -> None:
+    """`ConfigError` when `--rpc-server` names a server this grpcio cannot run: only
+    `completion-queue` asked for by name (`auto` falls back to `grpc.aio` instead)."""
     if choice not in RPC_SERVER_CHOICES:
-        raise ValueError(f"--rpc-server {choice!r}: choose one of {', '.join(RPC_SERVER_CHOICES)}")
+        raise ConfigError(f"--rpc-server {choice!r}: choose one of {', '.join(RPC_SERVER_CHOICES)}")
+    if choice != "completion-queue":
+        return
+    problem = completion_queue_problem(core, version)
+    if problem is not None:
+        raise ConfigError(
+            f"--rpc-server completion-queue: the installed grpcio cannot run it ({problem}); "
+            "use --rpc-server auto or aio (grpc.aio's server), or a grpcio release in "
+            f"{', '.join(TESTED_GRPCIO)}x"
+        )
+
+
+def rpc_server_for(
+    choice: str,
+    options: Sequence[tuple[str, Any]],
+    loop: asyncio.AbstractEventLoop | None = None,
+    *,
+    core: Any = cygrpc,
+    version: str = grpc.__version__,
+) -> grpc.aio.Server:
+    """The CA's gRPC server: this module's (`completion-queue`, `ConfigError` when this grpcio
+    cannot run it), `grpc.aio`'s (`aio`), or the first when the installed grpcio allows it and
+    else the second with one WARNING (`auto`, the default). Call from the CA's loop. `core`
+    and `version` as `completion_queue_problem`'s."""
+    check_rpc_server(choice, core, version)
     if choice != "aio":
-        problem = completion_queue_problem()
+        problem = completion_queue_problem(core, version)
         if problem is None:
-            log.info("gRPC server: completion-queue (grpcio %s)", grpc.__version__)
+            log.info("gRPC server: completion-queue (grpcio %s)", version)
             return CompletionQueueServer(options, loop or asyncio.get_running_loop())
         log.warning(
             "--rpc-server %s: using grpc.aio's server instead of the completion-queue one: %s",

@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
         WorkerSupervisor,
         apply_cpu_scheduling,
         check_data_dir,
+        check_rpc_server,
         default_worker_count,
         run_ca,
         worker_argv,
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         config = CaConfig.from_args(args, os.environ)
+        # Before anything starts: `completion-queue` asked for by name and not runnable here.
+        check_rpc_server(config.rpc_server)
     except ConfigError as exc:
         print(f"meshca ca: {exc}", file=sys.stderr)
         return 2

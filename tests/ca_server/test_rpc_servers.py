@@ -7,7 +7,9 @@ admission trailer, a handler's exception (and a request decoder's), unknown meth
 deadlines, the health service's `Check` and streaming `Watch`, reflection over one bidi
 stream, and graceful shutdown (calls in flight drained within the grace, cancelled after it).
 The CA's own wire tests run on both paths with `MESHCA_TEST_RPC_SERVER`
-(tests/support/ca_process.py).
+(tests/support/ca_process.py). Last, the start-time check of the installed grpcio, given a core
+that lacks a name or another version: `auto` falls back to grpc.aio with one WARNING,
+`completion-queue` asked for by name is refused (`meshca ca`: one line, exit 2).
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -26,10 +32,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 import ca_server.serving.cq_server as cq_server
+from ca_server.config import ConfigError
 from ca_server.loop_handoff import to_the_loop
-from ca_server.serving.cq_server import CompletionQueueServer, rpc_server_for
+from ca_server.serving.cq_server import CompletionQueueServer, check_rpc_server, rpc_server_for
 from tests.support.loop import LoopThread
-from tests.support.processes import wait_for
+from tests.support.processes import child_env, free_port, wait_for
 
 SERVICE = "test.Echo"
 STRICT_SERVICE = "test.Strict"  # its request decoder raises, as protobuf's does on garbage
@@ -328,22 +335,88 @@ def test_graceful_stop_drains_calls_in_flight_then_cancels(served):
             unary(channel, "Now")(b"", timeout=1)
 
 
-def test_auto_falls_back_to_grpc_aio_with_one_warning(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-):
-    monkeypatch.setattr(cq_server.grpc, "__version__", "1.99.0")
-    assert "grpcio 1.99.0 is not a tested release" in (cq_server.completion_queue_problem() or "")
+def core_lacking(name: str) -> SimpleNamespace:
+    """grpcio's Cython core as a release without `name` would have it."""
+    assert cq_server.cygrpc is not None
+    return SimpleNamespace(
+        **{n: getattr(cq_server.cygrpc, n) for n in cq_server._REQUIRED if n != name}
+    )
 
+
+def build_in_a_loop(choice: str, **checked: Any) -> Any:
     async def build() -> Any:
-        return rpc_server_for("auto", [])
+        return rpc_server_for(choice, [], **checked)
 
+    return asyncio.run(build())
+
+
+@pytest.mark.parametrize(
+    "checked, problem",
+    [
+        ({"version": "1.99.0"}, "grpcio 1.99.0 is not a tested release (1.85.x)"),
+        ({"core": core_lacking("auth_context")}, "grpc._cython.cygrpc lacks auth_context"),
+        ({"core": None}, "grpc._cython.cygrpc is not importable"),
+    ],
+    ids=["untested release", "a private name gone", "no Cython core"],
+)
+def test_auto_falls_back_to_grpc_aio_with_one_warning(
+    checked: dict[str, Any], problem: str, caplog: pytest.LogCaptureFixture
+):
+    assert cq_server.completion_queue_problem(**checked) == problem
     with caplog.at_level(logging.WARNING):
-        server = asyncio.run(build())
+        server = build_in_a_loop("auto", **checked)
     assert isinstance(server, grpc.aio.Server)
     assert not isinstance(server, CompletionQueueServer)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "grpc.aio" in warnings[0].getMessage()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"--rpc-server auto: using grpc.aio's server instead of the completion-queue one: {problem}"
+    ]
+    # The installed grpcio runs it: `auto` takes it, with no warning.
+    assert cq_server.completion_queue_problem() is None
+
+
+def test_completion_queue_asked_for_by_name_and_not_runnable_is_refused(
+    caplog: pytest.LogCaptureFixture,
+):
+    """Not a silent fall back: the operator chose this server."""
+    lacking = core_lacking("CompletionQueue")
+    with pytest.raises(ConfigError) as refused:
+        build_in_a_loop("completion-queue", core=lacking)
+    message = str(refused.value)
+    assert message.startswith("--rpc-server completion-queue: the installed grpcio cannot run it")
+    assert "lacks CompletionQueue" in message and "--rpc-server auto or aio" in message
+    assert "\n" not in message
+    check_rpc_server("auto", core=lacking)  # auto and aio are never refused
+    check_rpc_server("aio", core=lacking)
+    with pytest.raises(ConfigError):
+        check_rpc_server("completion-queue", version="2.0.0")
+
+
+@pytest.mark.process  # runs `meshca ca`
+def test_meshca_ca_with_an_unrunnable_completion_queue_server_says_one_line_and_exits_2(
+    tmp_path: Path,
+):
+    """The name list a later grpcio would fail, given to the command's own process; before,
+    it fell back to grpc.aio and served (so this ran into its timeout)."""
+    program = (
+        "import sys; import ca_server.serving.cq_server as cq; "
+        "cq._REQUIRED = (*cq._REQUIRED, 'NotInThisGrpcio'); "
+        "from meshca.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, "ca", "--data-dir", str(tmp_path / "data"),
+         "--listen", f"127.0.0.1:{free_port()}",
+         "--monitoring-listen", f"127.0.0.1:{free_port()}",
+         "--workers", "1", "--rpc-server", "completion-queue"],
+        env=child_env(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "meshca ca: --rpc-server completion-queue: the installed grpcio cannot run it "
+        "(grpc._cython.cygrpc lacks NotInThisGrpcio); use --rpc-server auto or aio (grpc.aio's "
+        "server), or a grpcio release in 1.85.x"
+    ]
+    assert not (tmp_path / "data").exists()  # refused before anything was created
 
 
 def test_stopping_a_server_that_never_started_returns():

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from certs import describe_certificate, load_cert
 from tests.support.processes import REPO_ROOT, free_port, http_status, stop_child, wait_for
@@ -133,6 +134,26 @@ def test_the_wheel_holds_every_product_module_and_no_test_code(installed: Instal
         metadata = wheel.read("meshca-0.1.0.dist-info/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert "## Quickstart" in metadata  # the README is the long description
+
+
+def test_the_installed_metadata_takes_grpcio_releases_after_the_tested_one(installed: Installed):
+    """`pip install meshca` works beside a newer grpcio (a security release, another package's
+    need): the completion-queue server checks the release at start and the CA falls back to
+    grpc.aio (ca_server.serving.cq_server), so the requirement has no upper bound. Read from
+    what pip installed, not from pyproject.toml."""
+    probe = (
+        "import importlib.metadata as m, json; "
+        "print(json.dumps([m.requires('meshca'), m.version('grpcio')]))"
+    )
+    requires, installed_grpcio = json.loads(
+        _run([str(installed.venv / "bin" / "python"), "-c", probe], installed.outside)
+    )
+    (grpcio,) = [Requirement(line) for line in requires if Requirement(line).name == "grpcio"]
+    assert grpcio.marker is None  # for every install, not one platform or extra
+    for release in ("1.85.1", "1.85.4", "1.86.0", "1.90.2", "2.0.0"):
+        assert grpcio.specifier.contains(release), f"{grpcio} refuses grpcio {release}"
+    assert not grpcio.specifier.contains("1.85.0")  # older than the oldest tested
+    assert grpcio.specifier.contains(installed_grpcio)
 
 
 def test_the_sdist_rebuilds_the_same_package(installed: Installed):
