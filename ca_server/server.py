@@ -138,7 +138,12 @@ async def _serve(
         ),
         server,
     )
-    health = Health(server, [CERTIFICATE_SERVICE, REPORT_SERVICE], checked=[CERTIFICATE_SERVICE])
+    health = Health(
+        server,
+        [CERTIFICATE_SERVICE, REPORT_SERVICE],
+        checked=[CERTIFICATE_SERVICE],
+        monotonic=clock.monotonic,
+    )
     # Python's gRPC cannot ask for an *optional* client certificate, so renewal over mTLS gets
     # its own port (`--mtls-listen`) where the certificate is required and verified.
     tls = ServingTls(config, signer, clock, require_client_cert=False)

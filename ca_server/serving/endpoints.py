@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 class Health:
     """The health service and reflection of one server: reflection lists `services` (the CA's
-    own), health reports the server as a whole (name "") and each of `checked` by name."""
+    own), health reports the server as a whole (name "") and each of `checked` by name.
+    `monotonic` times the once-a-minute line about undecodable requests."""
 
     def __init__(
         self,
