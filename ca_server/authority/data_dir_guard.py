@@ -18,10 +18,12 @@ root-owned.
 
 `sweep_stale_temporaries` removes the temporary files `meshca.files.atomic_write` leaves when a
 process is killed between writing and renaming (`.authorities.json.*.tmp` holds every private
-key). It runs under the data directory's lock, where those files are written, so it never removes
-another process's write in progress; `root-cert.pem` is also published without the lock (by every
-CA process, and in Kubernetes mode), so its leftovers (public certificates) go only once they are
-`UNLOCKED_STALE_AFTER` old.
+key), in the data directory and the directories meshca keeps in it. `root-cert.pem` and the taint
+notice beside it are also published without the data directory's lock (by every CA process, and
+in Kubernetes mode), so another process may be writing one right now: each writer holds a lock on
+its own temporary file until the rename, and the sweep removes only the ones nobody holds, at
+once. So a `meshca authority activate` killed just before its last rename leaves nothing behind
+at the CA's next start (a leftover used to be spared by its age, then never looked at again).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ca_server.errors import CaSetupError
+from meshca.files import remove_abandoned_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,8 @@ LOCKED_FILES = (
     "dev-issuer/signing-key.pem",
     "dev-issuer/jwks.json",
 )
+# Published without the lock too (`root_bundle.publish_root_bundle`, by every CA process).
 UNLOCKED_FILES = ("root-cert.pem",)
-UNLOCKED_STALE_AFTER = 60.0  # seconds: no write of a few kilobytes is in progress that long
 TRUSTED_FILES = (*LOCKED_FILES, *UNLOCKED_FILES, ".lock")
 STATE_FILES = LOCKED_FILES[:3]
 KEPT_DIRS = ("dev-issuer", "leaves", "agents")
@@ -110,28 +113,19 @@ def _check(path: Path, *, directory: bool, flag: str = "") -> None:
         )
 
 
-def sweep_stale_temporaries(data_dir: Path, now: float) -> list[Path]:
-    """Removes `atomic_write`'s leftovers (the caller holds the lock; `now` is Unix time);
-    returns what it removed (logged: a leftover means a process died mid-write)."""
-    removed = []
-    for name in (*LOCKED_FILES, *UNLOCKED_FILES):
-        target = data_dir / name
-        if not target.parent.is_dir():
-            continue
-        for leftover in target.parent.glob(f".{target.name}.*.tmp"):
-            try:
-                young = now - leftover.stat().st_mtime < UNLOCKED_STALE_AFTER
-                if name in UNLOCKED_FILES and young:
-                    continue
-                leftover.unlink()
-            except FileNotFoundError:
-                continue
-            removed.append(leftover)
+def sweep_stale_temporaries(data_dir: Path) -> list[Path]:
+    """Removes `atomic_write`'s leftovers in `data_dir` and the directories meshca keeps in it
+    (`meshca.files.remove_abandoned_temporaries`: only its temporary-file names, and only those
+    no live writer holds); returns what it removed (logged: a leftover means a process died
+    mid-write)."""
+    removed = remove_abandoned_temporaries(data_dir)
+    for name in KEPT_DIRS:
+        removed.extend(remove_abandoned_temporaries(data_dir / name))
     if removed:
         log.warning(
             "removed %d temporary file(s) a killed meshca process left in %s: %s",
             len(removed),
             data_dir,
-            ", ".join(p.name for p in removed),
+            ", ".join(str(p.relative_to(data_dir)) for p in removed),
         )
     return removed

@@ -221,7 +221,7 @@ class LocalAuthorityStateStore:
         with data_dir_lock(self.data_dir):
             check_state_files(self.data_dir)
             if not self._swept:
-                sweep_stale_temporaries(self.data_dir, self._clock.now().timestamp())
+                sweep_stale_temporaries(self.data_dir)
                 self._swept = True
             current, created = self._load_locked()
             updated = change(current)

@@ -4,8 +4,8 @@ progress. (The refusals as an operator meets them: tests/hostile/test_operator_s
 
 from __future__ import annotations
 
+import fcntl
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,6 @@ from ca_server import dev_issuer
 from ca_server.authority.data_dir_guard import (
     LOCKED_FILES,
     TRUSTED_FILES,
-    UNLOCKED_STALE_AFTER,
     DataDirPermissionError,
     check_data_dir,
     check_state_files,
@@ -53,20 +52,24 @@ def test_a_symlink_is_judged_by_the_file_it_points_at(tmp_path: Path):
         check_state_files(data_dir)
 
 
-def test_the_sweep_spares_a_young_root_bundle_temporary(tmp_path: Path):
-    """`root-cert.pem` is also written without the lock: a young leftover may be a write in
-    progress in another process; the locked files' leftovers go at once."""
+def test_the_sweep_takes_every_abandoned_temporary_and_spares_a_write_in_progress(
+    tmp_path: Path,
+):
+    """A leftover goes at once, however young (a `root-cert.pem` one used to be spared for a
+    minute, then never looked at again); one whose writer still holds it stays, in any file;
+    nothing but `atomic_write`'s names is touched."""
     (tmp_path / "dev-issuer").mkdir()
-    state_tmp = tmp_path / ".authorities.json.abc123.tmp"
-    issuer_tmp = tmp_path / "dev-issuer" / ".signing-key.pem.def456.tmp"
-    young_root, old_root = (
-        tmp_path / ".root-cert.pem.young.tmp",
-        tmp_path / ".root-cert.pem.old.tmp",
-    )
-    for path in (state_tmp, issuer_tmp, young_root, old_root):
+    state_tmp = tmp_path / ".authorities.json.abc12345.tmp"
+    issuer_tmp = tmp_path / "dev-issuer" / ".signing-key.pem.def45678.tmp"
+    root_tmp = tmp_path / ".root-cert.pem.young123.tmp"
+    notice_tmp = tmp_path / ".meshca-taints.json.x1y2z3w4.tmp"
+    in_progress = tmp_path / ".root-cert.pem.writing1.tmp"
+    others = [tmp_path / name for name in ("notes.tmp", ".root-cert.pem.tmp", "root-cert.pem")]
+    for path in (state_tmp, issuer_tmp, root_tmp, notice_tmp, in_progress, *others):
         path.write_text("x")
-    aged = time.time() - UNLOCKED_STALE_AFTER - 1
-    os.utime(old_root, (aged, aged))
-    removed = sweep_stale_temporaries(tmp_path, time.time())
-    assert set(removed) == {state_tmp, issuer_tmp, old_root}
-    assert young_root.exists() and not state_tmp.exists()
+    with open(in_progress, "rb") as writer:
+        fcntl.flock(writer.fileno(), fcntl.LOCK_EX)  # as atomic_write holds its own
+        removed = sweep_stale_temporaries(tmp_path)
+    assert set(removed) == {state_tmp, issuer_tmp, root_tmp, notice_tmp}
+    assert in_progress.exists() and all(path.exists() for path in others)
+    assert sweep_stale_temporaries(tmp_path) == [in_progress]

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from meshca.files import atomic_write, ensure_dir, fsync_dir
+from meshca.files import atomic_write, ensure_dir, fsync_dir, remove_abandoned_temporaries
 
 
 def _mode(path: Path) -> int:
@@ -116,3 +119,67 @@ def test_fsync_dir(tmp_path: Path) -> None:
     fsync_dir(tmp_path)
     with pytest.raises(FileNotFoundError):
         fsync_dir(tmp_path / "missing")
+
+
+def test_the_temporary_file_is_locked_until_it_is_renamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What lets a sweep tell a write in progress from a leftover: at rename time another
+    open file cannot lock the temporary file."""
+    held: list[bool] = []
+    real_replace = os.replace
+
+    def spy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        with open(src, "rb") as other:
+            try:
+                fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        assert remove_abandoned_temporaries(tmp_path) == []
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    atomic_write(tmp_path / "root-cert.pem", "root")
+    assert held == [True]
+    assert (tmp_path / "root-cert.pem").read_text() == "root"
+
+
+def test_abandoned_temporaries_go_and_nothing_else(tmp_path: Path) -> None:
+    leftovers = [tmp_path / ".root-cert.pem.k1ll3d_x.tmp", tmp_path / ".key.pem.abcdefgh.tmp"]
+    kept = [
+        tmp_path / name
+        for name in ("root-cert.pem", ".root-cert.pem.tmp", ".key.pem.short.tmp", "x.tmp")
+    ]
+    for path in (*leftovers, *kept):
+        path.write_text("x")
+    (tmp_path / "sub").mkdir()
+    below = tmp_path / "sub" / ".a.pem.abcdefgh.tmp"
+    below.write_text("x")
+    (tmp_path / ".b.pem.abcdefgh.tmp").symlink_to(below)
+    assert sorted(remove_abandoned_temporaries(tmp_path)) == sorted(leftovers)
+    assert all(path.exists() for path in (*kept, below))
+    assert remove_abandoned_temporaries(tmp_path / "missing") == []
+
+
+def test_a_sweep_between_creating_and_locking_makes_the_writer_start_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary file exists, unlocked, for an instant before its writer locks it; a sweep
+    in that instant removes it, and the writer must notice and write under a new name rather
+    than fail at its rename (or write a file nobody will ever rename)."""
+    real_mkstemp = tempfile.mkstemp
+    names: list[str] = []
+
+    def mkstemp_then_sweep(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        fd, name = real_mkstemp(*args, **kwargs)
+        names.append(name)
+        if len(names) == 1:
+            assert remove_abandoned_temporaries(tmp_path) == [Path(name)]
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_sweep)
+    atomic_write(tmp_path / "root-cert.pem", "root")
+    assert len(names) == 2
+    assert (tmp_path / "root-cert.pem").read_text() == "root"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root-cert.pem"]
