@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -85,9 +88,58 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a Unix tool killed by SIGPIPE (`cat big | head -1`: 128 + 13).
+CLOSED_STDOUT_EXIT = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    """Runs one command; its exit status.
+
+    A reader that closes the pipe early (`meshca authority show | head -1`) ends the command
+    the way it ends `cat` or `ls`: quietly, with status 141 (what the shell shows for a tool
+    killed by SIGPIPE, and what `set -o pipefail` scripts already expect from them), not with
+    a `BrokenPipeError` traceback. Python ignores SIGPIPE, so the write raises instead; it is
+    caught here, for every command, and stdout is pointed at /dev/null so the interpreter's
+    last flush of what is still buffered does not raise again. A broken pipe that is not
+    stdout's (a socket a command writes to) is an error like any other and is raised."""
+    try:
+        try:
+            return _run(list(sys.argv[1:] if argv is None else argv))
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        _discard_stdout()
+        return CLOSED_STDOUT_EXIT
+
+
+def _run(args_list: list[str]) -> int:
     chosen = args_list[0] if args_list and args_list[0] in COMMANDS else ""
     args = build_parser(chosen).parse_args(args_list)
     args.argv = args_list  # `meshca ca` starts its worker processes with the same arguments
     return int(_load(args.command).run(args))
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) nobody reads any more: the kernel reports an error
+    condition on its write end (POLLERR), or a hang-up."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _discard_stdout() -> None:
+    """Points file descriptor 1 at /dev/null (it stays open: whatever is still buffered is
+    written there at exit). Nothing to do when stdout is no real file (a test's capture)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

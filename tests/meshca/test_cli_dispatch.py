@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from meshca import cli
 from meshca.cli import COMMANDS, build_parser
 
 PROBE = """
@@ -35,3 +36,15 @@ def test_help_lists_every_command_with_only_one_loaded():
         assert name in text
     args = parser.parse_args(["inspect", "a.pem"])
     assert args.command == "inspect"
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_still_an_error(monkeypatch: pytest.MonkeyPatch):
+    """Only a stdout nobody reads ends a command quietly (tests/meshca/test_cli_closed_stdout.py);
+    a socket a command writes to breaking is an error like any other."""
+
+    def peer_hung_up(args_list: list[str]) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_run", peer_hung_up)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["status", "unix:/nowhere"])
