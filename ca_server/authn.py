@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 from cryptography import x509
@@ -22,6 +23,7 @@ from certs import (
     SpiffeId,
     build_path,
     describe_certificate,
+    issuer_key_id,
 )
 from meshca.clock import Clock
 
@@ -111,7 +113,9 @@ class ClientCertificateAuthenticator:
     has already verified the handshake; the path is built again here from the leaf to the CA's
     current roots, with the rest as candidates (`certs.build_path`), so a certificate from a
     retired root stops working without a restart and a malformed chain is refused with what to
-    fix. Only the leaf's identity counts.
+    fix. Only the leaf's identity counts. A leaf signed by an authority the CA has tainted
+    (`tainted`: authority ID -> when) is refused saying so, not as one from some unknown root:
+    the operator and the workload learn why, and that a token gets a new certificate.
     """
 
     name = "client-certificate"
@@ -121,10 +125,12 @@ class ClientCertificateAuthenticator:
         trust_domain: str,
         roots: Callable[[], Sequence[x509.Certificate]],
         clock: Clock,
+        tainted: Callable[[], Mapping[str, datetime]] = dict,
     ) -> None:
         self._trust_domain = trust_domain
         self._roots = roots
         self._clock = clock
+        self._tainted = tainted
 
     async def authenticate(self, request: AuthnRequest) -> Caller | None:
         if not request.peer_chain:
@@ -141,7 +147,9 @@ class ClientCertificateAuthenticator:
                 "client-cert-foreign-intermediate", f"client certificate chain: {exc}"
             ) from exc
         except CertsError as exc:
-            raise AuthenticationError("client-cert-invalid", f"client certificate: {exc}") from exc
+            raise AuthenticationError(
+                "client-cert-invalid", self._tainted_authority(leaf) or f"client certificate: {exc}"
+            ) from exc
         identity = describe_certificate(leaf).identity
         if identity is None:
             raise AuthenticationError(
@@ -160,3 +168,16 @@ class ClientCertificateAuthenticator:
                 f"this CA serves {self._trust_domain}",
             )
         return Caller(spiffe_id, self.name, subject=f"x509:{spiffe_id.uri}")
+
+    def _tainted_authority(self, leaf: x509.Certificate) -> str | None:
+        """Why `leaf` failed, when the authority that signed it (its Authority Key Identifier)
+        is one this CA tainted; else None. Only the wording of a refusal rests on the label."""
+        authority = issuer_key_id(leaf)
+        tainted_at = self._tainted().get(authority) if authority is not None else None
+        if tainted_at is None:
+            return None
+        return (
+            f"client certificate signed by authority {authority}, which this CA tainted at "
+            f"{tainted_at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} (its leaves no longer "
+            "authenticate a renewal): request a new certificate with the workload's token"
+        )

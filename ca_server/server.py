@@ -68,7 +68,10 @@ def build_authenticators(
             issuers.append(ensure_dev_issuer(config.data_dir).trust_config())
     chain: list[Authenticator] = [
         ClientCertificateAuthenticator(
-            config.trust_domain, lambda: signer.trusted_client_roots, clock
+            config.trust_domain,
+            lambda: signer.trusted_client_roots,
+            clock,
+            lambda: signer.tainted_authorities,
         ),
     ]
     if issuers:

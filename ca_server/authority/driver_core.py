@@ -75,7 +75,7 @@ class DriverCore:
         starts)."""
         if self._signer is None:
             self._signer = LocalSigner(authority, self.ledger, self.clock)
-        self._signer.use(authority, counts_under, client_roots)
+        self._signer.use(authority, counts_under, client_roots, tainted_since)
         publish_root_bundle(self.settings.data_dir, authority, tainted_since)
         self._metrics.record_authority(authority, root=gauge_root)
         self.on_change(authority)

@@ -5,10 +5,11 @@ each leaf in the leaf ledger under the authority it counts under.
 signer): the service only asks it to `sign` and for the current `authority`. The driver
 (`ca_server.authority`) keeps it current with `use`: the authority to sign with, the ID each
 leaf counts under in the ledger (the active slot for self-signed authorities; the root the
-signing chain ends at for a plugged-in CA), and the roots a client certificate may chain to.
-`replace` is `use` for material that carries no slot state (a plugged-in CA). The three
-travel together as one value, so each request reads them once: a swap is atomic from the
-service's view.
+signing chain ends at for a plugged-in CA), the roots a client certificate may chain to, and
+the tainted authorities (so a client certificate one of them signed is refused by name).
+`replace` is `use` for material that carries no slot state (a plugged-in CA). They travel
+together as one value, so each request reads them once: a swap is atomic from the service's
+view.
 
 Concurrency: `sign` runs on the event loop (or a test's thread) and reads the current value
 once per request; `use` replaces it in one assignment.
@@ -16,7 +17,8 @@ once per request; `use` replaces it in one assignment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Protocol
@@ -83,6 +85,7 @@ class _Signing:
     authority: SigningAuthority
     counts_under: str | None  # the ledger ID of each leaf; `None`: not counted
     client_roots: tuple[x509.Certificate, ...]
+    tainted_since: Mapping[str, datetime] = field(default_factory=dict)  # authority ID -> when
 
 
 class LocalSigner:
@@ -113,13 +116,20 @@ class LocalSigner:
         slots the bundle without tainted roots."""
         return self._signing.client_roots
 
+    @property
+    def tainted_authorities(self) -> Mapping[str, datetime]:
+        """When each tainted authority (by ID) was tainted: why a client certificate one of
+        them signed no longer chains to `trusted_client_roots`."""
+        return self._signing.tainted_since
+
     def use(
         self,
         authority: SigningAuthority,
         counts_under: str | None,
         client_roots: tuple[x509.Certificate, ...],
+        tainted_since: Mapping[str, datetime] | None = None,
     ) -> None:
-        self._signing = _Signing(authority, counts_under, client_roots)
+        self._signing = _Signing(authority, counts_under, client_roots, dict(tainted_since or {}))
 
     def replace(self, authority: SigningAuthority) -> None:
         """Signs with `authority` from now on, counting leaves under its root."""

@@ -27,6 +27,7 @@ from certs import (
     private_key_to_pem,
     verify_chain,
 )
+from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice
 from tests.support.authority_cli import authority_rows, data_dir_target, meshca_authority
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
@@ -61,6 +62,18 @@ def issue(ca: CaProcess, token: str, ttl_seconds: int = 0) -> list[str]:
         return create_certificate(
             stub, build_csr(generate_private_key(), SLEEP), token=token, ttl_seconds=ttl_seconds
         )
+
+
+def renew_over_mtls(ca: CaProcess, mtls_port: int, key: Any, chain_pem: bytes) -> list[str]:
+    """A renewal as Istio's agent sends it: no token, `chain_pem` (its leaf first) and `key` as
+    the client certificate on the CA's `--mtls-listen` port."""
+    with ca_stub(
+        f"127.0.0.1:{mtls_port}",
+        ca.root_cert_path.read_bytes(),
+        client_key_pem=private_key_to_pem(key),
+        client_chain_pem=chain_pem,
+    ) as stub:
+        return create_certificate(stub, build_csr(generate_private_key(), SLEEP))
 
 
 @dataclass
@@ -233,13 +246,7 @@ def test_forced_rotation_and_taint_reach_a_running_ca(tmp_path: Path):
         (old,) = show(ca.data_dir)
 
         def renew(key: Any, chain: list[str]) -> list[str]:
-            with ca_stub(
-                f"127.0.0.1:{mtls_port}",
-                ca.root_cert_path.read_bytes(),
-                client_key_pem=private_key_to_pem(key),
-                client_chain_pem=chain[0].encode(),
-            ) as stub:
-                return create_certificate(stub, build_csr(generate_private_key(), SLEEP))
+            return renew_over_mtls(ca, mtls_port, key, chain[0].encode())
 
         assert authority(ca.data_dir, "prepare").returncode == 0
         new = next(r["id"] for r in show(ca.data_dir) if r["state"] == "prepared")
@@ -281,5 +288,54 @@ def test_forced_rotation_and_taint_reach_a_running_ca(tmp_path: Path):
             a.get("reason") == "client-certificate-untrusted" or a.get("outcome") == "denied"
             for a in audit
         )
+    finally:
+        ca.stop()
+
+
+def test_a_tainted_authoritys_client_certificate_is_refused_naming_the_taint(tmp_path: Path):
+    """A renewal over mTLS with a leaf of a tainted authority is refused (UNAUTHENTICATED, as
+    before) saying which authority was tainted and when, and that a token gets a new
+    certificate — whether the client sends its leaf alone or, as Istio's agent does, followed
+    by its whole bundle. Before: "... a root this CA does not trust", as for any stranger."""
+    mtls_port = free_port()
+    ca = CaProcess(
+        tmp_path / "data",
+        "--mtls-listen",
+        f"127.0.0.1:{mtls_port}",
+        "--ca-reload-interval",
+        "200ms",
+    )
+    ca.start()
+    try:
+        token = ca.mint_token("default", "sleep")
+        old_key = generate_private_key()
+        with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
+            old_chain = create_certificate(stub, build_csr(old_key, SLEEP), token=token)
+        (old,) = show(ca.data_dir)
+        assert authority(ca.data_dir, "prepare").returncode == 0
+        new = next(r["id"] for r in show(ca.data_dir) if r["state"] == "prepared")
+        assert authority(ca.data_dir, "activate", new).returncode == 0
+        assert authority(ca.data_dir, "taint", old["id"]).returncode == 0
+        notice = ca.data_dir / TAINT_NOTICE_NAME
+        tainted_at = decode_taint_notice(notice.read_bytes())[old["id"]]
+        leaf_alone = old_chain[0].encode()
+        with_bundle = leaf_alone + ca.root_cert_path.read_bytes()
+
+        def refusal(chain_pem: bytes) -> str | None:
+            try:
+                renew_over_mtls(ca, mtls_port, old_key, chain_pem)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAUTHENTICATED, exc
+                return str(exc.details())
+            return None
+
+        wait_for(lambda: refusal(leaf_alone) is not None, 5, "the tainted leaf to be refused")
+        for chain_pem in (leaf_alone, with_bundle):
+            details = refusal(chain_pem)
+            assert details is not None
+            when = f"{tainted_at:%Y-%m-%dT%H:%M:%SZ}"
+            assert f"signed by authority {old['id']}, which this CA tainted at {when}" in details
+            assert "request a new certificate with the workload's token" in details
+            assert "does not trust" not in details
     finally:
         ca.stop()
