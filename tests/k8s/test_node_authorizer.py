@@ -3,13 +3,26 @@ and nothing else; every denial names its reason in the audit line."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import re
 
 import grpc
+import kubernetes.client
+import pytest
 
+from ca_server.authn import Caller
+from ca_server.errors import RequestError
+from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
+from ca_server.kube.node_authorizer import NodeAuthorizer
+from ca_server.kube.pod_cache import PodCache
+from ca_server.metrics import CaMetrics
+from certs import SpiffeId
 from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.kube_api import KubeApiServer
-from tests.support.processes import wait_for
+from tests.support.processes import REPO_ROOT, wait_for
+
+STATUS_NAMES = "|".join(code.name for code in grpc.StatusCode)
 
 
 def test_node_agent_impersonation(kube_api: KubeApiServer, kube_ca: CaFactory):
@@ -81,3 +94,34 @@ def test_node_agent_impersonation(kube_api: KubeApiServer, kube_ca: CaFactory):
         return True
 
     wait_for(orders_allowed, 2, "the new pod in the CA's pod cache")
+
+
+def _refusal_status(policy: ImpersonationPolicy) -> str:
+    """The status the CA answers (`RequestError.code`, translated once in ca_server.service)
+    when `policy` refuses default/sleep's request for default/cart's identity."""
+    caller = Caller(SpiffeId("cluster.local", "default", "sleep"), "kubernetes", "sleep")
+    target = SpiffeId("cluster.local", "default", "cart")
+    with pytest.raises(RequestError) as refused:
+        asyncio.run(policy.authorize(caller, target))
+    return refused.value.code.name
+
+
+def test_the_docs_give_the_status_a_refused_impersonation_gets() -> None:
+    """Every line of the docs (and README) that says which status a refused impersonation gets
+    names the one the CA answers, with or without a node authorizer. Before: docs/kubernetes.md's
+    troubleshooting table (and docs/security.md's refusal table) said PERMISSION_DENIED."""
+    untrusted = NodeAuthorizer(
+        [(CA_NAMESPACE, "ztunnel")],
+        PodCache(kubernetes.client.ApiClient(), CaMetrics()),  # never started: not consulted
+        "cluster.local",
+        "Kubernetes",
+    )
+    answered = {_refusal_status(DenyImpersonation()), _refusal_status(untrusted)}
+    documented: dict[str, set[str]] = {}
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if "impersonat" in line.lower():
+                for status in re.findall(rf"`({STATUS_NAMES})`", line):
+                    documented.setdefault(status, set()).add(f"{page.name}:{number}")
+    assert answered == {"UNAUTHENTICATED"}
+    assert set(documented) == answered, documented
