@@ -28,7 +28,9 @@ and, once they wait, on its asyncio event loop (`ca_server.serving.cq_server`); 
 - Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
 
 Every API call made here is listed in `tests/k8s/api_calls.py`, which the deploy RBAC mirrors:
-TokenReview create; Secrets (get/list/watch/create/update) and Leases in the CA's namespace;
-ConfigMaps in all namespaces; Pods and Namespaces list/watch; get on
-/.well-known/openid-configuration and /openid/v1/jwks.
+TokenReview create; in the CA's namespace, Secret `istio-ca-secret` by name only (get, update;
+list/watch with the field selector `metadata.name=istio-ca-secret`, so RBAC's `resourceNames`
+covers them) and Secrets create, Leases, ConfigMaps delete; ConfigMaps in all namespaces; Pods,
+Namespaces and ServiceAccounts list/watch; get on /.well-known/openid-configuration and
+/openid/v1/jwks. Touch no other Secret: the RBAC grants no other.
 """

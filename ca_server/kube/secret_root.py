@@ -226,6 +226,7 @@ class KubeAuthorityStateStore:
         hint = ""
         if exc.status in (401, 403):
             hint = (
-                f"; grant the CA's service account get/create/update on secrets in {self.namespace}"
+                f"; grant the CA's service account get/list/watch/update on Secret {SECRET_NAME} "
+                f"and create on secrets in {self.namespace} (deploy/base/rbac.yaml)"
             )
         return f"cannot {verb} {self.description}: {api_error_text(exc)}{hint}"

@@ -1,15 +1,22 @@
 """The RBAC that ``deploy/`` grants, as a flat set of rules to compare with real API traffic.
 
-A rule is ``(api_group, resource, verb, scope)``; ``scope`` is ``"cluster"`` for a ClusterRole
-bound by a ClusterRoleBinding, and ``"namespace"`` for anything bound by a RoleBinding (in the
-binding's namespace, which is the service account's own in deploy/). Example, comparing with the
-requests the fake API server recorded::
+A rule is ``(api_group, resource, verb, scope, name)``; ``scope`` is ``"cluster"`` for a
+ClusterRole bound by a ClusterRoleBinding, and ``"namespace"`` for anything bound by a
+RoleBinding (in the binding's namespace, which is the service account's own in deploy/);
+``name`` is one object the rule is limited to (RBAC's ``resourceNames``), ``""`` any. Example,
+comparing with the requests the fake API server recorded::
 
     granted = granted_rules("istio-system", "meshca")
     for record in server.recorder.records():
         needed = required_rule(group_of(record.resource), record.resource, record.verb,
-                               record.namespace, home_namespace="istio-system")
+                               record.namespace, home_namespace="istio-system",
+                               name=authorized_name(record.verb, record.name, selector))
         assert is_allowed(granted, needed), needed
+
+A request's name is the one the API server's authorizer sees (apiserver's ``RequestInfo``): the
+object's, in its path; for a list or watch, the name a ``metadata.name=`` field selector pins
+(so a rule limited to one object allows watching just that object); none for a create (the
+name is in the body, which the authorizer never reads: RBAC cannot limit a create to a name).
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ class Rule(NamedTuple):
     resource: str
     verb: str
     scope: Scope
+    name: str = ""  # the one object the rule allows (resourceNames); "" any
 
 
 class UnsupportedRbac(ValueError):
-    """A rule this flat model cannot represent (resourceNames, aggregation)."""
+    """A rule this flat model cannot represent (aggregation, resourceNames on a URL)."""
 
 
 def _expand(rules: Iterable[dict[str, Any]], scope: Scope, where: str) -> set[Rule]:
@@ -41,16 +49,17 @@ def _expand(rules: Iterable[dict[str, Any]], scope: Scope, where: str) -> set[Ru
     and the recorded request of such a URL uses the path as its resource."""
     expanded: set[Rule] = set()
     for rule in rules:
-        if rule.get("resourceNames"):
-            raise UnsupportedRbac(f"{where}: resourceNames is not modelled by tests/deploy")
+        names = rule.get("resourceNames") or [""]
         for url in rule.get("nonResourceURLs") or []:
             if scope != "cluster":
                 raise UnsupportedRbac(f"{where}: nonResourceURLs only work in a ClusterRole")
+            if names != [""]:
+                raise UnsupportedRbac(f"{where}: resourceNames on a non-resource URL")
             expanded.update(Rule("", url, verb, scope) for verb in rule.get("verbs") or [])
         for group in rule.get("apiGroups") or []:
             for resource in rule.get("resources") or []:
                 for verb in rule.get("verbs") or []:
-                    expanded.add(Rule(group, resource, verb, scope))
+                    expanded.update(Rule(group, resource, verb, scope, name) for name in names)
     return expanded
 
 
@@ -86,20 +95,46 @@ def granted_rules(namespace: str, service_account: str, root: Path = DEPLOY_DIR)
     return granted
 
 
+def authorized_name(verb: str, name: str | None, field_selector: str | None) -> str:
+    """The object name the API server's authorizer sees for a request (see the module
+    docstring): `name` from the path, or for a list or watch the one an exact
+    `metadata.name=<name>` field selector pins; "" when none."""
+    if verb in ("list", "watch") and not name and field_selector:
+        for term in field_selector.split(","):
+            field, _, value = term.partition("=")  # `f=v`, `f==v`; `f!=v` leaves `f!`
+            if field.strip() == "metadata.name":
+                return value.removeprefix("=").strip()
+    return name or ""
+
+
 def required_rule(
-    api_group: str, resource: str, verb: str, namespace: str | None, home_namespace: str
+    api_group: str,
+    resource: str,
+    verb: str,
+    namespace: str | None,
+    home_namespace: str,
+    name: str | None = None,
 ) -> Rule:
     """The narrowest rule that allows one request made by an account living in
     ``home_namespace``. ``namespace`` None is a cluster-wide call (a cluster-scoped resource such
     as tokenreviews, or list/watch across all namespaces); a call into another namespace than the
     account's own needs a cluster grant too, since deploy/ binds Roles only in the home namespace.
+    ``name`` is the object the authorizer sees (`authorized_name`); a create has none.
     """
     scope: Scope = "namespace" if namespace == home_namespace else "cluster"
-    return Rule(api_group, resource, verb, scope)
+    return Rule(api_group, resource, verb, scope, "" if verb == "create" else name or "")
+
+
+def granting_rule(granted: Iterable[Rule], needed: Rule) -> Rule | None:
+    """The rule in ``granted`` that allows ``needed``: the same rule, or one for any name, or
+    either granted cluster-wide (which also allows a namespaced call); None if none does."""
+    rules = set(granted)
+    candidates = [needed, needed._replace(name="")]
+    if needed.scope == "namespace":
+        candidates += [c._replace(scope="cluster") for c in candidates]
+    return next((c for c in candidates if c in rules), None)
 
 
 def is_allowed(granted: set[Rule], needed: Rule) -> bool:
-    """Whether ``granted`` allows ``needed``; a cluster grant also allows namespaced calls."""
-    if needed in granted:
-        return True
-    return needed.scope == "namespace" and needed._replace(scope="cluster") in granted
+    """Whether ``granted`` allows ``needed``."""
+    return granting_rule(granted, needed) is not None

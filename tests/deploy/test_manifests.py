@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from agent.config import add_agent_arguments
+from ca_server.kube.secret_root import SECRET_NAME
 from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC
 
 from . import prometheus_operator
@@ -33,7 +35,7 @@ from .manifests import (
     manifests,
     render,
 )
-from .rbac import granted_rules, is_allowed, required_rule
+from .rbac import Rule, Scope, authorized_name, granted_rules, is_allowed, required_rule
 
 # The oldest Kubernetes the manifests target: native sidecars (restartPolicy: Always on an init
 # container) and matchLabelKeys in topology spread constraints are on by default from 1.29/1.30.
@@ -567,23 +569,69 @@ def test_rbac_has_no_wildcards_and_binds_only_deploy_accounts() -> None:
 def test_rbac_helper_answers_requests() -> None:
     granted = granted_rules(CA_NAMESPACE, "meshca")
     home = CA_NAMESPACE
+    ours = authorized_name("list", None, f"metadata.name={SECRET_NAME}")
     ok = [
         required_rule("authentication.k8s.io", "tokenreviews", "create", None, home),
         required_rule("", "configmaps", "create", "default", home),
-        required_rule("", "secrets", "get", home, home),
+        required_rule("", "configmaps", "update", "default", home, "istio-ca-root-cert"),
+        required_rule("", "secrets", "get", home, home, SECRET_NAME),
+        required_rule("", "secrets", "list", home, home, ours),
+        required_rule("", "secrets", "create", home, home, SECRET_NAME),  # the name is unseen
         required_rule("coordination.k8s.io", "leases", "update", home, home),
         required_rule("", "pods", "watch", None, home),
         required_rule("", "/openid/v1/jwks", "get", None, home),
     ]
     denied = [
-        required_rule("", "secrets", "get", "default", home),
-        required_rule("", "secrets", "delete", home, home),
+        required_rule("", "secrets", "get", "default", home, SECRET_NAME),
+        required_rule("", "secrets", "get", home, home, "cacerts"),
+        required_rule("", "secrets", "update", home, home, "cacerts"),
+        required_rule("", "secrets", "list", home, home),
+        required_rule("", "secrets", "watch", home, home, authorized_name("watch", None, "")),
+        required_rule("", "secrets", "delete", home, home, SECRET_NAME),
         required_rule("", "configmaps", "delete", "default", home),
         required_rule("", "pods", "create", home, home),
         required_rule("", "/metrics", "get", None, home),
     ]
     assert [r for r in ok if not is_allowed(granted, r)] == []
     assert [r for r in denied if is_allowed(granted, r)] == []
+
+
+def _documented_rbac(account: str) -> set[Rule]:
+    """The rules docs/kubernetes.md's "RBAC, rule by rule" table gives `account`."""
+    page = (DEPLOY_DIR.parent / "docs" / "kubernetes.md").read_text()
+    table = page.split("### RBAC, rule by rule", 1)[1].split("\n\n")[2]
+    rules = set()
+    for row in table.splitlines()[2:]:
+        who, scope, group, resources, verbs = (c.strip() for c in row.strip("|").split("|")[:5])
+        if who != f"`{account}`":
+            continue
+        named = re.fullmatch(r"`(\w+)` named `([\w-]+)`", resources)
+        targets = (
+            [named.groups()] if named else [(r, "") for r in re.findall(r"`([^`]+)`", resources)]
+        )
+        api_group = "" if group in ('`""`', "non-resource URLs") else group.strip("`")
+        in_scope: Scope = "cluster" if scope == "cluster" else "namespace"
+        for resource, name in targets:
+            for verb in verbs.split(", "):
+                rules.add(Rule(api_group, resource, verb, in_scope, name))
+    return rules
+
+
+def test_the_docs_rbac_table_is_what_deploy_grants() -> None:
+    """docs/kubernetes.md lists the RBAC rule by rule: exactly the contract deploy/ grants, the
+    names a rule is limited to included."""
+    assert _documented_rbac("meshca") == CA_RBAC
+    assert _documented_rbac("meshca-node-agent") == NODE_AGENT_RBAC
+
+
+def test_a_list_or_watch_is_authorized_as_the_name_its_field_selector_pins() -> None:
+    """As the API server's RequestInfo does; only list and watch, only metadata.name."""
+    assert authorized_name("watch", None, "metadata.name=istio-ca-secret") == "istio-ca-secret"
+    assert authorized_name("list", None, "type=x, metadata.name==abc") == "abc"
+    assert authorized_name("list", None, "metadata.name!=abc") == ""
+    assert authorized_name("list", None, "spec.nodeName=node-a") == ""
+    assert authorized_name("list", None, None) == ""
+    assert authorized_name("get", "abc", None) == "abc"
 
 
 def test_kustomization_files_are_not_kubernetes_objects() -> None:

@@ -11,16 +11,20 @@ the node agent need for the API calls they make. Three checks keep code and mani
 
 A rule's scope is `namespace` when the calls happen only in the account's own namespace (a Role
 there), `cluster` for cluster-wide list/watch, cluster-scoped resources, or writes into any
-namespace (a ClusterRole).
+namespace (a ClusterRole). A rule with a `name` allows that one object only (RBAC's
+`resourceNames`): the code touches the authority Secret by name alone, and lists and watches it
+with a `metadata.name` field selector, which the API server authorizes as that name.
 
     python -m tests.k8s.api_calls   # prints the rules
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterable
 
-from tests.deploy.rbac import Rule, required_rule
+from ca_server.kube.secret_root import SECRET_NAME
+from tests.deploy.rbac import Rule, authorized_name, granting_rule, required_rule
 from tests.support.kube_api import RequestRecord
 
 CA_NAMESPACE = "istio-system"
@@ -31,12 +35,15 @@ CA_RBAC: frozenset[Rule] = frozenset(
     [
         # TokenReview authenticator.
         Rule("authentication.k8s.io", "tokenreviews", "create", "cluster"),
-        # Authority slots (Secret istio-ca-secret, CA namespace): read, create once, watch,
-        # update on each rotation step or `meshca authority` command.
+        # Authority slots (Secret istio-ca-secret, CA namespace): read, watch, update on each
+        # rotation step or `meshca authority` command — that one Secret only (the CA may not
+        # read `cacerts`, the plugged-in CA's key, which reaches it as a mounted volume) — and
+        # create once (RBAC cannot limit a create to a name).
         *(
-            Rule("", "secrets", verb, "namespace")
-            for verb in ("get", "list", "watch", "create", "update")
+            Rule("", "secrets", verb, "namespace", SECRET_NAME)
+            for verb in ("get", "list", "watch", "update")
         ),
+        Rule("", "secrets", "create", "namespace"),
         # Per-replica reports (ConfigMaps meshca-ca-replica-*, CA namespace): written with the
         # cluster-wide configmaps rules below; a replica deletes the spent report of a gone one.
         Rule("", "configmaps", "delete", "namespace"),
@@ -81,21 +88,34 @@ def api_group_of(path: str) -> str:
 
 
 def required_rules(records: Iterable[RequestRecord], home_namespace: str) -> set[Rule]:
-    """The narrowest rules that allow the recorded requests of an account in `home_namespace`."""
-    return {
-        required_rule(api_group_of(r.path), r.resource, r.verb, r.namespace, home_namespace)
-        for r in records
-    }
+    """The narrowest rules that allow the recorded requests of an account in `home_namespace`
+    (each limited to the object the API server's authorizer would see it name)."""
+    rules = set()
+    for r in records:
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(r.path).query))
+        name = authorized_name(r.verb, r.name, query.get("fieldSelector"))
+        group = api_group_of(r.path)
+        rules.add(required_rule(group, r.resource, r.verb, r.namespace, home_namespace, name))
+    return rules
+
+
+def contract_rules(contract: Iterable[Rule], needed: Iterable[Rule]) -> set[Rule]:
+    """The rules of `contract` that allow `needed` (a rule it does not allow stays as it is):
+    what to compare with the contract to find what was granted and never used."""
+    rules = set(contract)
+    return {granting_rule(rules, rule) or rule for rule in needed}
 
 
 def describe(rules: Iterable[Rule]) -> list[str]:
-    """Rules grouped as `scope group/resource: verbs`, one line per resource."""
-    grouped: dict[tuple[str, str, str], set[str]] = {}
+    """Rules grouped as `scope group/resource[name]: verbs`, one line per resource (and name)."""
+    grouped: dict[tuple[str, str, str, str], set[str]] = {}
     for rule in rules:
-        grouped.setdefault((rule.scope, rule.api_group, rule.resource), set()).add(rule.verb)
+        key = (rule.scope, rule.api_group, rule.resource, rule.name)
+        grouped.setdefault(key, set()).add(rule.verb)
     return [
-        f"{scope} {group or 'core'}/{resource}: {', '.join(sorted(verbs))}"
-        for (scope, group, resource), verbs in sorted(grouped.items())
+        f"{scope} {group or 'core'}/{resource}{f'[{name}]' if name else ''}: "
+        f"{', '.join(sorted(verbs))}"
+        for (scope, group, resource, name), verbs in sorted(grouped.items())
     ]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.rbac import Rule, is_allowed, required_rule
-from tests.k8s.api_calls import CA_RBAC, describe
+from tests.k8s.api_calls import CA_RBAC, contract_rules, describe
 from tests.support.ca_process import CaProcess
 from tests.support.real_kube import AppliedRbac, RealControlPlane, apply_deploy_rbac
 
@@ -90,6 +90,7 @@ def api_calls(plane: RealControlPlane, account: Account) -> list[tuple[Rule, int
             event["verb"],
             ref.get("namespace"),
             account.namespace,
+            ref.get("name"),  # the authorizer's: a list/watch's field-selector name too
         )
         calls.append((rule, code))
     return calls
@@ -105,7 +106,7 @@ def assert_calls_within_contract(
     assert not outside, f"API calls outside tests/k8s/api_calls.py: {describe(outside)}"
     refused = {rule for rule, code in calls if code == 403}
     assert not refused, f"refused by deploy/'s RBAC: {describe(refused)}"
-    return {rule for rule, _ in calls}
+    return contract_rules(contract, (rule for rule, _ in calls))
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ issuer's keys), and the node agent (pods on its node).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,14 +25,16 @@ from typing import Any
 
 import grpc
 import kubernetes.client
+import kubernetes.config
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
 from ca_server.kube.replica_reports import report_name
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
+from ca_server.kube.secret_root import SECRET_NAME
 from tests.deploy.rbac import Rule
-from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC, describe
+from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC, contract_rules, describe
 from tests.k8s.conftest import issue, spiffe
 from tests.k8s_real.conftest import Account, api_calls, make_account, unique
 from tests.support.authority_cli import cluster_target, meshca_authority
@@ -40,6 +43,7 @@ from tests.support.processes import MeshcaProcess, free_port, http_status, wait_
 from tests.support.real_kube import RealControlPlane
 
 DISCOVERY_BINDING = "system:service-account-issuer-discovery"
+SECRETS = ("cacerts", "other")  # Secrets beside istio-ca-secret in the CA's namespace
 
 
 @dataclass
@@ -244,16 +248,17 @@ def refusal_text(rule: Rule) -> str:
 
 
 def _as_granted(rule: Rule) -> Rule:
-    """A call in the account's own namespace counts against a cluster grant of the same verb
-    when deploy/ grants only that (e.g. its replica report is written with the ClusterRole)."""
-    if rule.scope == "namespace" and rule not in CA_RBAC:
-        return rule._replace(scope="cluster")
-    return rule
+    """The contract's rule for a call: a call in the account's own namespace counts against a
+    cluster grant of the same verb when deploy/ grants only that (e.g. its replica report is
+    written with the ClusterRole), a call naming an object against a grant for any name."""
+    (granted,) = contract_rules(CA_RBAC | NODE_AGENT_RBAC, [rule])
+    return granted
 
 
 def _case_id(case: tuple[Rule, str, WorkFn]) -> str:
     rule, account, _ = case
-    return f"{account}:{rule.scope}:{rule.api_group or 'core'}/{rule.resource}:{rule.verb}"
+    name = f"[{rule.name}]" if rule.name else ""
+    return f"{account}:{rule.scope}:{rule.api_group or 'core'}/{rule.resource}{name}:{rule.verb}"
 
 
 @pytest.fixture
@@ -323,3 +328,74 @@ def test_with_every_rule_the_work_succeeds_and_every_rule_is_used(
     granted = set(CA_RBAC) | set(NODE_AGENT_RBAC)
     assert used <= granted, f"outside the contract: {describe(used - granted)}"
     assert not granted - used, f"granted but never needed: {describe(granted - used)}"
+
+
+def test_the_ca_can_touch_no_secret_but_its_own(tmp_path: Path, control_plane: RealControlPlane):
+    """deploy/'s RBAC lets the CA's account read, list, watch and update Secret istio-ca-secret
+    and create Secrets, and nothing else among the Secrets of its namespace: not `cacerts` (the
+    plugged-in CA's private key, which the CA reads from its volume), not any other. Asked of
+    the authorizer (SubjectAccessReview) and tried as the account. (With all of it the CA does
+    its work: `test_with_every_rule_the_work_succeeds_and_every_rule_is_used`.) Before: the Role
+    granted get/list/watch/update on every Secret of the namespace."""
+    grant = make_account(control_plane, tmp_path)
+    namespace = grant.namespace
+    for name in SECRETS:
+        control_plane.core.create_namespaced_secret(
+            namespace,
+            kubernetes.client.V1Secret(
+                metadata=kubernetes.client.V1ObjectMeta(name=name),
+                string_data={"ca-key.pem": "the plugged-in CA's key"},
+            ),
+        )
+    authorization: Any = kubernetes.client.AuthorizationV1Api(control_plane.admin())
+
+    def allowed(verb: str, name: str | None = None) -> bool:
+        review = kubernetes.client.V1SubjectAccessReview(
+            spec=kubernetes.client.V1SubjectAccessReviewSpec(
+                user=f"system:serviceaccount:{namespace}:{grant.name}",
+                groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                resource_attributes=kubernetes.client.V1ResourceAttributes(
+                    resource="secrets", verb=verb, namespace=namespace, name=name
+                ),
+            )
+        )
+        return bool(authorization.create_subject_access_review(review).status.allowed)
+
+    try:
+        granted: list[tuple[str, str | None]] = [
+            *((verb, SECRET_NAME) for verb in ("get", "list", "watch", "update")),
+            ("create", None),
+        ]
+        assert [case for case in granted if not allowed(*case)] == []
+        refused: list[tuple[str, str | None]] = [
+            *((verb, name) for verb in ("get", "update", "delete") for name in SECRETS),
+            *((verb, name) for verb in ("list", "watch") for name in (None, "cacerts")),
+            ("delete", SECRET_NAME),
+            ("patch", SECRET_NAME),
+        ]
+        assert [case for case in refused if allowed(*case)] == []
+
+        with kubernetes.config.new_client_from_config(str(grant.kubeconfig)) as api:
+            as_ca: Any = kubernetes.client.CoreV1Api(api)
+            attempts: dict[str, Callable[[], Any]] = {
+                **{
+                    f"get {name}": functools.partial(as_ca.read_namespaced_secret, name, namespace)
+                    for name in SECRETS
+                },
+                "list all": functools.partial(as_ca.list_namespaced_secret, namespace),
+                "list cacerts": functools.partial(
+                    as_ca.list_namespaced_secret, namespace, field_selector="metadata.name=cacerts"
+                ),
+            }
+            statuses = {}
+            for what, attempt in attempts.items():
+                with pytest.raises(ApiException) as refusal:
+                    attempt()
+                statuses[what] = refusal.value.status
+            assert set(statuses.values()) == {403}, statuses
+            own = as_ca.list_namespaced_secret(
+                namespace, field_selector=f"metadata.name={SECRET_NAME}"
+            )
+            assert own.items == []  # allowed: the CA has not created it here
+    finally:
+        grant.rbac.delete(control_plane)

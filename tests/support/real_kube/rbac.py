@@ -35,7 +35,8 @@ def _bound_to(binding: Manifest, namespace: str, account: str) -> bool:
 
 
 def _flat_rules(rules: list[dict[str, Any]], scope: Scope, drop: Rule) -> list[dict[str, Any]]:
-    """`rules` one (group, resource, verb) per entry, without `drop` (when it has `scope`)."""
+    """`rules` one (group, resource, verb, name) per entry, without `drop` (when it has
+    `scope`)."""
     flat: list[dict[str, Any]] = []
     for rule in rules:
         for url in rule.get("nonResourceURLs") or []:
@@ -45,10 +46,11 @@ def _flat_rules(rules: list[dict[str, Any]], scope: Scope, drop: Rule) -> list[d
         for group in rule.get("apiGroups") or []:
             for resource in rule.get("resources") or []:
                 for verb in rule.get("verbs") or []:
-                    if Rule(group, resource, verb, scope) != drop:
-                        flat.append(
-                            {"apiGroups": [group], "resources": [resource], "verbs": [verb]}
-                        )
+                    for name in rule.get("resourceNames") or [""]:
+                        if Rule(group, resource, verb, scope, name) == drop:
+                            continue
+                        entry = {"apiGroups": [group], "resources": [resource], "verbs": [verb]}
+                        flat.append({**entry, "resourceNames": [name]} if name else entry)
     return flat
 
 
