@@ -26,6 +26,11 @@ Concurrency: the poll is one asyncio task; every `stat` and read runs in a worke
 `read_timeout`, one at a time, so a hung mount (NFS, FUSE) holds one thread and never the loop
 that serves SDS. Callbacks run on the loop. Reads go through `meshca.safe_read` (regular files
 only, at most `max_bytes`).
+
+A callback that raises does not end the poll: the file is someone else's to write, and whatever
+its content makes a caller do wrong, the next version must still be read (a trust bundle put
+right, a taint notice that names a real taint). The error is logged once, with its traceback,
+per content (a version is handed over once, so the same bad content is not retried each poll).
 """
 
 from __future__ import annotations
@@ -124,7 +129,7 @@ class PolledFile:
         try:
             signature = await self._signature()
         except FileStuck as exc:
-            self._on_error(str(exc))
+            self._failed(str(exc))
         else:
             await self._read(signature)
         self._task = asyncio.create_task(self._poll_forever(), name=f"poll {self.path}")
@@ -145,7 +150,7 @@ class PolledFile:
                 current = await self._signature()
             except FileStuck as exc:
                 if not stuck:  # said once, not at every poll while the mount hangs
-                    self._on_error(str(exc))
+                    self._failed(str(exc))
                 stuck = True
                 continue
             stuck = False
@@ -168,11 +173,34 @@ class PolledFile:
         except (OSError, FileStuck) as exc:
             if not (resync and self._read_data is None):
                 self._read_data = None
-                self._on_error(_reason(self.path, exc))
+                self._failed(_reason(self.path, exc))
             return
         if data != self._read_data:
             self._read_data = data
+            await self._changed(data)
+
+    async def _changed(self, data: bytes) -> None:
+        """`on_change(data)`. Whatever it raises is a bug of the caller's, not of the file:
+        said once with its traceback (this content is not handed over again), and the file is
+        still followed, its next version handed over as usual."""
+        try:
             await self._on_change(data)
+        except Exception:
+            log.exception(
+                "unexpected error taking in the new content of %s; still following the file",
+                self.path,
+            )
+
+    def _failed(self, reason: str) -> None:
+        """`on_error(reason)`, under the same rule as `_changed`."""
+        try:
+            self._on_error(reason)
+        except Exception:
+            log.exception(
+                "unexpected error handling a failed read of %s (%s); still following the file",
+                self.path,
+                reason,
+            )
 
     async def _signature(self) -> FileSignature | None:
         return await self._in_thread(FileSignature.of, self.path)

@@ -21,10 +21,14 @@ What the file can and cannot do, since whoever writes it steers the agent:
   leaves causes nothing);
 - a taint time in the future is counted from now (`agent.taints`, rule 3);
 - it is read strictly: larger than `meshca.taint_notice.MAX_NOTICE_BYTES` (refused before it is
-  read), not a regular file, or not exactly a version-1 notice: ignored whole, with one WARNING
-  per version of the file and `meshca_agent_taint_notice_refused_total`; what was learnt stays.
-  A missing file is normal (Istio's CA, an older meshca, a `--ca-root` that is not the CA's
-  published one): said once at INFO, and taints then come from the report alone.
+  read), not a regular file, or not exactly a version-1 notice (whatever the content: the
+  decoder raises nothing but `TaintNoticeError`): ignored whole, with one WARNING per version
+  of the file and `meshca_agent_taint_notice_refused_total`; what was learnt stays. At start
+  too: the agent then starts without the notice's taints and gets its certificates. A
+  callback that fails for any other reason (a bug) is one ERROR, and the file is still
+  followed (`agent.polled_file`). A missing file is normal (Istio's CA, an older meshca, a
+  `--ca-root` that is not the CA's published one): said once at INFO, and taints then come
+  from the report alone.
 
 Concurrency: on the agent's event loop; the file's `stat`s and reads run in a worker thread
 (`agent.polled_file`).

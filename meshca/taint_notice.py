@@ -21,8 +21,10 @@ Format, version 1 (compact JSON, UTF-8, at most `MAX_NOTICE_BYTES`)::
 `tainted` lists every tainted authority still in the bundle (the report answer's list), sorted
 by ID, at most `MAX_TAINTED` of them. `decode_taint_notice` is strict: another version, an
 unknown or missing key, a duplicate authority, an ID that is not lower-case hex, a time without
-a zone, a document too large or nested: all are `TaintNoticeError`. A reader ignores such a
-document as a whole (never half of it).
+a zone or outside years 1 to 9999 in UTC, a document too large or nested: all are
+`TaintNoticeError`, and so is anything else that makes the content unreadable (no other
+exception leaves the decoder, whatever the bytes). A reader ignores such a document as a whole
+(never half of it).
 
 No I/O: the callers read and write.
 """
@@ -85,7 +87,17 @@ def encode_taint_notice(tainted_since: Mapping[str, datetime]) -> str:
 
 def decode_taint_notice(data: bytes | str) -> dict[str, datetime]:
     """Authority ID -> when it was tainted (UTC), from a notice; `TaintNoticeError` for anything
-    that is not exactly a version-1 notice (see the module docstring)."""
+    that is not exactly a version-1 notice (see the module docstring), and never another
+    exception, whatever the content: the reader follows a file others may write."""
+    try:
+        return _decode(data)
+    except TaintNoticeError:
+        raise
+    except Exception as exc:  # a case the checks below missed costs the notice, not the reader
+        raise TaintNoticeError(f"cannot be read as a taint notice ({type(exc).__name__})") from None
+
+
+def _decode(data: bytes | str) -> dict[str, datetime]:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if len(raw) > MAX_NOTICE_BYTES:
         raise TaintNoticeError(f"{len(raw)} bytes; a taint notice is at most {MAX_NOTICE_BYTES}")
@@ -140,7 +152,12 @@ def _entry(entry: Any) -> tuple[str, datetime]:
         raise TaintNoticeError(f'the "tainted_at" of {ident} is not an ISO 8601 time') from None
     if at.tzinfo is None:
         raise TaintNoticeError(f'the "tainted_at" of {ident} has no time zone')
-    return ident, at.astimezone(UTC)
+    try:
+        return ident, at.astimezone(UTC)
+    except OverflowError:  # "0001-01-01T00:00:00+14:00" is a valid time before UTC's year 1
+        raise TaintNoticeError(
+            f'the "tainted_at" of {ident} is outside years 1 to 9999 once in UTC'
+        ) from None
 
 
 def _exact_keys(obj: dict[str, Any], wanted: frozenset[str], what: str) -> None:

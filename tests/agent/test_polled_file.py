@@ -9,6 +9,7 @@ the cases that must not be reported as new content.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -224,3 +225,64 @@ def test_a_stuck_read_holds_one_thread_and_never_the_loop(
             ticker.cancel()
 
     asyncio.run(main())
+
+
+class BrokenFollower(Follower):
+    """A follower whose callbacks raise for some content: a caller's bug, or a content it did
+    not foresee (an overflowing taint notice, before it was refused as such)."""
+
+    async def changed(self, data: bytes) -> None:
+        await super().changed(data)
+        if data.startswith(b"bad"):
+            raise OverflowError("date value out of range")
+
+    def failed(self, reason: str) -> None:
+        super().failed(reason)
+        raise RuntimeError("the error handler broke too")
+
+
+def test_a_callback_that_raises_is_said_once_and_the_file_is_still_followed(
+    workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At start (where it would have stopped the agent) and later (where the poll task would
+    have died without a word), whatever a callback raises is one ERROR for that content, and
+    the next version is handed over as usual."""
+    path = workdir / "root-cert.pem"
+    path.write_bytes(b"bad at start")
+    follower = BrokenFollower()
+
+    async def main() -> None:
+        polled = PolledFile(
+            path,
+            SystemClock(),
+            on_change=follower.changed,
+            on_error=follower.failed,
+            interval=0.02,
+            settle=0.01,
+            resync_interval=0.05,  # the same bad content re-read often: still said once
+        )
+        await polled.start()
+        try:
+            path.write_bytes(b"good")
+            await until(lambda: follower.contents[-1:] == [b"good"], timeout=5)
+            path.write_bytes(b"bad later")
+            await until(lambda: follower.contents[-1:] == [b"bad later"], timeout=5)
+            await asyncio.sleep(0.3)  # polls and resyncs of the same bad content
+            path.unlink()
+            await until(lambda: len(follower.errors) == 1, timeout=5)
+            path.write_bytes(b"good again")
+            await until(lambda: follower.contents[-1:] == [b"good again"], timeout=5)
+        finally:
+            await polled.stop()
+
+    with caplog.at_level(logging.ERROR, logger="agent.polled_file"):
+        asyncio.run(main())
+    assert follower.contents == [b"bad at start", b"good", b"bad later", b"good again"]
+    said = [r.getMessage() for r in caplog.records if r.name == "agent.polled_file"]
+    assert said == [
+        f"unexpected error taking in the new content of {path}; still following the file",
+        f"unexpected error taking in the new content of {path}; still following the file",
+        f"unexpected error handling a failed read of {path} ({path} does not exist); "
+        "still following the file",
+    ]
+    assert all(r.exc_info for r in caplog.records if r.name == "agent.polled_file")

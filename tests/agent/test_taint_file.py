@@ -8,14 +8,16 @@ pacing is the subject of tests/agent/test_taint_resign.py). What it shows: a not
 re-signs every leaf of the authority, paced over the window, each once across both sources; a
 notice that lags behind, vanishes or is malformed un-taints nothing and cancels nothing; a
 malformed or oversized one is one WARNING and a count; a future taint time counts from now; a
-taint known before a previous run's leaf is restored re-signs it too; and a CA that keeps
-answering with a tainted authority gets no CSR loop.
+taint known before a previous run's leaf is restored re-signs it too; a CA that keeps
+answering with a tainted authority gets no CSR loop; and no notice of any shape (10,000
+random ones, Hypothesis) makes the watch raise or stop following the file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import shutil
@@ -26,6 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig
@@ -52,6 +55,7 @@ from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import advance_settled, until
 from tests.support.fake_ca import FakeSigner
 from tests.support.pki import TestCa
+from tests.support.taint_notices import any_notice
 
 POLL = 0.02  # the watch's stat interval here (the agent's default is 1 s)
 ROOT_PEM = "-----BEGIN CERTIFICATE-----\n(the bundle; not read here)\n-----END CERTIFICATE-----\n"
@@ -311,3 +315,60 @@ def test_known_taints_stay_bounded() -> None:
         known.learn({f"{n:040x}": START - timedelta(seconds=n)}, SOURCE_TAINT_NOTICE, START)
     assert len(known) == MAX_KNOWN_TAINTS
     assert f"{0:040x}" in known and f"{MAX_KNOWN_TAINTS:040x}" not in known  # the oldest go
+
+
+# --- whatever the notice holds --------------------------------------------------------------
+
+RANDOM_NOTICES = settings(
+    max_examples=10_000,
+    derandomize=True,  # every run tries the same notices
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def test_no_notice_escapes_the_watch_or_stops_it(
+    mount: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """10,000 notices of every shape through the watch's own callback (the one its poll hands
+    each new version to: decode, then the scheduler's taint path with the real `KnownTaints`):
+    each is taken in or refused with what is wrong in it, never an exception. Then the real
+    poll of the real file still picks up a bad notice and a valid one after it. Before the
+    fix: a time that overflows once in UTC raised `OverflowError` out of the callback."""
+    two = frozenset(sorted(IDENTITIES)[:2])
+
+    async def main() -> None:
+        project(mount, encode_taint_notice({}))
+        async with rig(mount, two) as r:
+            active = authority_id(r.signer.pki.cert)
+            loop = asyncio.get_running_loop()
+            handed = 0
+
+            @RANDOM_NOTICES
+            @given(data=any_notice(active))
+            def hand_over(data: bytes) -> None:
+                nonlocal handed
+                handed += 1
+                asyncio.run_coroutine_threadsafe(r.watch._changed(data), loop).result(10)
+
+            with caplog.at_level(logging.WARNING):
+                await asyncio.to_thread(hand_over)
+                assert r.watch.accepted + r.watch.refused == 1 + handed
+                assert handed >= 10_000
+                assert r.watch.refused > 1000 and r.watch.accepted > 100  # both paths taken
+                # Each refusal said what was wrong: none needed the decoder's last resort, and
+                # nothing was logged as an error (an exception the poll's guard caught).
+                assert "cannot be read as a taint notice" not in caplog.text
+                assert not [x for x in caplog.records if x.levelno >= logging.ERROR]
+
+                # The real poll of the real file: the overflow, then a valid notice.
+                refused = r.watch.refused
+                overflow = {"authority": active, "tainted_at": "9999-12-31T23:59:59-14:00"}
+                project(mount, json.dumps({"version": 1, "tainted": [overflow]}))
+                await until(lambda: r.watch.refused == refused + 1)
+                project(mount, encode_taint_notice({"ef" * 20: START}))
+                await until(lambda: "ef" * 20 in r.scheduler.taints)
+            assert r.scheduler.has_valid_certificate()
+
+    asyncio.run(main())

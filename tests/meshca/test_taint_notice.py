@@ -96,6 +96,15 @@ def notice(*entries: object, **top: object) -> bytes:
         (notice(entry(tainted_at="yesterday")), "not an ISO 8601 time"),
         (notice(entry(tainted_at=1764770400)), "not an ISO 8601 time"),
         (notice(entry(tainted_at="2026-12-03T14:00:00")), "has no time zone"),
+        # Valid ISO 8601 times that lie outside Python's range once moved to UTC.
+        (notice(entry(tainted_at="0001-01-01T00:00:00+14:00")), "outside years 1 to 9999"),
+        (notice(entry(tainted_at="9999-12-31T23:59:59-14:00")), "outside years 1 to 9999"),
+        (notice(entry(tainted_at="0001-01-01T00:00:00+23:59:59.999999")), "outside years"),
+        (notice(entry(tainted_at="9999-12-31T23:59:59.999-00:00:01")), "outside years 1"),
+        (notice(entry(tainted_at="2026-12-03T24:00:00Z")), "not an ISO 8601 time"),
+        (notice(entry(tainted_at="2026-12-03T14:00:00+24:00")), "not an ISO 8601 time"),
+        (notice(entry(tainted_at="2026-12-03T23:59:60Z")), "not an ISO 8601 time"),
+        (notice(entry(tainted_at="2026-12-03T14:00:00Z" + " " * 30)), "not an ISO 8601 time"),
         (notice(entry(), entry()), "listed twice"),
         (notice(*(entry(authority=f"{n:040x}") for n in range(MAX_TAINTED + 1))), "at most 64"),
         (b'{"version": 1, "tainted": [{"authority": NaN}]}', "NaN is not allowed"),
@@ -133,3 +142,24 @@ def test_the_ca_refuses_to_write_what_agents_would_refuse() -> None:
         encode_taint_notice({"not-hex": AT})
     with pytest.raises(TaintNoticeError, match="no time zone"):
         encode_taint_notice({A: AT.replace(tzinfo=None)})
+
+
+def test_the_edges_of_the_range_are_read_when_they_stay_within_it() -> None:
+    assert decode_taint_notice(notice(entry(tainted_at="0001-01-01T00:00:00-14:00"))) == {
+        A: datetime(1, 1, 1, 14, tzinfo=UTC)
+    }
+    assert decode_taint_notice(notice(entry(tainted_at="9999-12-31T23:59:59+14:00"))) == {
+        A: datetime(9999, 12, 31, 9, 59, 59, tzinfo=UTC)
+    }
+
+
+def test_no_other_exception_leaves_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case the checks miss (here: an entry check that fails with a KeyError) is still a
+    refusal of the notice, which its reader logs and survives, never a crash of the reader."""
+
+    def broken_entry(entry: object) -> None:
+        raise KeyError("tainted_at")
+
+    monkeypatch.setattr(taint_notice, "_entry", broken_entry)
+    with pytest.raises(TaintNoticeError, match=r"cannot be read as a taint notice \(KeyError\)"):
+        decode_taint_notice(notice(entry()))

@@ -28,7 +28,10 @@ class AgentProcess(MeshcaProcess):
         namespace: str = "default",
         secret_ttl: str = "8s",
         extra_args: tuple[str, ...] = (),
+        ca_root: Path | None = None,
     ) -> None:
+        """`ca_root`: the root file the agent follows (and its taint notice beside it);
+        default the CA's published one, `ca.root_cert_path`."""
         self.namespace = namespace
         self.service_account = service_account
         self.directory = workdir / service_account
@@ -41,7 +44,7 @@ class AgentProcess(MeshcaProcess):
         args = [
             "agent",
             "--ca-addr", ca.addr,
-            "--ca-root", str(ca.root_cert_path),
+            "--ca-root", str(ca_root or ca.root_cert_path),
             "--token-file", str(self.token_path),
             "--sds-socket", str(self.sds_socket),
             "--output-dir", str(self.output_dir),
