@@ -28,7 +28,7 @@ Module map:
   leaf authority), `reporter` (the same facts between renewals; the answer's tainted authorities go
   to the scheduler, which re-signs their leaves paced over `--taint-resign-window`), `taint_file`
   (the same taints, sooner: the CA's notice beside the root file), `taints` (the one rule both feed:
-  what is known of the taints, only ever added to).
+  what is known of the taints; at most one early re-sign per leaf per taint).
 - `trust_bundle`: the served `ROOTCA`, learned from the watched root file and the CA's answers;
   a change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and

@@ -28,7 +28,9 @@ Scheduling:
   taint notice beside the root file, `agent.taint_file`; merged in `agent.taints`) moves the
   renewal of every identity whose leaf a tainted authority signed to its own point of the
   taint window (`agent.rotation`): one rule for the pod agent's one identity and a node's
-  many, and for a certificate installed later (restored from a previous run) too.
+  many, and for a certificate installed later (restored from a previous run) too. At most
+  one such early re-sign per identity per taint (`agent.taints`, rule 5): a CA that answers it
+  with a leaf of the same authority again gets no second one; that leaf rotates as usual.
 - A `FetchQueue` orders pending work: an identity with no certificate yet always goes before any
   renewal (first certificates are what blocks a new pod; renewals have slack), FIFO within each
   class. An identity is queued at most once.
@@ -165,11 +167,24 @@ class IdentityState:
     due_at: datetime | None = None  # when the pending timer fires (renewal or retry)
     authority: str | None = None  # the SKI hex of the current leaf's issuer
     taint_handled: int = -1  # the generation already rescheduled for a taint
+    # The known taints (authority ID -> the generation whose re-sign it moved) this identity
+    # was re-signed early for: never again while they stay known, whatever the CA answers
+    # (`agent.taints`, rule 5).
+    resigned_for: dict[str, int] = field(default_factory=dict)
     timer: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def valid(self, now: datetime) -> bool:
         current = self.current
         return current is not None and current.leaf.not_valid_before_utc <= now < current.not_after
+
+    def forget_taints(self, gone: set[str]) -> None:
+        """These taints are no longer known; named again, each is a new taint (rule 5). An
+        early re-sign still pending for the current leaf stays and serves the new one too;
+        a leaf the CA answered it with may then be re-signed early once more."""
+        if self.authority in gone and self.resigned_for.get(self.authority) != self.generation:
+            self.taint_handled = -1
+        for authority in gone & self.resigned_for.keys():
+            del self.resigned_for[authority]
 
     def cancel_timer(self) -> None:
         if self.timer is not None and not self.timer.done():
@@ -300,39 +315,55 @@ class CertificateScheduler:
     def taints_learned(self, tainted_at: Mapping[str, datetime], source: str) -> int:
         """A source (`agent.taints`: the report answer, the taint notice) says these
         authorities are tainted (ID -> when, on this agent's clock). One path for every source:
-        the taints join what is known (`KnownTaints`: only ever added to), then every identity
-        whose leaf a known tainted authority signed is re-signed at its own point of the
-        policy's window (`RotationPolicy.taint_resign_delay`), unless it is due sooner anyway.
-        Each certificate is rescheduled once, however often and from however many sources the
-        taint is repeated. Returns how many identities were rescheduled now."""
+        the taints join what is known (`KnownTaints`; a notice also drops the taints only
+        earlier notices named), then every identity whose leaf a known tainted authority
+        signed is re-signed at its own point of the policy's window
+        (`RotationPolicy.taint_resign_delay`), unless it is due sooner anyway. Each
+        certificate is rescheduled once, however often and from however many sources the
+        taint is repeated, and each identity at most once per taint, whatever the CA answers
+        the re-sign with. Returns how many identities were rescheduled now."""
         now = self._clock.now()
-        self.taints.learn(tainted_at, source, now)
+        learnt = self.taints.learn(tainted_at, source, now)
+        if learnt.forgotten:
+            gone = set(learnt.forgotten)
+            for state in list(self.states.values()):
+                state.forget_taints(gone)
         if not len(self.taints):
             return 0
         moved = [s for s in list(self.states.values()) if self._resign_if_tainted(s, now)]
-        if moved:
+        for authority in sorted({s.authority or "" for s in moved}):
             log.warning(
                 "the CA has tainted authority %s (learnt from the %s): re-signing %d "
                 "certificate(s) it signed within %s of the taint",
-                ", ".join(sorted({s.authority or "" for s in moved})),
-                source,
-                len(moved),
+                authority,
+                self.taints.source(authority),  # who named it, not who called now
+                sum(1 for s in moved if s.authority == authority),
                 self.policy.taint_resign_window,
             )
         return len(moved)
 
     def _resign_if_tainted(self, state: IdentityState, now: datetime) -> bool:
         """Moves this identity's renewal to its point of the taint window if a known tainted
-        authority signed its leaf (once per certificate); True if it did."""
-        tainted_at = self.taints.get(state.authority)
-        if tainted_at is None or state.current is None or state.taint_handled == state.generation:
+        authority signed its leaf (once per certificate, and once per taint for the identity:
+        `agent.taints` rule 5); True if it did."""
+        authority = state.authority
+        tainted_at = self.taints.get(authority)
+        if (
+            authority is None
+            or tainted_at is None
+            or state.current is None
+            or state.taint_handled == state.generation
+        ):
             return False
         state.taint_handled = state.generation
+        if authority in state.resigned_for:
+            return False  # re-signed early once for this taint already; `_install` said so
         since = (now - tainted_at).total_seconds()
         delay = self.policy.taint_resign_delay(since, self._rng)
         due = now + timedelta(seconds=delay)
         if state.identity in self.queue or (state.due_at is not None and state.due_at <= due):
             return False
+        state.resigned_for[authority] = state.generation
         log.info(
             "the certificate for %s was signed by authority %s, which the CA has tainted; "
             "re-signing in %.1fs",
@@ -525,9 +556,22 @@ class CertificateScheduler:
         self._schedule(state, delay, RENEWAL)
         if restored_from is not None:
             self._resign_if_tainted(state, now)  # a previous run's leaf of a tainted authority
+        elif state.authority in state.resigned_for:
+            # The one early re-sign for this taint is spent (agent.taints, rule 5): asking
+            # again at every report would be a CSR per report for the agent's life.
+            log.warning(
+                "the CA signed the new certificate for %s with authority %s again, which the "
+                "%s names as tainted (a CA process that has not caught up yet, or a taint "
+                "notice naming the active authority?); not re-signing it early again for the "
+                "same taint: it rotates at its normal point, in %.1fs",
+                state.identity,
+                state.authority,
+                self.taints.source(state.authority),
+                delay,
+            )
         elif state.authority in self.taints:
-            # Not re-signed at once (a CA that keeps answering so would get a CSR loop): the
-            # next report or notice asks again, for this certificate.
+            # Not re-signed at once (the CA process may not have caught up yet): the next
+            # report or notice asks again, for this certificate, once (see above).
             log.warning(
                 "the CA signed the new certificate for %s with authority %s, which it has "
                 "tainted (a CA process that has not caught up yet?); asking again at the next "

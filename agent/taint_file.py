@@ -14,11 +14,14 @@ What the file can and cannot do, since whoever writes it steers the agent:
 - only the CA writes it, where only the CA writes `root-cert.pem` (its data directory; the
   ConfigMap only it updates), and whoever can write there can already replace the bundle,
   which is worse: the notice gives no new power;
-- it can only *add* taints: it never un-taints (a notice that lags behind the report, or is
-  deleted, changes nothing known), never changes what the agent trusts, and never makes it
-  serve anything; the most it causes is one early re-sign per leaf of a named authority, paced
-  over `--taint-resign-window` like any taint (an authority that signed none of the agent's
-  leaves causes nothing);
+- it can add taints, and take back only what notices alone named (`agent.taints`, rule 1: a
+  taint the CA's report answer confirmed stays; a deleted or refused notice takes back
+  nothing); it never cancels a scheduled re-sign, never changes what the agent trusts, and
+  never makes it serve anything. The most a taint it names causes is one early re-sign per
+  leaf (identity) of the named authority, paced over `--taint-resign-window` like any taint,
+  even when the CA answers with a leaf of the same authority again (rule 5); an authority that
+  signed none of the agent's leaves causes nothing. A notice naming the active authority for
+  a moment costs each identity that one re-sign, not one per report;
 - a taint time in the future is counted from now (`agent.taints`, rule 3);
 - it is read strictly: larger than `meshca.taint_notice.MAX_NOTICE_BYTES` (refused before it is
   read), not a regular file, or not exactly a version-1 notice (whatever the content: the

@@ -10,19 +10,29 @@ Two sources name the authorities the CA has tainted (`meshca authority taint`) a
   `istio-ca-root-cert` mount, as for a new root.
 
 Both feed `KnownTaints.learn` and then the one scheduler (`CertificateScheduler.taints_learned`):
-one path, so a taint from either counts the same and re-signs each leaf once. The rules:
+one path, so a taint from either counts the same. The rules:
 
-1. Only ever added to: a taint, once learned, stays known for the agent's life (bounded:
-   the `MAX_KNOWN_TAINTS` most recent). A source that no longer names an authority — a notice
-   written by a CA process that lags one poll behind, or one revoked meanwhile — never
-   un-taints it, and a re-sign already scheduled is never cancelled.
+1. What the CA confirmed stays: a taint the report's answer named stays known for the agent's
+   life (bounded: the `MAX_KNOWN_TAINTS` most recent), whatever a later answer or notice
+   says. A taint only the notice named is forgotten when a notice read later no longer names
+   it: the notice is the whole list, and it is a file others may be able to write (whoever can
+   edit `istio-ca-root-cert` in a namespace), so a bogus taint must not outlive the bogus
+   notice. A notice that is missing or refused says nothing: it forgets nothing. A re-sign
+   already scheduled is never cancelled: a genuine taint a lagging notice dropped is named
+   again by the next notice or report, and a bogus one costs that one re-sign (rule 5).
 2. The first source to name a taint sets its time; a later one does not move it (the
    pacing of each leaf is decided once, see `agent.rotation.RotationPolicy.taint_resign_delay`).
+   It also stays the source the agent names in its log lines about that taint.
 3. A taint time in the future by this agent's clock (the CA's or the operator's clock runs
    ahead) is counted from now, said once in a WARNING: the leaf is then re-signed within the
    window from now, never later, and never skipped.
 4. An authority that signed none of the agent's leaves costs nothing: it is remembered (a
    restored or future leaf of it would be re-signed) and matches nothing today.
+5. At most one early re-sign per leaf per taint (enforced by the scheduler): each identity is
+   re-signed ahead of its normal rotation at most once for as long as a taint is known, even
+   if the CA answers with a leaf of the same authority again (a CA process that has not
+   caught up, or a bogus notice naming the authority that is in fact active); that leaf then
+   rotates at its normal point. A taint forgotten and named again later is a new taint.
 
 Pure apart from logging; time is handed in.
 """
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 log = logging.getLogger(__name__)
@@ -49,27 +60,52 @@ def taints_from_report(seconds_since: Mapping[str, float], now: datetime) -> dic
     }
 
 
+@dataclass
+class _Taint:
+    at: datetime  # when, on this agent's clock
+    source: str  # the first source that named it
+    confirmed: bool  # the report's answer named it: never forgotten (rule 1)
+
+
+@dataclass(frozen=True)
+class Learnt:
+    """What one `KnownTaints.learn` changed: the authorities named for the first time, and
+    those no longer known (sorted)."""
+
+    fresh: list[str]
+    forgotten: list[str]
+
+
 class KnownTaints:
     """Authority ID -> when it was tainted (this agent's clock), from every source (see the
     module docstring for the rules)."""
 
     def __init__(self) -> None:
-        self._at: dict[str, datetime] = {}
+        self._known: dict[str, _Taint] = {}
 
     def __contains__(self, ident: object) -> bool:
-        return ident in self._at
+        return ident in self._known
 
     def __len__(self) -> int:
-        return len(self._at)
+        return len(self._known)
 
     def get(self, ident: str | None) -> datetime | None:
-        return self._at.get(ident) if ident else None
+        taint = self._known.get(ident) if ident else None
+        return taint.at if taint else None
 
-    def learn(self, tainted_at: Mapping[str, datetime], source: str, now: datetime) -> list[str]:
-        """Adds what `source` says; returns the authorities it named first (sorted)."""
+    def source(self, ident: str) -> str | None:
+        """The source that first named the taint of `ident` (for log lines), if known."""
+        taint = self._known.get(ident)
+        return taint.source if taint else None
+
+    def learn(self, tainted_at: Mapping[str, datetime], source: str, now: datetime) -> Learnt:
+        """Adds what `source` says (for the notice, the whole list: it also forgets what only
+        earlier notices named)."""
         fresh = []
         for ident, at in tainted_at.items():
-            if ident in self._at:
+            known = self._known.get(ident)
+            if known is not None:
+                known.confirmed = known.confirmed or source == SOURCE_REPORT
                 continue
             if at > now:
                 log.warning(
@@ -82,12 +118,27 @@ class KnownTaints:
                     (at - now).total_seconds(),
                 )
                 at = now
-            self._at[ident] = at
+            self._known[ident] = _Taint(at, source, confirmed=source == SOURCE_REPORT)
             fresh.append(ident)
             log.info(
                 "authority %s was tainted at %s (learnt from the %s)", ident, at.isoformat(), source
             )
-        if len(self._at) > MAX_KNOWN_TAINTS:
-            newest = sorted(self._at.items(), key=lambda item: item[1], reverse=True)
-            self._at = dict(newest[:MAX_KNOWN_TAINTS])
-        return sorted(fresh)
+        forgotten = []
+        if source == SOURCE_TAINT_NOTICE:
+            forgotten = [
+                ident
+                for ident, taint in self._known.items()
+                if not taint.confirmed and ident not in tainted_at
+            ]
+            for ident in forgotten:
+                del self._known[ident]
+                log.info(
+                    "forgetting the taint of authority %s: the taint notice no longer names it, "
+                    "and the CA's report answer never did",
+                    ident,
+                )
+        if len(self._known) > MAX_KNOWN_TAINTS:
+            newest = sorted(self._known.items(), key=lambda item: item[1].at, reverse=True)
+            forgotten += [ident for ident, _ in newest[MAX_KNOWN_TAINTS:]]
+            self._known = dict(newest[:MAX_KNOWN_TAINTS])
+        return Learnt(sorted(fresh), sorted(forgotten))

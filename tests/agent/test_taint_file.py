@@ -6,10 +6,12 @@ Real files in the kubelet's ConfigMap layout (`..data` swapped per generation, b
 short intervals; the scheduler is a node agent's on a fake clock with a fake signer (its
 pacing is the subject of tests/agent/test_taint_resign.py). What it shows: a notice's taint
 re-signs every leaf of the authority, paced over the window, each once across both sources; a
-notice that lags behind, vanishes or is malformed un-taints nothing and cancels nothing; a
+notice that lags behind forgets the taints only notices named (not those the report's answer
+confirmed) and cancels nothing, one that vanishes or is malformed forgets nothing; a
 malformed or oversized one is one WARNING and a count; a future taint time counts from now; a
 taint known before a previous run's leaf is restored re-signs it too; a CA that keeps
-answering with a tainted authority gets no CSR loop; and no notice of any shape (10,000
+answering with a tainted authority gets one early re-sign per identity per taint, not one
+per report; and no notice of any shape (10,000
 random ones, Hypothesis) makes the watch raise or stop following the file.
 """
 
@@ -38,7 +40,7 @@ from agent.scheduler import CertificateScheduler, StartHook
 from agent.secrets import SecretCache
 from agent.signing import SignedCertificate
 from agent.taint_file import TaintFileWatch, taint_notice_beside
-from agent.taints import MAX_KNOWN_TAINTS, SOURCE_TAINT_NOTICE, KnownTaints
+from agent.taints import MAX_KNOWN_TAINTS, SOURCE_REPORT, SOURCE_TAINT_NOTICE, KnownTaints
 from ca_server.authority.slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock, SystemClock
@@ -155,17 +157,21 @@ def test_a_taint_in_the_configmap_mount_resigns_every_leaf_once_across_both_sour
             assert all(0 < d <= WINDOW.total_seconds() for d in drawn.values()), drawn
             assert max(drawn.values()) - min(drawn.values()) > WINDOW.total_seconds() / 3
 
-            # The notice lags behind (a CA process one poll late) or loses its key: the taint
-            # stays known and every scheduled re-sign stays as it was.
+            # The notice lags behind (a CA process one poll late) or loses its key: a taint
+            # only the notice named goes with it, but every scheduled re-sign stays as it was.
             project(mount, encode_taint_notice({}))
             await until(lambda: r.watch.accepted == 3)
+            assert old not in r.scheduler.taints
             project(mount, None)
             await asyncio.sleep(10 * POLL)
             assert r.due_offsets() == drawn
-            assert old in r.scheduler.taints
-            # The report then names the same taint: nothing moves twice.
+            # The report then names the same taint: known again, and nothing moves twice.
             assert report_taint(r.scheduler, r.clock, {old: 0.0}) == 0
-            assert r.due_offsets() == drawn
+            assert r.due_offsets() == drawn and old in r.scheduler.taints
+            # Confirmed by the CA's answer: a notice that does not name it forgets nothing.
+            project(mount, encode_taint_notice({}))
+            await until(lambda: r.watch.accepted == 4)
+            assert old in r.scheduler.taints
 
             before = len(r.signer.calls)
             await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
@@ -293,18 +299,43 @@ def test_a_taint_known_before_a_previous_runs_leaf_is_restored_resigns_it(mount:
     asyncio.run(main())
 
 
-def test_a_ca_still_answering_with_a_tainted_authority_gets_no_csr_loop(
+def test_a_ca_still_answering_with_a_tainted_authority_gets_one_early_resign_per_taint(
     mount: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The CA answers the re-sign with a leaf of the authority the notice names (a CA process
+    that has not caught up, or a notice naming the active authority): each identity is
+    re-signed early once for the taint, and its new leaf rotates at its normal point however
+    many reports follow. Before: one more CSR per identity at every report ("learnt from the
+    report", though the answers named no taint). Taken back and named again, it is a new
+    taint: once more, and again only once."""
+
+    async def reports(r: Rig, count: int) -> None:
+        for _ in range(count):  # a report interval each; the CA's answers name no taint
+            await advance_settled(r.clock, r.scheduler, 10)
+            assert report_taint(r.scheduler, r.clock, {}) == 0
+
     async def main() -> None:
         async with rig(mount) as r:
             old = authority_id(r.signer.pki.cert)  # the signer keeps signing with it
-            project(mount, encode_taint_notice({old: START - timedelta(hours=1)}))
             before = len(r.signer.calls)
-            await until(lambda: len(r.signer.calls) == before + len(IDENTITIES))
-            await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
+            with caplog.at_level(logging.INFO):
+                project(mount, encode_taint_notice({old: START - timedelta(hours=1)}))
+                await until(lambda: len(r.signer.calls) == before + len(IDENTITIES))
+                await reports(r, 12)
             assert len(r.signer.calls) == before + len(IDENTITIES)  # once each, not again
-            assert "which it has tainted (a CA process that has not caught up yet?)" in caplog.text
+            assert resigns(r.metrics) == len(IDENTITIES)
+            assert r.scheduler.leaf_authorities() == {old}
+            assert "(learnt from the taint-notice): re-signing 40 certificate(s)" in caplog.text
+            assert "learnt from the report" not in caplog.text
+            assert caplog.text.count("not re-signing it early again for the same taint") == 40
+
+            project(mount, encode_taint_notice({}))  # taken back: forgotten
+            await until(lambda: old not in r.scheduler.taints)
+            project(mount, encode_taint_notice({old: r.clock.now()}))
+            await until(lambda: resigns(r.metrics) == 2 * len(IDENTITIES))
+            await advance_settled(r.clock, r.scheduler, WINDOW.total_seconds())
+            await reports(r, 12)
+            assert len(r.signer.calls) == before + 2 * len(IDENTITIES)
 
     asyncio.run(main())
 
@@ -312,9 +343,23 @@ def test_a_ca_still_answering_with_a_tainted_authority_gets_no_csr_loop(
 def test_known_taints_stay_bounded() -> None:
     known = KnownTaints()
     for n in range(MAX_KNOWN_TAINTS + 10):
-        known.learn({f"{n:040x}": START - timedelta(seconds=n)}, SOURCE_TAINT_NOTICE, START)
+        learnt = known.learn({f"{n:040x}": START - timedelta(seconds=n)}, SOURCE_REPORT, START)
     assert len(known) == MAX_KNOWN_TAINTS
     assert f"{0:040x}" in known and f"{MAX_KNOWN_TAINTS:040x}" not in known  # the oldest go
+    assert learnt.forgotten == [f"{MAX_KNOWN_TAINTS + 9:040x}"]  # said, for the scheduler
+
+
+def test_the_notice_forgets_only_the_taints_only_notices_named() -> None:
+    """`agent.taints` rule 1: the notice is the whole list, the report's answer confirms."""
+    known = KnownTaints()
+    a, b, c = "aa" * 20, "bb" * 20, "cc" * 20
+    assert known.learn({a: START, b: START}, SOURCE_TAINT_NOTICE, START).fresh == [a, b]
+    assert known.learn({b: START, c: START}, SOURCE_REPORT, START).fresh == [c]
+    learnt = known.learn({}, SOURCE_TAINT_NOTICE, START)
+    assert learnt.fresh == [] and learnt.forgotten == [a]  # b and c: the CA confirmed them
+    assert a not in known and b in known and c in known
+    assert known.source(b) == SOURCE_TAINT_NOTICE  # the first to name it, for log lines
+    assert known.learn({}, SOURCE_REPORT, START).forgotten == []  # an answer forgets nothing
 
 
 # --- whatever the notice holds --------------------------------------------------------------

@@ -138,3 +138,27 @@ def test_an_overflowing_notice_appearing_later_leaves_the_notice_followed(
         log = agent.log()
         assert "(learnt from the taint-notice)" in log
         assert "Traceback" not in log
+
+
+def test_a_brief_bogus_taint_of_the_active_authority_resigns_at_most_once(
+    short_dir: Path,
+) -> None:
+    """Before: the agent re-signed at every report for the rest of its life ("learnt from the
+    report", though the CA's answer named no taint), as the CA kept answering with the
+    authority the notice had named."""
+    flags = ("--report-interval", "1s", "--taint-resign-window", "1s")
+    with ca_and_agent(short_dir, no_taints, *flags) as (ca, agent, notice):
+        active = served_authority(agent)
+        write_notice(notice, encode_taint_notice({active: datetime.now(UTC)}))
+        time.sleep(3.0)
+        write_notice(notice, encode_taint_notice({}))  # put back
+        after = reports_sent(agent)
+        wait_for(lambda: reports_sent(agent) >= after + 6, 20, "six more reports")
+        # The first certificate, and the one early re-sign the bogus taint asked for (the CA
+        # answered it from the same, active, authority): not one more per report.
+        assert csrs_signed(ca) == 2
+        assert leaf_authority(agent.wait_file_leaf()) == active
+        log = agent.log()
+        assert "learnt from the report" not in log
+        assert log.count("which the CA has tainted; re-signing in") == 1
+        assert agent.running
