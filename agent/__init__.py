@@ -40,6 +40,8 @@ Module map:
   pod → identity), `peer_relay` (node mode: the public socket, taking `SO_PEERCRED`),
   `peer_process` (node mode: the connecting process held by a pidfd or its start time, so
   what is read of its pid is its own).
+- `unix_socket`: the one rule for the paths of those sockets (SDS, Workload API, relay): a
+  live socket is never taken over, a dead one is, and only the socket bound is removed.
 - `errors`: every error the agent raises on purpose, drawn once; `config`: flags and
   environment (`AgentConfig.from_args`). The commands (`meshca agent`, `meshca up`) live above
   the agent in `meshca.commands`; the pod watch uses the runtime's `meshca.informer`.

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import secrets
 import shutil
 import socket
@@ -42,7 +41,7 @@ from agent.peer_process import (
     PeerProcess,
     take_peer_process,
 )
-from agent.workload_api import prepare_socket_path
+from agent.unix_socket import UnixSocketPath
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +77,7 @@ class PeerRelay:
         max_connections_per_caller: int | None = None,
     ) -> None:
         self.public_path = public_path
+        self._public_socket = UnixSocketPath(public_path, "Workload API socket")
         self._inspect = inspect
         self.socket_mode = socket_mode
         self.max_connections = max_connections
@@ -108,22 +108,21 @@ class PeerRelay:
         return self._accepted.get(peer[len(ABSTRACT_PREFIX) :])
 
     async def start(self) -> None:
-        prepare_socket_path(self.public_path)
-        self._server = await asyncio.start_unix_server(self._on_connection, str(self.public_path))
-        os.chmod(self.public_path, self.socket_mode)
+        bind_path = self._public_socket.prepare()
+        self._server = await asyncio.start_unix_server(self._on_connection, str(bind_path))
+        self._public_socket.claim(self.socket_mode)
 
     async def stop(self) -> None:
-        """Ends every relayed connection; removes the public socket if this relay served on it
-        (one another process serves on is never removed) and the private directory."""
+        """Ends every relayed connection; removes the public socket if it is still the one this
+        relay bound (`agent.unix_socket`: one another process serves on, or took over since,
+        is never removed) and the private directory."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if server is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.public_path.unlink()
+        self._public_socket.release()
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
     def _learn(self, client: socket.socket | None) -> Accepted:

@@ -41,8 +41,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import stat
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -53,7 +51,6 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 from google.protobuf.message import DecodeError
 
-from agent.config import MAX_SOCKET_PATH_BYTES
 from agent.errors import CallerNotAttested
 from agent.metrics import LabeledCounter
 from agent.secrets import (
@@ -64,6 +61,7 @@ from agent.secrets import (
     SecretUpdates,
     TlsSecret,
 )
+from agent.unix_socket import UnixSocketPath
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
 from meshca.grpc_services import add_service
 from meshca_proto import workload_pb2
@@ -414,10 +412,11 @@ class Listener(Protocol):
 class WorkloadApiServer:
     """Serves `SpiffeWorkloadAPI` for `callers` from `cache` on `socket_path`.
 
-    `await start()` binds (a stale socket is replaced, the parent created 0700 if missing, the
-    socket's mode set to `socket_mode`, as the SDS socket); `await stop(grace)` ends the streams
-    and removes the socket. With `relay` (node mode) the public socket is the relay's and the
-    gRPC server listens on the relay's private socket.
+    `await start()` binds as the SDS socket does (`agent.unix_socket`: the parent created 0700
+    if missing, a dead socket replaced, a live one refused, the mode set to `socket_mode`);
+    `await stop(grace)` ends the streams and removes the socket it bound. With `relay` (node
+    mode) the public socket is the relay's and the gRPC server listens on the relay's private
+    socket.
     """
 
     def __init__(
@@ -435,11 +434,7 @@ class WorkloadApiServer:
     ) -> None:
         self.cache = cache
         self.socket_path = Path(socket_path)
-        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH_BYTES:
-            raise ValueError(
-                f"Workload API socket path {str(self.socket_path)!r} is longer than "
-                f"{MAX_SOCKET_PATH_BYTES} bytes, the Unix socket limit; choose a shorter path"
-            )
+        self._socket = UnixSocketPath(self.socket_path, "Workload API socket")
         self.trust_domain_id = f"spiffe://{trust_domain}"
         self.callers: CallerResolver = callers or PodCaller()
         self.metrics = metrics
@@ -524,9 +519,8 @@ class WorkloadApiServer:
         if self._server is not None:
             raise RuntimeError("Workload API server already started")
         if self.relay is None:
-            prepare_socket_path(self.socket_path)
-            address = self.address
-        else:
+            address = f"unix:{self._socket.prepare()}"
+        else:  # the relay holds the public socket
             address = self.relay.grpc_address
         server = grpc.aio.server()
         add_service(server, SERVICE_NAME, _handlers(_Servicer(self)))
@@ -535,7 +529,7 @@ class WorkloadApiServer:
         await server.start()
         self._server = server
         if self.relay is None:
-            os.chmod(self.socket_path, self.socket_mode)
+            self._socket.claim(self.socket_mode)
         else:
             await self.relay.start()
         log.info(
@@ -546,49 +540,14 @@ class WorkloadApiServer:
         )
 
     async def stop(self, grace: float | None = 1.0) -> None:
-        """Ends the streams and removes the socket, if `start` got as far as serving on it (a
-        socket another process serves on is never removed)."""
+        """Ends the streams and removes the socket if it is still the one `start` bound (a
+        socket another process serves on, or took over since, is never removed)."""
         server, self._server = self._server, None
         if server is None:
             return
-        if self.relay is not None:
-            await self.relay.stop()
-        await server.stop(grace)
-        if self.relay is None:
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
-                    os.unlink(self.socket_path)
-
-
-def prepare_socket_path(path: Path) -> None:
-    """Like the SDS socket: create the parent 0700 if missing, replace a stale socket, never
-    replace anything else. A socket something still answers on is not stale: the variable the
-    agent reads (SPIFFE_ENDPOINT_SOCKET) may name a SPIRE agent's live socket, which must not
-    be taken over."""
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
-    if _answers(path):
-        raise FileExistsError(
-            f"{path} is a socket another process is serving on (a SPIRE agent, another meshca "
-            "agent?); refusing to take it over: give --workload-api-socket a path of its own"
-        )
-    log.info("removing stale Workload API socket %s", path)
-    os.unlink(path)
-
-
-def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(0.5)
-    try:
-        probe.connect(str(path))
-    except OSError:  # ECONNREFUSED: nobody listens (stale); anything else: not ours to judge
-        return False
-    finally:
-        probe.close()
-    return True
+        try:
+            if self.relay is not None:
+                await self.relay.stop()
+            await server.stop(grace)
+        finally:
+            self._socket.release()

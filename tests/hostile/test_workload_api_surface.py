@@ -26,6 +26,7 @@ from agent.workload_api import (
     REFUSED_TOO_MANY_STREAMS,
     REFUSED_UNDECODABLE,
 )
+from tests.support.agent_process import run_agent_to_exit
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env, wait_for
 from tests.support.workload_api import client_for
@@ -239,14 +240,9 @@ def test_a_refusal_never_carries_a_key(hosted: Hosted, issued: Issued) -> None:
 
 
 def run_agent(sock_dir: Path, workload_api_socket: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshca", "agent",
-         "--ca-addr", "127.0.0.1:9", "--ca-root", str(sock_dir / "no-root.pem"),
-         "--token-file", str(sock_dir / "no-token"), "--namespace", "a", "--service-account", "b",
-         "--sds-socket", str(sock_dir / "sds.sock"), "--status-listen", "127.0.0.1:0",
-         "--workload-api-socket", str(workload_api_socket)],
-        env=child_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return run_agent_to_exit(
+        sock_dir, sock_dir / "sds.sock", workload_api_socket=workload_api_socket
+    )
 
 
 @pytest.mark.process
