@@ -19,7 +19,7 @@ Which secret a name means is the resolver's business (`SecretResolver`): plain n
 `ROOTCA`) come from the agent's `SecretCache`, `file-cert:<cert>~<key>` and `file-root:<ca>` from
 files on disk (`agent.file_mounted`).
 
-The socket is claimed and given back by `agent.unix_socket`: a socket another process
+The socket is claimed, capped and given back by `agent.unix_socket`: a socket another process
 (another agent) serves on is never taken over, and at stop only the socket this server bound is
 removed.
 
@@ -59,7 +59,7 @@ from agent.secrets import (
     SecretUpdates,
     TlsSecret,
 )
-from agent.unix_socket import UnixSocketPath
+from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
 
 log = logging.getLogger(__name__)
 
@@ -519,8 +519,9 @@ class SdsServer:
 
     `await start()` binds as `agent.unix_socket.UnixSocketPath` allows (the parent created
     0700 if missing, a dead socket replaced, a live one or a non-socket refused with
-    `SocketPathRefused`), then sets the socket's mode to `socket_mode`. `await stop(grace)`
-    ends the streams and removes the socket if it is still the one bound.
+    `SocketPathRefused`), then sets the socket's mode to `socket_mode`; at most
+    `max_connections` connections are held at once, one past that is closed when accepted.
+    `await stop(grace)` ends the streams and removes the socket if it is still the one bound.
     """
 
     def __init__(
@@ -531,6 +532,7 @@ class SdsServer:
         metrics: SdsMetrics | None = None,
         socket_mode: int = 0o600,
         fetch_timeout: float = DEFAULT_FETCH_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.resolver: SecretUpdates = (
             resolver if isinstance(resolver, SecretResolver) else SecretResolver(resolver)
@@ -540,6 +542,7 @@ class SdsServer:
         self.metrics = metrics
         self.socket_mode = socket_mode
         self.fetch_timeout = fetch_timeout
+        self.max_connections = max_connections
         self.pushes = 0
         self.nacks = 0
         self._streams: set[_Stream] = set()
@@ -567,7 +570,7 @@ class SdsServer:
         if self._server is not None:
             raise RuntimeError("SDS server already started")
         bind_path = self._socket.prepare()
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=grpc_connection_cap(self.max_connections))
         add_sds_servicer(_Servicer(self), server)
         if server.add_insecure_port(f"unix:{bind_path}") == 0:
             raise OSError(f"could not listen on {bind_path}")

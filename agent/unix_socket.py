@@ -27,6 +27,12 @@ instead (which would replace a socket bound in the instant since `prepare()`).
 Refusals are `agent.errors.SocketPathRefused` (a `FileExistsError`), whose message names the
 path and what to do; `agent.main` prefixes the flag and exits with one line.
 
+Connections: every socket the agent serves holds a bounded number. The gRPC servers (SDS, the
+pod agent's Workload API) take `grpc_connection_cap(limit)` as server options: grpc's own
+accept-level count (`grpc.max_allowed_incoming_connections`) closes a connection past the
+limit as soon as it is accepted, while the open ones keep being served. The node relay counts
+its own (`agent.peer_relay`), and the status port its own (`meshca.status_http`).
+
 Concurrency: short blocking system calls (the liveness probe waits at most `PROBE_TIMEOUT`),
 made on the event loop at start and stop only.
 """
@@ -48,6 +54,22 @@ from agent.errors import SocketPathRefused
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 0.5
+DEFAULT_MAX_CONNECTIONS = 256
+"""Connections one gRPC socket of the agent (SDS, a pod's Workload API) holds at once. An Envoy
+holds one SDS connection, an application one per Workload API client (streams multiplex over
+it), so 256 is far beyond what a pod needs; and the agent's sockets together (2 x 256, the
+status port's 64) stay under the common 1024 file-descriptor soft limit, so a flood meets this
+cap rather than the process running out of descriptors."""
+
+_GRPC_CONNECTION_CAP = "grpc.max_allowed_incoming_connections"
+
+
+def grpc_connection_cap(max_connections: int) -> list[tuple[str, int]]:
+    """Options for `grpc.aio.server` that close each connection past `max_connections`
+    (counted per listening socket) at accept; connections already open are not touched."""
+    if max_connections < 1:
+        raise ValueError(f"a connection cap must be at least 1, not {max_connections}")
+    return [(_GRPC_CONNECTION_CAP, max_connections)]
 
 
 class UnixSocketPath:

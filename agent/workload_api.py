@@ -61,7 +61,7 @@ from agent.secrets import (
     SecretUpdates,
     TlsSecret,
 )
-from agent.unix_socket import UnixSocketPath
+from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
 from meshca.grpc_services import add_service
 from meshca_proto import workload_pb2
@@ -413,9 +413,10 @@ class WorkloadApiServer:
     """Serves `SpiffeWorkloadAPI` for `callers` from `cache` on `socket_path`.
 
     `await start()` binds as the SDS socket does (`agent.unix_socket`: the parent created 0700
-    if missing, a dead socket replaced, a live one refused, the mode set to `socket_mode`);
-    `await stop(grace)` ends the streams and removes the socket it bound. With `relay` (node
-    mode) the public socket is the relay's and the gRPC server listens on the relay's private
+    if missing, a dead socket replaced, a live one refused, the mode set to `socket_mode`) and
+    holds at most `max_connections` connections; `await stop(grace)` ends the streams and
+    removes the socket it bound. With `relay` (node mode) the public socket is the relay's (so
+    are its rules and its connection cap) and the gRPC server listens on the relay's private
     socket.
     """
 
@@ -430,6 +431,7 @@ class WorkloadApiServer:
         socket_mode: int = 0o600,
         max_streams: int = DEFAULT_MAX_STREAMS,
         max_streams_per_caller: int | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         relay: Listener | None = None,
     ) -> None:
         self.cache = cache
@@ -442,6 +444,7 @@ class WorkloadApiServer:
         self.max_streams = max_streams
         # Node mode: one pod cannot take every stream slot from the node's other pods.
         self.max_streams_per_caller = max_streams_per_caller
+        self.max_connections = max_connections  # pod mode; the relay has its own cap
         self._streams_of: dict[str, int] = {}
         self.encodings = _Encodings()
         self.relay = relay
@@ -518,11 +521,13 @@ class WorkloadApiServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("Workload API server already started")
+        options: list[tuple[str, int]] = []
         if self.relay is None:
             address = f"unix:{self._socket.prepare()}"
-        else:  # the relay holds the public socket
+            options = grpc_connection_cap(self.max_connections)
+        else:  # the relay holds the public socket and caps its connections itself
             address = self.relay.grpc_address
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=options)
         add_service(server, SERVICE_NAME, _handlers(_Servicer(self)))
         if server.add_insecure_port(address) == 0:
             raise OSError(f"could not listen on {address}")

@@ -1,7 +1,8 @@
 """Real `meshca agent` processes (against a real `meshca ca`) and the paths of their sockets:
 a second agent given a live agent's SDS or Workload API socket refuses to start in one line and
 leaves the first one serving; a socket left by a killed agent is taken over; an agent that
-stops leaves alone a socket a successor has put at its path (`agent.unix_socket`).
+stops leaves alone a socket a successor has put at its path; and each socket closes the
+connections past its cap while the clients it serves keep being served (`agent.unix_socket`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,23 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from envoy.service.secret.v3 import sds_pb2_grpc
 
+from agent.unix_socket import DEFAULT_MAX_CONNECTIONS
 from tests.support.agent_process import AgentProcess, run_agent_to_exit
 from tests.support.ca_process import CaProcess
-from tests.support.sds_client import fetch_secrets, leaf_serial
-from tests.support.workload_api import client_for
+from tests.support.connection_flood import flood
+from tests.support.processes import wait_for
+from tests.support.sds_client import SECRET_TYPE_URL, fetch_secrets, leaf_serial, unpack
+from tests.support.workload_api import SvidWatch, client_for
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]  # a CA and agents
+
+PAST_THE_CAP = 16
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +149,45 @@ def test_a_stopping_agent_leaves_a_successors_sockets(workdir: Path, ca: CaProce
         agent.stop()
         for _, _, successor in successors:
             successor.close()
+
+
+def _fetch_serial(channel: grpc.Channel) -> int:
+    stub = sds_pb2_grpc.SecretDiscoveryServiceStub(channel)
+    response = stub.FetchSecrets(
+        discovery_pb2.DiscoveryRequest(
+            node=base_pb2.Node(id="envoy"), resource_names=["default"], type_url=SECRET_TYPE_URL
+        ),
+        timeout=10,
+    )
+    return leaf_serial(unpack(response.resources[0]))
+
+
+def test_connections_past_the_cap_are_closed_and_served_clients_keep_being_served(
+    workdir: Path, ca: CaProcess
+) -> None:
+    """The pod agent's Workload API used to hold every connection (3,000 idle ones, bounded
+    only by the descriptor limit), and so did the SDS socket. Now, with an Envoy and an
+    application connected first, a flood past `DEFAULT_MAX_CONNECTIONS` on each socket is
+    closed at accept beyond the cap, and both clients get the next rotation (every ~4 s)."""
+    agent = agent_with_workload_api(workdir, ca, "capped")
+    agent.start()
+    watch = SvidWatch(api_socket(agent))
+    try:
+        watched = watch.next(15).serial
+        with grpc.insecure_channel(f"unix:{agent.sds_socket}") as envoy:
+            fetched = _fetch_serial(envoy)
+            count = DEFAULT_MAX_CONNECTIONS + PAST_THE_CAP
+            with flood(agent.sds_socket, count) as sds, flood(api_socket(agent), count) as api:
+                for held in (sds, api):
+                    held.classify()
+                    assert len(held.kept) <= DEFAULT_MAX_CONNECTIONS - 1, len(held.kept)
+                    assert len(held.closed) >= PAST_THE_CAP + 1, len(held.closed)
+                rotated = watch.next(20).serial
+                while rotated == watched:
+                    rotated = watch.next(20).serial
+                wait_for(lambda: _fetch_serial(envoy) != fetched, 20, "the Envoy's rotation")
+        serves_sds(agent)  # the flood gone, a new client gets in
+        assert agent.running
+    finally:
+        watch.close()
+        agent.stop()
