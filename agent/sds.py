@@ -49,7 +49,7 @@ from google.protobuf import any_pb2
 
 from agent.errors import UnknownResourceError
 from agent.metrics import LabeledCounter
-from agent.sds_decoding import UndecodableMessage, add_sds_servicer
+from agent.sds_decoding import add_sds_servicer
 from agent.secrets import (
     FILE_CERT_PREFIX,
     FILE_ROOT_PREFIX,
@@ -60,6 +60,7 @@ from agent.secrets import (
     TlsSecret,
 )
 from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
+from meshca.grpc_services import Undecodable
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class _Stream:
                     if isinstance(event, _Eof):
                         return
                     if isinstance(event, _Request):
-                        if isinstance(event.message, UndecodableMessage):
+                        if isinstance(event.message, Undecodable):
                             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, event.message.problem)
                         self._on_request(event.message)
                     elif isinstance(event, _SourceFailed):
@@ -472,10 +473,10 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
 
     async def FetchSecrets(
         self,
-        request: discovery_pb2.DiscoveryRequest | UndecodableMessage,
+        request: discovery_pb2.DiscoveryRequest | Undecodable,
         context: grpc.aio.ServicerContext,
     ) -> discovery_pb2.DiscoveryResponse:
-        if isinstance(request, UndecodableMessage):
+        if isinstance(request, Undecodable):
             log.warning("SDS fetch refused: %s", request.problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
             raise AssertionError("unreachable: context.abort raises")

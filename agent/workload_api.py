@@ -42,14 +42,13 @@ import contextlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 from cryptography.hazmat.primitives import serialization
-from google.protobuf.message import DecodeError
 
 from agent.errors import CallerNotAttested
 from agent.metrics import LabeledCounter
@@ -63,7 +62,7 @@ from agent.secrets import (
 )
 from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
-from meshca.grpc_services import add_service
+from meshca.grpc_services import Undecodable, add_service, lenient_decoder
 from meshca_proto import workload_pb2
 
 log = logging.getLogger(__name__)
@@ -237,11 +236,6 @@ async def latest_pairs(
 # --- refusals --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Undecodable:
-    problem: str
-
-
 class _Refused(Exception):
     def __init__(self, reason: str, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -250,19 +244,13 @@ class _Refused(Exception):
         self.message = message
 
 
-def _lenient(message_class: Any) -> Callable[[bytes], Any]:
-    type_name = message_class.DESCRIPTOR.name
-
-    def decode(data: bytes) -> Any:
-        try:
-            return message_class.FromString(data)
-        except DecodeError:
-            return _Undecodable(
-                f"a Workload API request ({len(data)} bytes) does not decode as {type_name}; "
-                "the client is not speaking the SPIFFE Workload API"
-            )
-
-    return decode
+def _not_workload_api(data: bytes, expected: str) -> Undecodable:
+    return Undecodable(
+        expected,
+        len(data),
+        f"a Workload API request ({len(data)} bytes) does not decode as "
+        f"{expected.rpartition('.')[2]}; the client is not speaking the SPIFFE Workload API",
+    )
 
 
 # --- the servicer ----------------------------------------------------------------------------
@@ -281,7 +269,7 @@ class _Servicer:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "security header missing from request",
             )
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             raise _Refused(REFUSED_UNDECODABLE, grpc.StatusCode.INVALID_ARGUMENT, request.problem)
 
     def _resource(self, context: grpc.aio.ServicerContext) -> str:
@@ -371,12 +359,12 @@ def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
 
     def stream(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(
-            method, _lenient(request), response.SerializeToString
+            method, lenient_decoder(request, _not_workload_api), response.SerializeToString
         )
 
     def unary(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            method, _lenient(request), response.SerializeToString
+            method, lenient_decoder(request, _not_workload_api), response.SerializeToString
         )
 
     return {
