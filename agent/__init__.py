@@ -16,7 +16,8 @@ Module map:
 - `main`: the `Agent`, composed once from `config`; holds one `certificate_source`
   (CA-backed scheduler, or `file_mounted` files) and never asks which kind.
 - `identity_sources`: which identities to serve, one source chosen once (`SingleIdentitySource`
-  for a pod agent; `node_identities`: the node's pods or a static list).
+  for a pod agent; `node_identities`: the node's pods or a static list); `identity_source`: what
+  a source is (the protocol and its `IdentitySet` snapshot), below the sources and the scheduler.
 - `scheduler`: the one driver over a set of identities (priority, bounded concurrency,
   per-identity backoff); `rotation`: when to renew and retry, key + CSR; `backoff`.
 - `signing`: what the pipeline passes (`SigningRequest` in, `SignedCertificate` out) and the

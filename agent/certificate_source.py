@@ -30,7 +30,8 @@ from agent.ca_client import CaClient
 from agent.config import AgentConfig
 from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
-from agent.identity_sources import IdentitySource, identity_source_for
+from agent.identity_source import IdentitySource
+from agent.identity_sources import identity_source_for
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport, new_agent_id
 from agent.reporter import PeriodicReporter

@@ -66,7 +66,7 @@ from pathlib import Path
 from agent.cert_state import RestoredCertificate
 from agent.config import AgentConfig
 from agent.errors import CertificateNotRestored, NoPreviousCertificate
-from agent.identity_sources import IdentitySet
+from agent.identity_source import IdentitySet
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
 from agent.rotation import (
