@@ -8,7 +8,7 @@ identity source (`identity_sources`: the pod's one identity, or `node_identities
 `file_output` start hook, which reads via `cert_state` and `output_dir`) → a `signing` request
 to `ca_client` (the CA call; the answer must pass `acceptance`; its roots go to `trust_bundle`,
 which also watches the root file) → `secrets.SecretCache` → consumers: `sds` (Envoy),
-`workload_api` (SPIFFE clients), `file_output` (`output_dir`'s `..data` layout), `metrics`,
+`workload` (the SPIFFE Workload API), `file_output` (`output_dir`'s `..data` layout), `metrics`,
 `status` (readiness).
 
 Module map:
@@ -36,11 +36,11 @@ Module map:
   the restore hook), `cert_state` (may a previous run's files be served again).
 - `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds`, `status`,
   `metrics`, `secrets`.
-- `workload_api` (the SPIFFE Workload API from the same cache; who is asking is a
-  `CallerResolver`'s business), `workload_attestor` (node mode: peer credentials → cgroup →
-  pod → identity), `peer_relay` (node mode: the public socket, taking `SO_PEERCRED`),
-  `peer_process` (node mode: the connecting process held by a pidfd or its start time, so
-  what is read of its pid is its own).
+- `workload` (a package: its own module map): the SPIFFE Workload API from the same cache
+  (`workload.api`; who is asking is a `CallerResolver`'s business) and node mode's caller
+  attestation (`workload.attestor`: peer credentials → cgroup → pod → identity;
+  `workload.relay`: the public socket, taking `SO_PEERCRED`; `workload.peer_process`: the
+  connecting process held by a pidfd or its start time, so what is read of its pid is its own).
 - `unix_socket`: the one rule for the paths of those sockets (SDS, Workload API, relay): a
   live socket is never taken over, a dead one is, and only the socket bound is removed.
 - `errors`: every error the agent raises on purpose, drawn once; `config`: flags and

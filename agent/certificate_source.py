@@ -44,7 +44,7 @@ from meshca.clock import Clock
 from meshca.waiting import cancel_and_wait
 
 if TYPE_CHECKING:
-    from agent.workload_attestor import PodDirectory
+    from agent.workload.attestor import PodDirectory
 
 log = logging.getLogger(__name__)
 

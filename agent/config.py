@@ -87,7 +87,7 @@ class AgentConfig:
     token_path: Path = Path(DEFAULT_TOKEN_PATH)
     sds_socket: Path = Path(DEFAULT_SDS_SOCKET)
     sds_socket_mode: int = 0o600
-    # The SPIFFE Workload API (agent.workload_api): off unless a socket is configured.
+    # The SPIFFE Workload API (agent.workload.api): off unless a socket is configured.
     workload_api_socket: Path | None = None
     workload_api_socket_mode: int = 0o600
     status_host: str = "127.0.0.1"

@@ -30,7 +30,7 @@ records its message for readiness and retries with backoff, so none of these end
 the file watchers log `FileSecretError` and keep the previous secret (so does
 `agent.trust_bundle` with `TrustBundleRefused`); the SDS server answers
 `UnknownResourceError` with INVALID_ARGUMENT on that stream only; the Workload API
-(`agent.workload_api`) answers `CallerNotAttested` with PERMISSION_DENIED; `SocketPathRefused` at
+(`agent.workload.api`) answers `CallerNotAttested` with PERMISSION_DENIED; `SocketPathRefused` at
 start-up becomes `AgentFailed` naming the flag (`agent.main`); `AgentFailed` is the one that
 ends the process. Messages name files,
 identities and checks, never key material or tokens.
@@ -132,9 +132,10 @@ class UnknownFileResourceError(UnknownResourceError):
 
 class CallerNotAttested(AgentError):
     """A Workload API caller the node agent cannot tie to a live pod on its node
-    (`agent.workload_attestor`); the message says which step failed (peer credentials, the
-    process: unreadable, or not proven to be the one that connected (`agent.peer_process`), its
-    cgroup, the pod) so the operator knows what to fix. `reason` is the metric label."""
+    (`agent.workload.attestor`); the message says which step failed (peer credentials, the
+    process: unreadable, or not proven to be the one that connected
+    (`agent.workload.peer_process`), its cgroup, the pod) so the operator knows what to fix.
+    `reason` is the metric label."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

@@ -48,7 +48,7 @@ from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache
 from agent.status import build_status_server
-from agent.workload_api import WorkloadApiServer
+from agent.workload import WorkloadApiServer
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.listen import ListenError
@@ -233,7 +233,7 @@ def _workload_api_for(
     metrics: AgentMetrics,
 ) -> WorkloadApiServer | None:
     """The Workload API server `config` asks for, if any: a pod agent serves its one identity on
-    the socket itself; a node agent puts `agent.peer_relay` on the socket to attest callers."""
+    the socket itself; a node agent puts `agent.workload.relay` on the socket to attest callers."""
     if config.workload_api_socket is None:
         return None
     if not config.node_mode:
@@ -244,8 +244,8 @@ def _workload_api_for(
             metrics=metrics,
             socket_mode=config.workload_api_socket_mode,
         )
-    from agent.peer_relay import PeerRelay
-    from agent.workload_attestor import NodeAttestor, NodeCaller
+    from agent.workload.attestor import NodeAttestor, NodeCaller
+    from agent.workload.relay import PeerRelay
 
     pods = certificates.pods
     if pods is None:  # config refuses this combination; kept as a clear failure
@@ -286,7 +286,7 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
     except (AgentFailed, ListenError) as exc:
         log.error("%s", exc)
         return 1
-    except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload_api)
+    except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload.api)
         log.error("cannot start the agent: %s", exc)
         return 1
     return 0

@@ -180,7 +180,7 @@ class PodIdentitySource:
 
     def pod_by_uid(self, uid: str) -> PodInfo | None:
         """The pod on this node with `uid` (any thread; the informer's index is locked): how the
-        Workload API places a caller (`agent.workload_attestor`)."""
+        Workload API places a caller (`agent.workload.attestor`)."""
         informer = self._informer
         if informer is None:
             return None

@@ -90,7 +90,7 @@ def secrets_document(
     board: SecretStatus, now: datetime, workload_api: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The `/debug/secrets` body: the time it was taken and one entry per resource name, plus
-    what the Workload API serves when it is on (`agent.workload_api.WorkloadApiServer.summary`)."""
+    what the Workload API serves when it is on (`agent.workload.api.WorkloadApiServer.summary`)."""
     document: dict[str, Any] = {
         "kind": "agent",
         "now": now.isoformat(),

@@ -1,7 +1,7 @@
 """The agent's Unix sockets: one rule for claiming a path, serving on it and giving it back.
 
-SDS (`agent.sds`), the pod agent's Workload API (`agent.workload_api`) and the node agent's
-relay (`agent.peer_relay`) each serve on a path the operator names. `UnixSocketPath` is the one
+SDS (`agent.sds`), the pod agent's Workload API (`agent.workload.api`) and the node agent's
+relay (`agent.workload.relay`) each serve on a path the operator names. `UnixSocketPath` is the one
 place that decides what happens to that path:
 
 - `prepare()`, before binding: the parent directory is created 0700 if missing; a path that
@@ -31,7 +31,7 @@ Connections: every socket the agent serves holds a bounded number. The gRPC serv
 pod agent's Workload API) take `grpc_connection_cap(limit)` as server options: grpc's own
 accept-level count (`grpc.max_allowed_incoming_connections`) closes a connection past the
 limit as soon as it is accepted, while the open ones keep being served. The node relay counts
-its own (`agent.peer_relay`), and the status port its own (`meshca.status_http`).
+its own (`agent.workload.relay`), and the status port its own (`meshca.status_http`).
 
 Concurrency: short blocking system calls (the liveness probe waits at most `PROBE_TIMEOUT`),
 made on the event loop at start and stop only.

@@ -9,7 +9,7 @@ handler and as registered methods (grpc's faster lookup by method path). What di
 servers is only how the problem is worded and counted: each passes its own `Explain` (the CA's
 `ca_server.request_decoding` tells a bad CSR from a bad request, `ca_server.report_service`
 refuses an oversized report before decoding it, the agent's `agent.sds_decoding` and
-`agent.workload_api` name their protocol) and refuses with its own status and log line.
+`agent.workload.api` name their protocol) and refuses with its own status and log line.
 
 Servicers written for the generated code (grpcio's health and reflection servicers, which the
 CA serves, `ca_server.serving.endpoints`) never see an undecodable request: `lenient_handlers`

@@ -313,7 +313,7 @@ def render_agent(document: dict[str, Any]) -> str:
 
 
 def render_workload_api(summary: dict[str, Any]) -> str:
-    """What the agent's SPIFFE Workload API serves (`agent.workload_api` summary)."""
+    """What the agent's SPIFFE Workload API serves (`agent.workload.api` summary)."""
     rows = [
         [rpc, str(summary["streams_open"].get(rpc, 0)), str(responses)]
         for rpc, responses in summary["responses"].items()

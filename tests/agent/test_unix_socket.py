@@ -25,11 +25,11 @@ from envoy.service.secret.v3 import sds_pb2_grpc
 
 from agent.errors import SocketPathRefused
 from agent.metrics import AgentMetrics
-from agent.peer_relay import PeerRelay
 from agent.sds import SECRET_TYPE_URL, SdsServer
 from agent.secrets import SecretCache
 from agent.unix_socket import UnixSocketPath, grpc_connection_cap
-from agent.workload_api import WorkloadApiServer
+from agent.workload.api import WorkloadApiServer
+from agent.workload.relay import PeerRelay
 from meshca.clock import SystemClock
 from tests.support.connection_flood import flood
 from tests.support.loop import LoopThread

@@ -1,4 +1,4 @@
-"""Hostile SPIFFE Workload API clients on the agent's socket (`agent.workload_api`): a missing
+"""Hostile SPIFFE Workload API clients on the agent's socket (`agent.workload.api`): a missing
 or wrong security header, bytes that are not the Workload API, the JWT calls, more streams
 than the agent serves, streams abandoned by a client that dies. Each case checks the exact
 status and message, the refusal counted by reason, no key material in a log line or in a
@@ -20,7 +20,7 @@ import grpc
 import pytest
 from spiffe._proto import workload_pb2
 
-from agent.workload_api import (
+from agent.workload.api import (
     REFUSED_JWT,
     REFUSED_NO_HEADER,
     REFUSED_TOO_MANY_STREAMS,

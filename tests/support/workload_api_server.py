@@ -18,12 +18,12 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from agent.metrics import AgentMetrics
-from agent.peer_process import PeerProcess
-from agent.peer_relay import PeerRelay
 from agent.secrets import Secret, SecretCache, TlsSecret
 from agent.unix_socket import DEFAULT_MAX_CONNECTIONS
-from agent.workload_api import WorkloadApiServer
-from agent.workload_attestor import NodeAttestor, NodeCaller, ProcessCgroups
+from agent.workload.api import WorkloadApiServer
+from agent.workload.attestor import NodeAttestor, NodeCaller, ProcessCgroups
+from agent.workload.peer_process import PeerProcess
+from agent.workload.relay import PeerRelay
 from meshca.clock import SystemClock
 from meshca.pods import PodInfo
 from tests.support.loop import LoopThread

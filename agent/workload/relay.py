@@ -1,17 +1,17 @@
 """The node agent's Workload API socket: takes each caller's peer credentials, then relays.
 
-grpc does not tell a Python servicer who is at the other end of a Unix socket (no
-`SO_PEERCRED` in its auth context). So in node mode the public socket is this relay's: it
-accepts a connection, takes the connecting process from the kernel (`SO_PEERCRED`, and a pidfd
-where the kernel has `SO_PEERPIDFD`: `agent.peer_process`) and hands it to `inspect` at once
-(`agent.workload_attestor`: the caller's pod UID from its cgroup, proven to be the caller's and
+grpc does not tell a Python servicer who is at the other end of a Unix socket (no `SO_PEERCRED`
+in its auth context). So in node mode the public socket is this relay's: it accepts a
+connection, takes the connecting process from the kernel (`SO_PEERCRED`, and a pidfd where the
+kernel has `SO_PEERPIDFD`: `agent.workload.peer_process`) and hands it to `inspect` at once
+(`agent.workload.attestor`: the caller's pod UID from its cgroup, proven to be the caller's and
 not a later holder of its pid), then opens a connection of its own to the gRPC server's private
-socket from a socket bound to a fresh abstract name, and copies bytes both ways. The servicer sees
-that name as `context.peer()` (`unix-abstract:<name>`) and asks `accepted(peer)` what was
+socket from a socket bound to a fresh abstract name, and copies bytes both ways. The servicer
+sees that name as `context.peer()` (`unix-abstract:<name>`) and asks `accepted(peer)` what was
 learned at accept time. A name carries a random 128-bit token, so no other process can present
 one, and the private socket sits in a 0700 directory of the agent's own (never in the volume
-shared with workloads); a connection that reaches it any other way has no record and is
-refused by `agent.workload_attestor.NodeCaller`.
+shared with workloads); a connection that reaches it any other way has no record and is refused
+by `agent.workload.attestor.NodeCaller`.
 
 Concurrency: all on the agent's event loop (asyncio streams), two copy tasks per connection;
 the record of a connection lives exactly as long as the connection. At most `max_connections`
@@ -30,18 +30,17 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import CallerNotAttested
-from agent.peer_process import (
+from agent.unix_socket import UnixSocketPath
+from agent.workload.peer_process import (
     NO_PEER,
     SO_PEERPIDFD,
-    PeerCredentials,
+    Accepted,
     PeerProcess,
     take_peer_process,
 )
-from agent.unix_socket import UnixSocketPath
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +49,11 @@ DEFAULT_MAX_CONNECTIONS = 4096
 _CHUNK = 64 * 1024
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """What was learned about one connection when it was accepted: its credentials and the
-    result of `inspect` (a value, or the refusal to give on every call it makes)."""
-
-    peer: PeerCredentials | None
-    placed: str | None
-    refusal: CallerNotAttested | None
-
-
 class PeerRelay:
     """Public socket `public_path` (mode `socket_mode`) → private gRPC socket (see above)."""
 
     # The socket option that yields the caller's pidfd; tests set one the kernel does not know
-    # to take the start-time way (`agent.peer_process`) on any kernel.
+    # to take the start-time way (`agent.workload.peer_process`) on any kernel.
     pidfd_option = SO_PEERPIDFD
 
     def __init__(

@@ -23,8 +23,8 @@ header missing from request", the specification's wording.
 Who is asking is a `CallerResolver`'s business, decided once at construction (`agent.main`):
 a pod agent's socket is private to its pod, so every caller gets the pod's identity
 (`PodCaller`, the `default` resource); a node agent attests each caller
-(`agent.workload_attestor.NodeCaller`, from the peer credentials `agent.peer_relay` took when the
-connection was accepted). A caller that cannot be placed gets PERMISSION_DENIED and nothing
+(`agent.workload.attestor.NodeCaller`, from the peer credentials `agent.workload.relay` took
+when the connection was accepted). A caller that cannot be placed gets PERMISSION_DENIED and nothing
 else; a stream only ever reads the one resource its caller was resolved to.
 
 Refusals are counted by reason (`REFUSAL_REASONS`) in `meshca_agent_workload_api_refusals_total`;
@@ -387,7 +387,7 @@ def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
 
 class Listener(Protocol):
     """Where the gRPC server listens and how callers reach it: the public socket itself (pod
-    agent), or a private socket behind `agent.peer_relay` (node agent)."""
+    agent), or a private socket behind `agent.workload.relay` (node agent)."""
 
     @property
     def grpc_address(self) -> str: ...
