@@ -19,7 +19,8 @@ Module map:
   for a pod agent; `node_identities`: the node's pods or a static list); `identity_source`: what
   a source is (the protocol and its `IdentitySet` snapshot), below the sources and the scheduler.
 - `scheduler`: the one driver over a set of identities (priority, bounded concurrency,
-  per-identity backoff); `rotation`: when to renew and retry, key + CSR; `backoff`.
+  per-identity backoff); `scheduler_state`: what it holds (each `IdentityState`, the
+  `FetchQueue`); `rotation`: when to renew and retry, key + CSR; `backoff`.
 - `signing`: what the pipeline passes (`SigningRequest` in, `SignedCertificate` out) and the
   `CertificateSigner` the scheduler asks.
 - `acceptance`: the one "may this certificate be served" rule, for the CA's answer, restored
