@@ -31,12 +31,15 @@ Module map:
   to the scheduler, which re-signs their leaves paced over `--taint-resign-window`), `taint_file`
   (the same taints, sooner: the CA's notice beside the root file), `taints` (the one rule both feed:
   what is known of the taints; at most one early re-sign per leaf per taint).
-- `trust_bundle`: the served `ROOTCA`, learned from the watched root file and the CA's answers;
-  a change reaches SDS, the files and the CA connection without asking for a leaf.
+- `trust_bundle`: the served `ROOTCA`, learned from the watched root file (`polled_file`: one
+  file followed by polling its status, the taint notice's way too) and the CA's answers; a
+  change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and
   the restore hook), `cert_state` (may a previous run's files be served again).
-- `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds`, `status`,
-  `metrics`, `secrets`.
+- `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds` (with
+  `sds_decoding`: its registration on `meshca.grpc_services`' one lenient decoder), `status`
+  (the HTTP status endpoint), `secret_status` (what is served per resource name, for the
+  gauges and `/debug/secrets`), `metrics`, `secrets`.
 - `workload` (a package: its own module map): the SPIFFE Workload API from the same cache
   (`workload.api`; who is asking is a `CallerResolver`'s business) and node mode's caller
   attestation (`workload.attestor`: peer credentials → cgroup → pod → identity;
