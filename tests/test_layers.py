@@ -7,12 +7,15 @@
 
 A lower floor importing a higher one (even lazily, inside a function) fails here, so the runtime
 stays usable by both daemons and `meshca agent` cannot drag the CA in through a shared helper.
+Nor may any module of the product reach itself through its imports (an import cycle), however
+lazily: a cycle is a module that cannot be read, tested or moved without the others in it.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import itertools
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -395,3 +398,220 @@ def test_the_server_rule_sees_a_branch():
     assert {"isinstance", "slotsigner", "signer"} <= identifiers(source)
     assert "rotator" in identifiers("x = setup.rotator\n")
     assert "rotator" not in identifiers('"""the rotator"""\n')
+
+
+# -- no import cycle anywhere in the product --------------------------------------------------
+#
+# The graph is read from the source (nothing imported): one node per module of `ca_server/`,
+# `agent/`, `certs/` and `meshca/` (a package's `__init__.py` is the package's node), one edge
+# per import at any depth (top level, inside functions, under TYPE_CHECKING), absolute or
+# relative. `import a.b` is an edge to a.b. `from a.b import c` is an edge to a.b.c when that is
+# a module, else to a.b (c is a name a.b defines). How a package's `__init__.py` counts: Python
+# runs the parent packages on the way to a module, but that implicit step is no edge (every
+# module would otherwise hang off its package root, and `from p import sub` is `import p.sub`);
+# taking a name from a package is one. So a module of package P that imports a name from P's
+# facade while the facade imports it is a circle, and is reported as one. Anything outside the
+# four packages (the standard library, grpc, generated `meshca_proto`) is no node.
+
+PRODUCT_PACKAGES = ("ca_server", "agent", "certs", "meshca")
+
+ImportGraph = dict[str, dict[str, int]]  # module → {module it imports: line of the first import}
+
+
+def _module_of(path: str) -> tuple[str, bool]:
+    """`a/b/c.py` → (`a.b.c`, False); `a/b/__init__.py` → (`a.b`, True)."""
+    parts = path.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    """The module a `from ... import` names, relative levels resolved against `module`."""
+    if node.level == 0:
+        return node.module
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > len(package):
+        return None  # beyond the top-level package: Python refuses it too
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imported(
+    module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules: Collection[str]
+) -> list[str]:
+    """What one import statement of `module` reaches: `import a.b` → a.b; `from a.b import c`
+    → a.b.c when that is one of `modules`, else a.b (c is a name a.b defines)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = _absolute(module, is_package, node)
+    if base is None:
+        return []
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def import_graph(files: dict[str, str]) -> ImportGraph:
+    """The import graph of `files` (path relative to the repository root → source)."""
+    modules = dict(_module_of(path) for path in files)
+    graph: ImportGraph = {module: {} for module in modules}
+    for path, source in files.items():
+        module, is_package = _module_of(path)
+        for node in ast.walk(ast.parse(source, filename=path)):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in _imported(module, is_package, node, modules):
+                    if target in modules and target != module:
+                        graph[module].setdefault(target, node.lineno)
+    return graph
+
+
+def import_cycles(graph: ImportGraph) -> list[list[str]]:
+    """The strongly connected components of `graph` with more than one module (Tarjan's
+    algorithm, iterative so a deep chain cannot hit the recursion limit), each sorted, in order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def shortest_loop(graph: ImportGraph, component: list[str]) -> list[str]:
+    """One shortest way round `component` from its first module back to it (breadth first,
+    inside the component), e.g. [a, b, a]."""
+    start, members = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for successor in sorted(graph[node]):
+                if successor == start:
+                    loop = [start, node]
+                    while loop[-1] != start:
+                        loop.append(came_from[loop[-1]])
+                    return loop[::-1]
+                if successor in members and successor not in came_from:
+                    came_from[successor] = node
+                    following.append(successor)
+        frontier = following
+    raise AssertionError(f"{component} is not a cycle")
+
+
+def describe_cycles(graph: ImportGraph) -> str:
+    """Each cycle as its modules and one way round with the importing lines, for a reader
+    who has to break it."""
+    lines = []
+    for component in import_cycles(graph):
+        loop = shortest_loop(graph, component)
+        steps = "".join(f"{a} —line {graph[a][b]}→ " for a, b in itertools.pairwise(loop))
+        lines += [
+            f"{len(component)} modules import each other: {', '.join(component)}",
+            f"    e.g. {steps}{loop[-1]}",
+        ]
+    return "\n".join(lines)
+
+
+def product_sources() -> dict[str, str]:
+    return {
+        path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+        for package in PRODUCT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def test_no_import_cycle_in_the_product():
+    graph = import_graph(product_sources())
+    assert import_cycles(graph) == [], "import cycles:\n" + describe_cycles(graph)
+
+
+def test_the_cycle_check_finds_a_planted_two_module_cycle():
+    graph = import_graph(
+        {
+            "p/__init__.py": "",
+            "p/a.py": "def late():\n    from p.b import thing\n",
+            "p/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.a\n",
+            "p/c.py": "import p.a\nimport os\n",
+        }
+    )
+    assert import_cycles(graph) == [["p.a", "p.b"]]
+    assert shortest_loop(graph, ["p.a", "p.b"]) == ["p.a", "p.b", "p.a"]
+    assert describe_cycles(graph) == (
+        "2 modules import each other: p.a, p.b\n    e.g. p.a —line 2→ p.b —line 3→ p.a"
+    )
+
+
+def test_the_cycle_check_finds_a_planted_three_module_cycle_through_relative_imports():
+    graph = import_graph(
+        {
+            "p/__init__.py": "from p.q import x\n",
+            "p/q/__init__.py": "from .deep import x\n",
+            "p/q/deep.py": "from .. import r, VERSION\n",  # the module p.r, a name of p
+            "p/r.py": "import os\n",
+            "p/s.py": "from . import r\n",
+        }
+    )
+    assert import_cycles(graph) == [["p", "p.q", "p.q.deep"]]
+
+
+def test_the_cycle_check_reports_a_module_that_imports_its_own_facade():
+    """The facade imports the module, the module imports a name from the facade: a circle
+    Python only survives when the name happens to be bound before the module asks for it."""
+    graph = import_graph(
+        {
+            "p/__init__.py": "from p.impl import run\nLIMIT = 3\n",
+            "p/impl.py": "from p import LIMIT\n",
+            "p/other.py": "from p.impl import run\n",  # parents run first, yet no edge to p
+        }
+    )
+    assert import_cycles(graph) == [["p", "p.impl"]]
+
+
+def test_the_cycle_check_passes_an_acyclic_graph():
+    """A diamond, a package whose modules import siblings (not the facade), and names that are
+    no modules: no edge back, no cycle."""
+    graph = import_graph(
+        {
+            "p/__init__.py": "from p.a import x\nfrom p.b import y\n",
+            "p/a.py": "from p.c import z\n",
+            "p/b.py": "import json\nfrom . import c\n",
+            "p/c.py": "def late():\n    import p.d.nothing_here\n",
+            "p/d.py": "import os.path\n",
+        }
+    )
+    assert import_cycles(graph) == []
+    assert graph["p"] == {"p.a": 1, "p.b": 2}
+    assert graph["p.b"] == {"p.c": 2}  # `from . import c` is `import p.c`: p runs, no edge
+    assert graph["p.c"] == {}  # p.d.nothing_here is no module: no edge
