@@ -23,6 +23,7 @@ from pathlib import Path
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
+from meshca.host_port import join_host_port
 from meshca.listen import parse_listen
 from meshca.wire import CA_TLS_NAME, MAX_REPORT_INTERVAL
 
@@ -206,7 +207,7 @@ class AgentConfig:
 
     @property
     def status_listen(self) -> str:
-        return f"{self.status_host}:{self.status_port}"
+        return join_host_port(self.status_host, self.status_port)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> AgentConfig:

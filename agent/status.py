@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from agent.metrics import AgentMetrics
 from agent.secret_status import SecretReport, SecretStatus
 from meshca.clock import Clock
+from meshca.host_port import join_host_port
 from meshca.loop_heartbeat import LoopHeartbeat
 from meshca.status_http import Response, StatusServer, json_response, metrics_route, text
 
@@ -123,7 +124,7 @@ def build_status_server(
         return json_response(secrets_document(metrics.secrets, clock.now(), summary))
 
     return StatusServer(
-        f"{host}:{port}",
+        join_host_port(host, port),
         {
             READY_PATH: ready,
             METRICS_PATH: metrics_route(metrics.registry),
