@@ -35,7 +35,7 @@ __all__ = [
     "TRUST_BUNDLE_HEADER",
 ]
 
-# As the protos name them (`tests/test_wire.py` checks): spelt out so that `ca_server.config`
+# As the protos name them (`tests/test_layers.py` checks): spelt out so that `ca_server.config`
 # can use this module without loading protobuf.
 CERTIFICATE_SERVICE = "istio.v1.auth.IstioCertificateService"
 REPORT_SERVICE = "meshca.v1.AgentReportService"
