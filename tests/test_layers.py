@@ -14,7 +14,11 @@ lazily: a cycle is a module that cannot be read, tested or moved without the oth
 from __future__ import annotations
 
 import ast
+import functools
+import io
 import itertools
+import re
+import tokenize
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
@@ -615,3 +619,158 @@ def test_the_cycle_check_passes_an_acyclic_graph():
     assert graph["p"] == {"p.a": 1, "p.b": 2}
     assert graph["p.b"] == {"p.c": 2}  # `from . import c` is `import p.c`: p runs, no edge
     assert graph["p.c"] == {}  # p.d.nothing_here is no module: no edge
+
+
+# -- prose that names the code ---------------------------------------------------------------
+#
+# Docstrings and comments point a reader at other modules (`ca_server.kube.secret_root`,
+# `agent/sds.py`, `meshca.wire.MAX_REPORT_INTERVAL`). A move that forgets them leaves a reader
+# looking for a file that is not there, so every such backquoted name must exist: a path from the
+# repository root (or under `proto/`), a module, or a top-level name of one. The `meshca.*`
+# names that are no Python (a logger, the protos' package) are listed as such.
+
+NOT_MODULES = ("meshca.audit", "meshca.v1")  # the audit logger; the protos' package
+NAMED_PACKAGES = (*PRODUCT_PACKAGES, "meshca_proto")
+REPOSITORY_DIRECTORIES = (*NAMED_PACKAGES, "tests", "docs", "deploy", "proto", "bench")
+_BACKQUOTED = re.compile(r"`([^`\s]+)`")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+_PATH = re.compile(r"[\w.-]+(/[\w.-]+)+/?")
+
+
+def prose(source: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of every docstring and comment of `source`."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                yield value.lineno, value.value
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+
+
+def _source_of(module: str, root: Path) -> Path | None:
+    for base in (root, root / "proto"):
+        path = base.joinpath(*module.split("."))
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def top_level_names(source: str) -> set[str]:
+    """What `import module` gives a reader: its definitions, assignments and imports, also
+    those under a top-level `if` (TYPE_CHECKING)."""
+    names: set[str] = set()
+    tree = ast.parse(source)
+    for node in [*tree.body, *(n for s in tree.body if isinstance(s, ast.If) for n in s.body)]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+@functools.cache
+def _names_in(source: Path) -> frozenset[str]:
+    return frozenset(top_level_names(source.read_text(encoding="utf-8")))
+
+
+def missing_reference(name: str, root: Path) -> str | None:
+    """Why backquoted `name` names nothing in the repository at `root`, or None when it does
+    (or is no reference to it)."""
+    name = name.rstrip(".,:;")
+    if _PATH.fullmatch(name) and name.split("/")[0] in REPOSITORY_DIRECTORIES:
+        if (root / name).exists() or (root / "proto" / name).exists():
+            return None
+        return f"no path {name}"
+    if not _DOTTED.fullmatch(name) or name.split(".")[0] not in NAMED_PACKAGES:
+        return None
+    if within(name, NOT_MODULES):
+        return None
+    parts = name.split(".")
+    for length in range(len(parts), 0, -1):
+        source = _source_of(".".join(parts[:length]), root)
+        if source is not None:
+            break
+    assert source is not None  # the first part is one of NAMED_PACKAGES
+    if length == len(parts) or parts[length] in _names_in(source):
+        return None
+    module = ".".join(parts[:length])
+    return f"no module {module}.{parts[length]}, nor a name {parts[length]} in {module}"
+
+
+def stale_references(path: Path, root: Path = ROOT) -> list[str]:
+    found = []
+    for line, text in prose(path.read_text(encoding="utf-8")):
+        for match in _BACKQUOTED.finditer(text):
+            why = missing_reference(match.group(1), root)
+            if why is not None:
+                found.append(f"{path.relative_to(root)}:{line}: `{match.group(1)}`: {why}")
+    return found
+
+
+@pytest.mark.parametrize("package", PRODUCT_PACKAGES)
+def test_the_prose_names_only_modules_and_paths_that_exist(package: str):
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found += stale_references(path)
+    assert found == [], "\n".join(found)
+
+
+def test_the_prose_check_sees_a_name_that_moved(tmp_path: Path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "real.py").write_text("LIMIT = 3\n\nclass Thing:\n    pass\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("")
+    for name in ("pkg.real", "pkg.real.LIMIT", "pkg.real.Thing.method", "docs/x.md", "os.path"):
+        assert missing_reference(name, tmp_path) is None, name
+    assert missing_reference("ca_server.kube.gone.", ROOT) == (
+        "no module ca_server.kube.gone, nor a name gone in ca_server.kube"
+    )
+    assert missing_reference("agent.sds.NO_SUCH_LIMIT", ROOT) == (
+        "no module agent.sds.NO_SUCH_LIMIT, nor a name NO_SUCH_LIMIT in agent.sds"
+    )
+    assert missing_reference("tests/test_gone.py", ROOT) == "no path tests/test_gone.py"
+    assert missing_reference("meshca.audit", ROOT) is None  # a logger, not a module
+    lines = list(prose('"""See `a.b`."""\nX = "`c.d`"  # and `e.f`\n'))
+    assert lines == [(1, "See `a.b`."), (2, "# and `e.f`")]
+
+
+# Packages whose `__init__.py` docstring is their module map: it names every module in the
+# folder, so a newcomer finds each file's job in one place.
+MAPPED_PACKAGES = ("ca_server/authority", "ca_server/kube", "ca_server/serving")
+
+
+def unmapped_modules(package: Path, root: Path = ROOT) -> list[str]:
+    docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text("utf-8"))) or ""
+    named = set(_BACKQUOTED.findall(docstring))
+    dotted = ".".join(package.relative_to(root).parts)
+    modules = sorted(
+        [path.stem for path in package.glob("*.py") if path.name != "__init__.py"]
+        + [path.parent.name for path in package.glob("*/__init__.py")]
+    )
+    return [m for m in modules if not named & {m, f"{m}.py", f"{dotted}.{m}"}]
+
+
+@pytest.mark.parametrize("package", MAPPED_PACKAGES)
+def test_a_module_map_names_every_module_of_its_package(package: str):
+    assert unmapped_modules(ROOT / package) == []
+
+
+def test_the_module_map_check_sees_a_module_left_out(tmp_path: Path):
+    package = tmp_path / "pkg" / "sub"
+    (package / "inner").mkdir(parents=True)
+    for name in ("__init__.py", "named.py", "dotted.py", "file.py", "left_out.py"):
+        (package / name).write_text("")
+    (package / "inner" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(
+        '"""- `named`: one.\n- `pkg.sub.dotted`: two.\n- `file.py`: three.\n"""\n'
+    )
+    assert unmapped_modules(package, tmp_path) == ["inner", "left_out"]
