@@ -3,7 +3,7 @@
 Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
 headers on its CSRs (`ca_server.wire`): its agent id, the digest of the trust bundle it
 serves and the authorities of the leaves it serves — so coverage
-(`ca_server.authority.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
+(`ca_server.fleet.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
 authorities (with how long ago each was tainted), which is how every agent, due a renewal or not,
 learns that leaves must be re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces
 that).
@@ -25,7 +25,7 @@ a missing or malformed agent id, and for a report larger than any an agent sends
 `MAX_REPORT_BYTES` on the wire (refused before it is even parsed), or a field or list beyond its
 cap (`check_report_size`, before any element is looked at); the message says what to fix.
 The report counts for the pod the caller's credential proves, never for its agent id
-(`ca_server.authority.agent_reports`). Concurrency: as
+(`ca_server.fleet.agent_reports`). Concurrency: as
 `ca_server.service` (the completion-queue thread, then the event loop if it waits); recording
 takes a lock for a dictionary update.
 """
@@ -42,7 +42,8 @@ import grpc
 
 from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain
-from ca_server.authority import (
+from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
+from ca_server.fleet import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,
@@ -50,7 +51,6 @@ from ca_server.authority import (
     AgentReports,
     valid_agent_id,
 )
-from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request
 from ca_server.wire import REPORT_SERVICE, RETRY_PUSHBACK_TRAILER

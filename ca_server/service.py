@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2
 
 from ca_server.admission import Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority import MAX_AGENT_ID, REPORT_HEADERS, AgentReports, IssuedLeaf, Signer
+from ca_server.authority import Signer
 from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import (
@@ -31,6 +31,7 @@ from ca_server.errors import (
     OverloadedError,
     RequestError,
 )
+from ca_server.fleet import MAX_AGENT_ID, REPORT_HEADERS, AgentReports, IssuedLeaf
 from ca_server.impersonation import ImpersonationPolicy
 from ca_server.metrics import CaMetrics
 from ca_server.ttl import grant_validity
@@ -167,7 +168,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         leaf_authority: str | None,
         now: datetime,
     ) -> None:
-        """Notes what an agent says it trusts (`ca_server.authority.agent_reports`), only once its
+        """Notes what an agent says it trusts (`ca_server.fleet.agent_reports`), only once its
         request was authenticated, authorized and signed: a refused request records nothing,
         and the entry is the caller's own pod whatever its headers say; `leaf_authority` is the
         new leaf's `issuer_key_id`. Never refuses; a value

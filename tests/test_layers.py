@@ -276,7 +276,8 @@ def test_the_ca_package_root_exports_what_it_declares():
 # -- the CA's facades ------------------------------------------------------------------------
 #
 #     meshca/commands/   may import from ca_server only: the package root `ca_server`,
-#                        `ca_server.authority` (the facade) and `ca_server.config`
+#                        `ca_server.authority` and `ca_server.fleet` (the facades) and
+#                        `ca_server.config`
 #     ca_server/authority/<module>   private to the package: the rest of the product reaches it
 #                        through `ca_server.authority` only, except `ca_server.kube`, which
 #                        implements the package's store and publication protocols in the cluster
@@ -284,12 +285,9 @@ def test_the_ca_package_root_exports_what_it_declares():
 #
 # Tests and benches may import anything (they test the parts).
 
-COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.config")
+COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.fleet", "ca_server.config")
 AUTHORITY = "ca_server.authority"
-KUBE_MAY_IMPLEMENT = tuple(
-    f"{AUTHORITY}.{name}"
-    for name in ("slots", "state_store", "leaf_ledger", "agent_reports", "report_shards")
-)
+KUBE_MAY_IMPLEMENT = tuple(f"{AUTHORITY}.{name}" for name in ("slots", "state_store"))
 
 
 def imported_from(source: str) -> Iterator[str]:
@@ -312,7 +310,10 @@ def facade_violations(module: str, source: str) -> list[str]:
     for name in imported_from(source):
         if within(module, ("meshca.commands",)):
             if within(name, ("ca_server",)) and name not in COMMAND_FACADES:
-                found.add(f"{module} imports {name}: use ca_server.authority or ca_server.config")
+                found.add(
+                    f"{module} imports {name}: use ca_server.authority, ca_server.fleet or "
+                    "ca_server.config"
+                )
         elif not within(module, (AUTHORITY,)) and within(name, (AUTHORITY,)) and name != AUTHORITY:
             if within(module, ("ca_server.kube",)) and name in KUBE_MAY_IMPLEMENT:
                 continue
@@ -336,8 +337,8 @@ def test_the_facade_rule_sees_what_it_must():
     assert facade_violations(
         "meshca.commands.status", "def f():\n    from ca_server.kube.clients import c\n"
     ) == [
-        "meshca.commands.status imports ca_server.kube.clients: use ca_server.authority or "
-        "ca_server.config"
+        "meshca.commands.status imports ca_server.kube.clients: use ca_server.authority, "
+        "ca_server.fleet or ca_server.config"
     ]
     assert facade_violations("meshca.commands.authority", "from ca_server import errors\n") != []
     assert facade_violations("ca_server.service", "from ca_server.authority.slots import x\n") != []

@@ -16,17 +16,19 @@ signer (`signer.LocalSigner`, which records each leaf in the leaf ledger under t
 counts under), the agent reports the driver owns, published with the ledger (files in
 `--data-dir`, or per-replica ConfigMaps in Kubernetes mode), `root-cert.pem` and the taint
 notice beside it (`root_bundle`), Istio's expiry gauges, and the activation gate's rules
-(`agent_reports.gate_coverage`; `slots.gate_deadline` and `slots.gate_verdict`).
+(`ca_server.fleet.gate_coverage`; `slots.gate_deadline` and `slots.gate_verdict`).
+
+The fleet — which leaves are live, which bundle each agent trusts, merged across CA processes —
+is its own package below this one (`ca_server.fleet`): the authority reads it, never the other
+way round.
 
 Modules:
 - `slots`: the pure rules of the self-signed slots (phases, schedule, taints, the gate);
 - `state_store`: the slots persisted in `--data-dir` (`data_dir_guard` checks the directory
   first); the Kubernetes store is `ca_server.kube.secret_root`;
 - `self_signed`, `plugged`: the two drivers; `driver_core`: what they share;
-- `signer`: the one signer; `leaf_ledger`: live leaves per authority, per CA process, and
-  their publication; `issued_leaves`: the latest leaf per identity (for `/debug/ca`);
-- `agent_reports`: what each agent trusts and serves (the coverage rule), `report_shards`:
-  its sharded publication, `agent_stragglers`: the agents a rotation waits on;
+- `signer`: the one signer (it records each leaf in the fleet's leaf ledger);
+- `agent_stragglers`: the agents a rotation waits on, named from the fleet's reports;
 - `report`: the slots as `/debug/ca`, `meshca status` and `meshca authority show` print
   them; `fitness`: what `meshca authority` refuses to activate.
 
@@ -46,16 +48,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ca_server.authority.agent_reports import (
-    MAX_AGENT_ID,
-    MAX_AUTHORITY,
-    MAX_DIGEST,
-    MAX_REPORTED_AUTHORITIES,
-    REPORT_HEADERS,
-    AgentReports,
-    FleetReports,
-    valid_agent_id,
-)
 from ca_server.authority.agent_stragglers import agents_section, render_agents
 from ca_server.authority.data_dir_guard import check_data_dir
 from ca_server.authority.driver_core import DriverSettings
@@ -65,8 +57,6 @@ from ca_server.authority.fitness import (
     refuse_short_lifetime,
     refuse_unfit,
 )
-from ca_server.authority.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LedgerSink
 from ca_server.authority.plugged import PluggedDriver, plugged_source_for
 from ca_server.authority.report import (
     AuthorityReport,
@@ -89,6 +79,7 @@ from ca_server.authority.state_store import (
 )
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.errors import CaSetupError
+from ca_server.fleet import AgentReports, DirectoryLedgerSink, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
 from meshca.clock import Clock
@@ -97,24 +88,13 @@ if TYPE_CHECKING:  # `ca_server.kube` imports this package's stores
     from ca_server.kube.mode import KubernetesMode
 
 __all__ = [
-    "DEFAULT_CAPACITY",
-    "MAX_AGENT_ID",
-    "MAX_AUTHORITY",
-    "MAX_DIGEST",
-    "MAX_REPORTED_AUTHORITIES",
-    "REPORT_HEADERS",
-    "AgentReports",
     "AuthorityCommandError",
     "AuthorityDriver",
     "AuthorityReport",
     "AuthorityState",
     "AuthorityStateStore",
     "CaSetupError",
-    "FleetReports",
     "IssuedCertificate",
-    "IssuedLeaf",
-    "IssuedLeaves",
-    "LedgerSink",
     "LocalSigner",
     "Phase",
     "ReportSnapshot",
@@ -136,7 +116,6 @@ __all__ = [
     "report_section",
     "show_document",
     "status_section",
-    "valid_agent_id",
 ]
 
 

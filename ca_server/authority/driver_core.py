@@ -17,10 +17,9 @@ from pathlib import Path
 
 from cryptography import x509
 
-from ca_server.authority.agent_reports import AgentReports
-from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.root_bundle import publish_root_bundle
 from ca_server.authority.signer import LocalSigner
+from ca_server.fleet import AgentReports, LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import DEFAULT_TRUST_DOMAIN, SigningAuthority
 from meshca.clock import Clock

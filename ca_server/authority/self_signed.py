@@ -20,7 +20,7 @@ within one poll interval.
 
 The signer, the ledger and the publication steps are the ones the plugged-in driver uses
 (`driver_core`); the activation gate's coverage figure and deadline are the rules of
-`agent_reports.gate_coverage`, `slots.gate_deadline` and `slots.gate_verdict`, which the
+`ca_server.fleet.gate_coverage`, `slots.gate_deadline` and `slots.gate_verdict`, which the
 plugged-in guard reads too.
 
 Concurrency: the driver is a coroutine on the CA's event loop; store calls (file lock, disk,
@@ -38,13 +38,11 @@ from datetime import datetime
 
 from prometheus_client import Counter, Gauge
 
-from ca_server.authority.agent_reports import FleetReports, coverage, gate_coverage
 from ca_server.authority.driver_core import DriverCore, DriverSettings
 from ca_server.authority.report import AuthorityReport
 from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
-    AgentCoverage,
     AuthorityState,
     HistoryEvent,
     Phase,
@@ -61,6 +59,7 @@ from ca_server.authority.state_store import (
 )
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.errors import CaSetupError
+from ca_server.fleet import AgentCoverage, FleetReports, coverage, gate_coverage
 from ca_server.metrics import CaMetrics, retire_series
 from certs import SigningAuthority
 from meshca.clock import Clock

@@ -1,5 +1,5 @@
 """The CA's per-process table of agent reports and the coverage rule
-(`ca_server.authority.agent_reports`): keyed on the pod the credential proves, expiring by the
+(`ca_server.fleet.agent_reports`): keyed on the pod the credential proves, expiring by the
 stated rule, conservative about what it cannot see. Time is injected (`now`): nothing here
 sleeps."""
 
@@ -13,25 +13,21 @@ from cryptography import x509
 
 from agent import trust_bundle
 from ca_server.authn import Caller
-from ca_server.authority.agent_reports import (
-    AGENT_ID_HEADER,
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.coverage import coverage
+from ca_server.fleet.entries import (
     EXPIRE_AFTER,
-    LEAF_AUTHORITY_HEADER,
     REPUBLISH_EVERY,
     STALE_AFTER,
-    TRUST_BUNDLE_HEADER,
-    AgentReports,
     FleetReports,
     Instance,
     PodVerdict,
-    SnapshotCache,
-    bundle_digest,
-    coverage,
-    is_spent,
-    merge_snapshots,
 )
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.fleet.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.fleet.merge import SnapshotCache, is_spent, merge_snapshots
+from ca_server.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from certs import KeySpec, SpiffeId, new_self_signed_authority
+from certs.bundle import bundle_digest
 from meshca.wire import MAX_REPORT_INTERVAL
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)

@@ -20,10 +20,10 @@ from prometheus_client import generate_latest
 
 from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority.agent_reports import AgentReports
 from ca_server.authority.signer import LocalSigner
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import OverloadedError
+from ca_server.fleet.agent_reports import AgentReports
 from ca_server.impersonation import DenyImpersonation
 from ca_server.metrics import CaMetrics
 from ca_server.report_service import AgentReportService, add_report_service, no_taints
