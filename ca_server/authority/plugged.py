@@ -332,7 +332,7 @@ class PluggedDriver(DriverCore):
         self.ttl_policy = ttl
         self._guard = PluggedChangeGuard(
             self.ledger,
-            self.agent_reports,
+            settings.agent_reports,
             settings.ledger_sink,
             switch_at_coverage=switch_at_coverage,
             deadline_share=deadline_share,
