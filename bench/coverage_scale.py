@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ca_server.authn import Caller
 from ca_server.fleet.agent_reports import AgentReports
-from ca_server.fleet.coverage import AgentCoverage, coverage
+from ca_server.fleet.coverage import AgentCoverage, authority_coverage
 from ca_server.fleet.entries import FleetReports
 from ca_server.fleet.leaf_ledger import LeafLedger
 from ca_server.fleet.report_shards import ShardMerger
@@ -135,7 +135,7 @@ class Fleet:
         return fleet
 
     def gate(self, fleet: FleetReports) -> AgentCoverage:
-        counted = coverage(self.authorities, fleet)
+        counted = authority_coverage(self.authorities, fleet)
         return AgentCoverage(
             counted.trusting["B"], counted.reporting, counted.unseen, counted.unreadable
         )

@@ -26,7 +26,7 @@ from typing import Any
 
 from ca_server.authority.agent_stragglers import STATUS_LIMIT, agents_section
 from ca_server.authority.slots import AuthorityState, Slot, gate_waiting
-from ca_server.fleet import Coverage, FleetReports, coverage
+from ca_server.fleet import Coverage, FleetReports, authority_coverage
 
 UNKNOWN = "unknown"
 
@@ -69,7 +69,7 @@ def fleet_coverage(state: AuthorityState, fleet: FleetReports | None) -> Coverag
     """Which of the state's authorities the reporting agents trust (`ca_server.fleet.coverage`)."""
     if fleet is None:
         return None
-    return coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+    return authority_coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
 
 
 def show_document(

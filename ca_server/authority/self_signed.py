@@ -59,7 +59,7 @@ from ca_server.authority.state_store import (
 )
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.errors import CaSetupError
-from ca_server.fleet import AgentCoverage, FleetReports, coverage, gate_coverage
+from ca_server.fleet import AgentCoverage, FleetReports, authority_coverage, gate_coverage
 from ca_server.metrics import CaMetrics, retire_series
 from certs import SigningAuthority
 from meshca.clock import Clock
@@ -167,7 +167,7 @@ class AuthorityGauges:
 
     def coverage(self, state: AuthorityState, fleet: FleetReports) -> None:
         """Per authority, how many reporting agents trust it (every CA process's reports)."""
-        counted = coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+        counted = authority_coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
         for slot in state.slots:
             if slot.id in self._known:  # `update` removes the series of a gone authority
                 self.trusting.labels(slot.id).set(counted.trusting.get(slot.id, 0))

@@ -18,7 +18,8 @@ Modules:
 - `agent_reports`: this process's table (`AgentReports`), bounded, with its attribution;
 - `merge`: every process's published snapshot merged (`merge_snapshots`, `SnapshotCache`),
   and when a gone process's snapshot is spent;
-- `coverage`: which authorities the fleet trusts and serves (`coverage`, `subset_digests`),
+- `coverage`: which authorities the fleet trusts and serves (`authority_coverage`,
+  `subset_digests`),
   and the activation gate's figure (`gate_coverage` -> `AgentCoverage`);
 - `leaf_ledger`: live leaves per authority per process (`LeafLedger`) and where a process
   publishes them with its table (`LedgerSink`; `DirectoryLedgerSink` for `--data-dir`, the
@@ -38,7 +39,7 @@ from ca_server.fleet.agent_reports import AgentReports
 from ca_server.fleet.coverage import (
     AgentCoverage,
     Coverage,
-    coverage,
+    authority_coverage,
     gate_coverage,
     subset_digests,
 )
@@ -103,8 +104,8 @@ __all__ = [
     "ShardMerger",
     "ShardObject",
     "agents_spent",
+    "authority_coverage",
     "build_layout",
-    "coverage",
     "gate_coverage",
     "generation_of",
     "heartbeat_text",

@@ -1,15 +1,15 @@
 """Which authorities the fleet trusts and serves, from the agents' bundle digests — the figure
 that says how far a new root has spread, and the one the activation gate waits for.
 
-Coverage rule (`coverage`): a digest says nothing by itself about which roots it covers, so the
-reader computes the digest of every non-empty subset of the authorities in the shared state
-(there are at most a handful: `subset_digests`) and an agent trusts authority X exactly when
-its digest is that of a subset containing X. An agent whose digest matches no subset (a bundle
-holding roots the CA no longer knows, or none yet) is *reporting* and trusts none of them: it is
-never counted as covered by guesswork. What the reader could not see — entries a process cut to
-fit its published object or evicted (`unseen`), a snapshot it could not read (`unreadable`) —
-counts as *not trusting* for activation and as *maybe serving* for revoke, and every figure
-says how much that is.
+Coverage rule (`authority_coverage`): a digest says nothing by itself about which roots it
+covers, so the reader computes the digest of every non-empty subset of the authorities in the
+shared state (there are at most a handful: `subset_digests`) and an agent trusts authority X
+exactly when its digest is that of a subset containing X. An agent whose digest matches no
+subset (a bundle holding roots the CA no longer knows, or none yet) is *reporting* and trusts
+none of them: it is never counted as covered by guesswork. What the reader could not see —
+entries a process cut to fit its published object or evicted (`unseen`), a snapshot it could not
+read (`unreadable`) — counts as *not trusting* for activation and as *maybe serving* for revoke,
+and every figure says how much that is.
 
 The gate's figure (`gate_coverage` -> `AgentCoverage`) is what the self-signed activation gate
 and the plugged-in guard both ask; `AgentCoverage.reaches` is its rule (covered when nothing
@@ -98,13 +98,15 @@ def gate_coverage(
 ) -> AgentCoverage:
     """The activation gate's figure for authority `ident` among `authorities` (what the self-
     signed gate and the plugged-in guard both ask, from every CA process's reports)."""
-    counted = coverage(authorities, fleet)
+    counted = authority_coverage(authorities, fleet)
     return AgentCoverage(
         counted.trusting.get(ident, 0), counted.reporting, counted.unseen, counted.unreadable
     )
 
 
-def coverage(authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports) -> Coverage:
+def authority_coverage(
+    authorities: Sequence[tuple[str, x509.Certificate]], fleet: FleetReports
+) -> Coverage:
     """Applies the module's rule: `authorities` are (ID, root certificate) of every slot."""
     by_digest = subset_digests(authorities)
     trusting = dict.fromkeys((ident for ident, _cert in authorities), 0)

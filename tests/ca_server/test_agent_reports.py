@@ -14,7 +14,7 @@ from cryptography import x509
 from agent import trust_bundle
 from ca_server.authn import Caller
 from ca_server.fleet.agent_reports import AgentReports
-from ca_server.fleet.coverage import coverage
+from ca_server.fleet.coverage import authority_coverage
 from ca_server.fleet.entries import (
     EXPIRE_AFTER,
     REPUBLISH_EVERY,
@@ -177,7 +177,7 @@ def test_merging_keeps_each_pods_latest_report_and_says_what_it_could_not_read()
     fleet = merge_snapshots(snapshots, NOW)
     assert fleet.bundles == {"/default/pod-1/uid-1": "22" * 32}
     assert fleet.unreadable == 1
-    counted = coverage([("A", _root())], fleet)
+    counted = authority_coverage([("A", _root())], fleet)
     assert counted.unreadable == 1
 
 
@@ -212,7 +212,7 @@ def test_coverage_counts_an_agent_only_for_the_authorities_its_bundle_holds() ->
     for n, (pod, digest) in enumerate(bundles.items()):
         reports.record_report(_caller(pod, f"u{n}"), pod, digest, [], NOW)
     reports.record_csr(_caller(None, account="istio"), {}, "cc" * 20, sole_leaf=True, now=NOW)
-    result = coverage([("A", a), ("B", b)], _fleet(reports))
+    result = authority_coverage([("A", a), ("B", b)], _fleet(reports))
     assert result.trusting == {"A": 2, "B": 1}
     assert (result.reporting, result.unknown) == (4, 1)
 
@@ -246,7 +246,7 @@ def test_a_size_limited_snapshot_keeps_the_most_recent_and_counts_the_rest_as_un
     assert 0 < len(fleet.entries) < 100 and fleet.dropped == 100 - len(fleet.entries)
     pods = {e.pod for e in fleet.entries.values()}
     assert "default/pod-099" in pods and "default/pod-000" not in pods
-    counted = coverage([("A", _root())], fleet)
+    counted = authority_coverage([("A", _root())], fleet)
     assert counted.unseen == fleet.dropped
     assert merge_snapshots([("own", reports.snapshot_json(NOW))], NOW).dropped == 0
 
@@ -274,7 +274,7 @@ def test_serving_follows_the_leaves_each_agent_serves_never_undercounting() -> N
     reports.record_report(node, "node-agent", DIGEST, [old], NOW)
 
     def serving() -> dict[str, int]:
-        return coverage(roots, _fleet(reports)).serving
+        return authority_coverage(roots, _fleet(reports)).serving
 
     assert serving() == {old: 2, new: 0}
     renewing = {LEAF_AUTHORITY_HEADER: old}
