@@ -282,11 +282,15 @@ def test_the_ca_package_root_exports_what_it_declares():
 #                        through `ca_server.authority` only, except `ca_server.kube`, which
 #                        implements the package's store and publication protocols in the cluster
 #                        and imports the modules that define them (`KUBE_MAY_IMPLEMENT`)
+#     ca_server/fleet/<module>   private to the package likewise: the rest of the product
+#                        reaches it through `ca_server.fleet` only; the fleet sits below the
+#                        authority (the authority reads it) and never imports `ca_server.authority`
 #
 # Tests and benches may import anything (they test the parts).
 
 COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.fleet", "ca_server.config")
 AUTHORITY = "ca_server.authority"
+FLEET = "ca_server.fleet"
 KUBE_MAY_IMPLEMENT = tuple(f"{AUTHORITY}.{name}" for name in ("slots", "state_store"))
 
 
@@ -318,6 +322,10 @@ def facade_violations(module: str, source: str) -> list[str]:
             if within(module, ("ca_server.kube",)) and name in KUBE_MAY_IMPLEMENT:
                 continue
             found.add(f"{module} imports {name}: import it from the facade ca_server.authority")
+        if within(module, (FLEET,)) and within(name, (AUTHORITY,)):
+            found.add(f"{module} imports {name}: the fleet is below the authority, never above")
+        elif not within(module, (FLEET,)) and within(name, (FLEET,)) and name != FLEET:
+            found.add(f"{module} imports {name}: import it from the facade ca_server.fleet")
     return sorted(found)
 
 
@@ -354,6 +362,38 @@ def test_the_facade_rule_sees_what_it_must():
     )
     assert (
         facade_violations("ca_server.kube.mode", "import ca_server.authority.self_signed\n") != []
+    )
+
+
+def test_the_facade_rule_keeps_the_fleet_below_the_authority_and_behind_its_facade():
+    """The checker itself, on sources that break the fleet's two rules (and on ones that don't)."""
+    assert facade_violations("ca_server.fleet.coverage", "import ca_server.authority\n") == [
+        "ca_server.fleet.coverage imports ca_server.authority: the fleet is below the authority, "
+        "never above"
+    ]
+    assert (
+        facade_violations(
+            "ca_server.fleet.merge", "def f():\n    from ca_server.authority.slots import x\n"
+        )
+        != []
+    )
+    assert (
+        facade_violations("ca_server.fleet.merge", "from ca_server.fleet.entries import x\n") == []
+    )
+    assert facade_violations("ca_server.authority.slots", "from ca_server.fleet import x\n") == []
+    assert (
+        facade_violations("ca_server.kube.replica_reports", "from ca_server import fleet\n") == []
+    )
+    assert facade_violations("ca_server.service", "from ca_server.fleet import entries\n") == [
+        "ca_server.service imports ca_server.fleet.entries: import it from the facade "
+        "ca_server.fleet"
+    ]
+    assert facade_violations("ca_server.kube.report_pods", "import ca_server.fleet.merge\n") != []
+    assert (
+        facade_violations("meshca.commands.authority_view", "from ca_server.fleet import x\n") == []
+    )
+    assert (
+        facade_violations("meshca.commands.status", "from ca_server.fleet.merge import x\n") != []
     )
 
 
