@@ -44,8 +44,9 @@ from cryptography import x509
 from bench.vs_cfssl import IDENTITY, write_pki
 from ca_server.admission import Admission
 from ca_server.authority import authority_driver_for
-from ca_server.config import CaConfig, add_ca_arguments
+from ca_server.config import CaConfig
 from ca_server.dev_issuer import load_dev_issuer
+from ca_server.flags import add_ca_arguments
 from ca_server.fleet import AgentReports
 from ca_server.metrics import CaMetrics
 from ca_server.server import build_authenticators, impersonation_policy_for

@@ -31,8 +31,8 @@ publishes it with the ledger) and to both services (which record into it).
 How the process is served: `serving` (one role chosen at start-up, a single CA or worker `slot`
 of `meshca ca --workers N`: server options, monitoring and `/debug/ca`, readiness, the
 supervisor), with every name on the CA's wire in `wire`; `server` composes the parts. The
-commands reach the CA through this package root (`run_ca`, `WorkerSupervisor`, ... below,
-imported on first use), `authority`, `fleet` and `config`.
+commands reach the CA through this package root (`run_ca`, `WorkerSupervisor`, the flag table
+`add_ca_arguments`, ... below, imported on first use), `authority`, `fleet` and `config`.
 """
 
 from __future__ import annotations
@@ -44,15 +44,18 @@ if TYPE_CHECKING:
     from ca_server.authority import check_data_dir
     from ca_server.dev_issuer import DevIssuerMissing, load_dev_issuer
     from ca_server.errors import CaSetupError
+    from ca_server.flags import add_ca_arguments, duration_argument
     from ca_server.server import run_ca
     from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
     from ca_server.serving.cq_server import check_rpc_server
     from ca_server.serving.workers import WorkerSupervisor, default_worker_count, worker_argv
 
 # What the commands (`meshca ca`, `meshca token`) use, imported on first use: importing
-# `ca_server.config` (which every command's argument parser needs) loads this package, and must
-# not load gRPC, the server or the authority with it.
+# `ca_server.config` or the flags (which every command's argument parser needs) loads this
+# package, and must not load gRPC, the server or the authority with it.
 _EXPORTS = {
+    "add_ca_arguments": "ca_server.flags",
+    "duration_argument": "ca_server.flags",
     "run_ca": "ca_server.server",
     "WorkerSupervisor": "ca_server.serving.workers",
     "default_worker_count": "ca_server.serving.workers",
@@ -69,10 +72,12 @@ __all__ = [
     "CaSetupError",
     "DevIssuerMissing",
     "WorkerSupervisor",
+    "add_ca_arguments",
     "apply_cpu_scheduling",
     "check_data_dir",
     "check_rpc_server",
     "default_worker_count",
+    "duration_argument",
     "load_dev_issuer",
     "run_ca",
     "worker_argv",
