@@ -14,9 +14,9 @@ processes that are gone still count until their leaves expire — that is the po
 swept once they are spent.
 
 Agent reports (which bundle an agent trusts, `ca_server.fleet.agent_reports`) travel the same
-way: the driver owns this process's `AgentReports` table and the sink publishes it beside the
-leaf snapshot (`data_dir/agents/<instance>.json`, or the replica ConfigMap's `agents.json`);
-readers merge them (`LedgerSink.agents`).
+way: the server hands this process's `AgentReports` table to the authority driver, whose sink
+publishes it beside the leaf snapshot (`data_dir/agents/<instance>.json`, or the replica
+ConfigMap's `agents.json`); readers merge them (`LedgerSink.agents`).
 """
 
 from __future__ import annotations
