@@ -103,15 +103,16 @@ def test_every_command_is_a_module_of_its_own():
 
 
 def test_only_the_completion_queue_server_uses_grpcs_private_core():
-    """`grpc._cython` is a private API, pinned and feature-detected in one module
-    (`ca_server.serving.cq_server`); nothing else in the product may reach for it."""
+    """`grpc._cython` is a private API, imported and feature-detected in one module
+    (`ca_server.serving.grpc_core`, for the completion-queue server); nothing else in the
+    product may reach for it."""
     users = [
         module_name(path)
         for package in ("ca_server", "agent", "meshca", "certs")
         for path in sorted((ROOT / package).rglob("*.py"))
         if any(within(m, ("grpc._cython",)) for m in imported_modules(path.read_text()))
     ]
-    assert users == ["ca_server.serving.cq_server"]
+    assert users == ["ca_server.serving.grpc_core"]
 
 
 def test_only_the_composition_root_imports_the_rpc_server():

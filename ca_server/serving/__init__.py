@@ -20,7 +20,9 @@ Module map:
 - `cpu_scheduling`: the CA's threads under `SCHED_BATCH` (`--cpu-scheduling`), set first thing.
 - `cq_server`: the CA's gRPC server (`--rpc-server`, `rpc_server_for`): one thread polling
   grpcio's completion queue runs the handlers inline and hands those that wait to the event
-  loop; `grpc.aio`'s server is the fallback.
+  loop; `grpc.aio`'s server is the fallback. `cq_calls`: one call on it (the servicer context,
+  streaming reads and writes, a handler resumed on the loop). `grpc_core`: grpcio's private
+  Cython core, imported and feature-detected in this one module (`completion_queue_problem`).
 
 Concurrency: the gRPC server's completion-queue thread runs request handlers until they wait
 (`cq_server`); the role's publishing and the readiness watch run on the

@@ -46,14 +46,16 @@ services never register), `max_receive_message_length` (core), `SO_REUSEPORT`
 (a server option), graceful shutdown (no new calls, calls in flight drained for `grace`
 seconds, then cancelled).
 
-A private API, decided per run: `completion_queue_problem` checks at start that the installed
-grpcio is a release this server was tested with (`TESTED_GRPCIO`) and has every private name it
-uses (`_REQUIRED`). With `--rpc-server auto` (the default) `rpc_server_for` falls back to
-`grpc.aio.server` with one WARNING when anything is missing; `--rpc-server completion-queue`
-asked for by name is refused instead (`check_rpc_server`: a `ConfigError`, one line and exit 2
-from `meshca ca`), so an operator who chose it is never served by the other silently. grpcio
-itself is not pinned below a next release (pyproject.toml): the agent never runs this server,
-and a newer grpcio (a security release) costs the CA only this server, not its start.
+A private API, decided per run: `ca_server.serving.grpc_core` (the one importer of
+`grpc._cython`) checks at start that the installed grpcio is a release this server was tested
+with and has every private name it uses (`completion_queue_problem`). With `--rpc-server auto`
+(the default) `rpc_server_for` falls back to `grpc.aio.server` with one WARNING when anything is
+missing; `--rpc-server completion-queue` asked for by name is refused instead
+(`check_rpc_server`: a `ConfigError`, one line and exit 2 from `meshca ca`), so an operator who
+chose it is never served by the other silently. grpcio itself is not pinned below a next release
+(pyproject.toml): the agent never runs this server, and a newer grpcio (a security release) costs
+the CA only this server, not its start. One call's objects (the servicer context, streaming
+reads and writes, the resumption on the loop) are in `ca_server.serving.cq_calls`.
 """
 
 from __future__ import annotations
@@ -62,53 +64,30 @@ import asyncio
 import inspect
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from ca_server.config import RPC_SERVER_CHOICES, ConfigError
 from ca_server.loop_handoff import mark_inline_thread
-
-log = logging.getLogger(__name__)
-
-# grpcio releases this server was tested with (pyproject.toml asks for the first at least).
-TESTED_GRPCIO = ("1.85.",)
-
-try:  # the layer both of grpcio's servers are built on
-    from grpc._cython import cygrpc
-except ImportError:  # pragma: no cover - grpcio without its Cython core
-    cygrpc = None
-
-_NO_FLAGS = 0
-_REQUIRED = (
-    "Server",
-    "CompletionQueue",
-    "CompletionType",
-    "ReceiveMessageOperation",
-    "SendInitialMetadataOperation",
-    "SendMessageOperation",
-    "SendStatusFromServerOperation",
-    "ReceiveCloseOnServerOperation",
-    "auth_context",
+from ca_server.serving.cq_calls import (
+    Aborted,
+    Call,
+    Resume,
+    StreamCall,
+    StreamContext,
+    UnaryContext,
+    requests_of,
+)
+from ca_server.serving.grpc_core import (
+    NO_FLAGS,
+    TESTED_GRPCIO,
+    completion_queue_problem,
+    cygrpc,
 )
 
-
-def completion_queue_problem(core: Any = cygrpc, version: str = grpc.__version__) -> str | None:
-    """Why this server cannot run with the installed grpcio, or None when it can. `core` and
-    `version` are the installed `grpc._cython.cygrpc` and grpcio's version unless a test hands
-    in others."""
-    if core is None:
-        return "grpc._cython.cygrpc is not importable"
-    if not version.startswith(TESTED_GRPCIO):
-        return f"grpcio {version} is not a tested release ({', '.join(TESTED_GRPCIO)}x)"
-    missing = [name for name in _REQUIRED if not hasattr(core, name)]
-    if missing:
-        return f"grpc._cython.cygrpc lacks {', '.join(missing)}"
-    if not hasattr(asyncio.events, "_set_running_loop"):
-        return "asyncio.events._set_running_loop is missing"
-    return None
+log = logging.getLogger(__name__)
 
 
 def check_rpc_server(choice: str, core: Any = cygrpc, version: str = grpc.__version__) -> None:
@@ -151,178 +130,6 @@ def rpc_server_for(
             problem,
         )
     return grpc.aio.server(options=list(options))
-
-
-class _Aborted(Exception):
-    """Raised by `_Context.abort`, as `grpc.aio`'s abort raises `AbortError`."""
-
-
-class _Call:
-    """One call: what `grpc.aio.ServicerContext` gives a handler, and its final status."""
-
-    __slots__ = (
-        "call",
-        "closing",
-        "code",
-        "deadline",
-        "details",
-        "finished",
-        "initial_sent",
-        "metadata",
-        "method",
-        "task",
-        "trailing",
-    )
-
-    def __init__(self, event: Any) -> None:
-        self.call = event.call
-        details = event.call_details
-        self.method: bytes = details.method
-        self.deadline: float = details.deadline
-        self.metadata = event.invocation_metadata
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-        self.trailing: tuple[tuple[str, str | bytes], ...] = ()
-        self.initial_sent = False
-        self.finished = False
-        # Its ReceiveCloseOnServer is pending on its own (a call served on the loop, which is
-        # cancelled when the client goes): the final batch must not carry another.
-        self.closing = False
-        self.task: asyncio.Task[None] | None = None
-
-    # --- the grpc.aio.ServicerContext surface the CA's servicers use ---
-
-    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return tuple(self.metadata or ())
-
-    def peer(self) -> str:
-        peer = self.call.peer()
-        return peer.decode("utf-8", "replace") if isinstance(peer, bytes) else str(peer)
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        context = cygrpc.auth_context(self.call) or {}
-        return {
-            (key.decode() if isinstance(key, bytes) else key): value
-            for key, value in context.items()
-        }
-
-    def set_trailing_metadata(self, metadata: Iterable[tuple[str, str | bytes]]) -> None:
-        self.trailing = tuple(metadata)
-
-    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        return self.trailing
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None:
-        self.details = details
-
-    def time_remaining(self) -> float:
-        return max(self.deadline - time.time(), 0.0)
-
-    def done(self) -> bool:
-        return self.finished
-
-    def cancelled(self) -> bool:
-        return False
-
-    async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()
-    ) -> None:
-        if code == grpc.StatusCode.OK:
-            raise ValueError("abort() needs a status other than OK")
-        self.code, self.details = code, details
-        if trailing_metadata:
-            self.trailing = tuple(trailing_metadata)
-        raise _Aborted(details)
-
-
-class _StreamCall(_Call):
-    """A call served as a task on the loop: reads and writes awaited as batch completions."""
-
-    __slots__ = ("server",)
-
-    def __init__(self, event: Any, server: CompletionQueueServer) -> None:
-        super().__init__(event)
-        self.server = server
-
-    async def read(self) -> bytes | None:
-        event = await self.server.batch(self.call, (cygrpc.ReceiveMessageOperation(_NO_FLAGS),))
-        return event.batch_operations[0].message() if event.success else None
-
-    async def write_bytes(self, data: bytes) -> None:
-        operations: list[Any] = [cygrpc.SendMessageOperation(data, _NO_FLAGS)]
-        if not self.initial_sent:
-            operations.insert(0, cygrpc.SendInitialMetadataOperation((), _NO_FLAGS))
-            self.initial_sent = True
-        event = await self.server.batch(self.call, operations)
-        if not event.success:
-            raise asyncio.CancelledError("the client is gone")
-
-
-class _Context(_Call):
-    """Unary calls (the CA's own methods and health `Check`)."""
-
-    __slots__ = ()
-
-
-class _StreamContext:
-    """`grpc.aio.ServicerContext` for a streaming call, with `read`/`write` (de)serializing."""
-
-    def __init__(self, call: _StreamCall, handler: grpc.RpcMethodHandler) -> None:
-        self._call = call
-        self._handler = handler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._call, name)
-
-    async def read(self) -> Any:
-        data = await self._call.read()
-        if data is None:
-            return grpc.aio.EOF
-        deserialize = self._handler.request_deserializer
-        return deserialize(data) if deserialize else data
-
-    async def write(self, message: Any) -> None:
-        serialize = self._handler.response_serializer
-        await self._call.write_bytes(serialize(message) if serialize else message)
-
-    async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()
-    ) -> None:
-        await self._call.abort(code, details, trailing_metadata)
-
-
-class _Resume:
-    """Continues a coroutine the CQ thread started and that suspended on `first` (what it
-    yielded to its driver: a future, or None for a bare yield such as `to_the_loop`'s), as
-    part of a loop task."""
-
-    def __init__(self, coroutine: Any, first: Any) -> None:
-        self._coroutine = coroutine
-        self._first = first
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        value = self._first
-        if value is None:  # handed over with nothing to wait for: go on now, on the loop
-            try:
-                value = self._coroutine.send(None)
-            except StopIteration as done:
-                return done.value
-        while True:
-            try:
-                yield value
-            except BaseException as exc:
-                try:
-                    value = self._coroutine.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    value = self._coroutine.send(None)
-                except StopIteration as done:
-                    return done.value
 
 
 _STATUS_OK = grpc.StatusCode.OK.value[0]
@@ -504,21 +311,23 @@ class CompletionQueueServer(grpc.aio.Server):
             return
         handler = self._handler_for(event.call_details.method)
         if handler is None:
-            call = _Context(event)
+            call = UnaryContext(event)
             call.code, call.details = grpc.StatusCode.UNIMPLEMENTED, "Method not found!"
             self._send_status(call)
         elif handler.request_streaming or handler.response_streaming:
-            stream = _StreamCall(event, self)
+            stream = StreamCall(event, self)
             self._loop.call_soon_threadsafe(self._start_stream, stream, handler)
         else:
-            call = _Context(event)
+            call = UnaryContext(event)
             self._start_batch(
                 call.call,
-                (cygrpc.ReceiveMessageOperation(_NO_FLAGS),),
+                (cygrpc.ReceiveMessageOperation(NO_FLAGS),),
                 lambda received: self._unary_received(call, handler, received),
             )
 
-    def _unary_received(self, call: _Context, handler: grpc.RpcMethodHandler, event: Any) -> None:
+    def _unary_received(
+        self, call: UnaryContext, handler: grpc.RpcMethodHandler, event: Any
+    ) -> None:
         data = event.batch_operations[0].message() if event.success else None
         if data is None:  # cancelled, past its deadline, or a client that sent no message
             call.code, call.details = grpc.StatusCode.INTERNAL, "the request has no message"
@@ -532,7 +341,7 @@ class CompletionQueueServer(grpc.aio.Server):
             return
         self._drive(call, handler, handler.unary_unary(request, call))
 
-    def _drive(self, call: _Context, handler: grpc.RpcMethodHandler, result: Any) -> None:
+    def _drive(self, call: UnaryContext, handler: grpc.RpcMethodHandler, result: Any) -> None:
         """Runs the handler's first step here; hands what suspends to the loop."""
         if not inspect.iscoroutine(result):  # a synchronous handler answered already
             self._respond(call, handler, result)
@@ -541,7 +350,7 @@ class CompletionQueueServer(grpc.aio.Server):
             yielded = result.send(None)
         except StopIteration as done:
             self._respond(call, handler, done.value)
-        except _Aborted:
+        except Aborted:
             self._send_status(call)
         except Exception as exc:
             self._failed(call, exc)
@@ -552,12 +361,12 @@ class CompletionQueueServer(grpc.aio.Server):
             self._loop.call_soon_threadsafe(_nothing)  # wake the loop for what was scheduled
 
     def _resume(
-        self, call: _Context, handler: grpc.RpcMethodHandler, coro: Any, first: Any
+        self, call: UnaryContext, handler: grpc.RpcMethodHandler, coro: Any, first: Any
     ) -> None:
         async def finish() -> None:
             try:
-                response = await _Resume(coro, first)
-            except _Aborted:
+                response = await Resume(coro, first)
+            except Aborted:
                 self._send_status(call)
             except asyncio.CancelledError:
                 if not call.finished:  # else the client is gone: nothing to send
@@ -574,11 +383,11 @@ class CompletionQueueServer(grpc.aio.Server):
         call.closing = True
         self._start_batch(
             call.call,
-            (cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),),
+            (cygrpc.ReceiveCloseOnServerOperation(NO_FLAGS),),
             lambda event: self._loop.call_soon_threadsafe(self._client_closed, call, event),
         )
 
-    def _respond(self, call: _Call, handler: grpc.RpcMethodHandler, response: Any) -> None:
+    def _respond(self, call: Call, handler: grpc.RpcMethodHandler, response: Any) -> None:
         try:
             serialize = handler.response_serializer
             data = serialize(response) if serialize else response
@@ -587,15 +396,15 @@ class CompletionQueueServer(grpc.aio.Server):
             return
         call.finished = True
         operations = [
-            cygrpc.SendInitialMetadataOperation((), _NO_FLAGS),
-            cygrpc.SendMessageOperation(data, _NO_FLAGS),
-            cygrpc.SendStatusFromServerOperation(call.trailing, _STATUS_OK, b"", _NO_FLAGS),
+            cygrpc.SendInitialMetadataOperation((), NO_FLAGS),
+            cygrpc.SendMessageOperation(data, NO_FLAGS),
+            cygrpc.SendStatusFromServerOperation(call.trailing, _STATUS_OK, b"", NO_FLAGS),
         ]
         if not call.closing:
-            operations.append(cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS))
+            operations.append(cygrpc.ReceiveCloseOnServerOperation(NO_FLAGS))
         self._start_batch(call.call, operations, _ignore)
 
-    def _failed(self, call: _Call, exc: BaseException) -> None:
+    def _failed(self, call: Call, exc: BaseException) -> None:
         log.error(
             "Exception in the handler of %s",
             call.method.decode("utf-8", "replace"),
@@ -604,19 +413,19 @@ class CompletionQueueServer(grpc.aio.Server):
         call.code, call.details = _STATUS_UNKNOWN, f"Unexpected {type(exc)}: {exc}"
         self._send_status(call)
 
-    def _send_status(self, call: _Call) -> None:
+    def _send_status(self, call: Call) -> None:
         """Ends the call with its status (and its trailing metadata)."""
         call.finished = True
         code = call.code or _STATUS_UNKNOWN
         operations: list[Any] = [
             cygrpc.SendStatusFromServerOperation(
-                call.trailing, code.value[0], call.details.encode(), _NO_FLAGS
+                call.trailing, code.value[0], call.details.encode(), NO_FLAGS
             )
         ]
         if not call.initial_sent:
-            operations.insert(0, cygrpc.SendInitialMetadataOperation((), _NO_FLAGS))
+            operations.insert(0, cygrpc.SendInitialMetadataOperation((), NO_FLAGS))
         if not call.closing:
-            operations.append(cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS))
+            operations.append(cygrpc.ReceiveCloseOnServerOperation(NO_FLAGS))
         self._start_batch(call.call, operations, _ignore)
 
     # --- streaming calls, on the loop ---
@@ -634,25 +443,25 @@ class CompletionQueueServer(grpc.aio.Server):
             future.set_result(_NOT_STARTED)
         return future
 
-    def _start_stream(self, call: _StreamCall, handler: grpc.RpcMethodHandler) -> None:
+    def _start_stream(self, call: StreamCall, handler: grpc.RpcMethodHandler) -> None:
         call.task = self._track(self._serve_stream(call, handler))
         self._start_batch(
             call.call,
-            (cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),),
+            (cygrpc.ReceiveCloseOnServerOperation(NO_FLAGS),),
             lambda event: self._loop.call_soon_threadsafe(self._client_closed, call, event),
         )
 
-    def _client_closed(self, call: _Call, event: Any) -> None:
+    def _client_closed(self, call: Call, event: Any) -> None:
         """The client is done with the call: if it went before the answer, stop the handler."""
         if not call.finished and call.task is not None:
             call.finished = True  # nothing more can be sent
             call.task.cancel()
 
-    async def _serve_stream(self, call: _StreamCall, handler: grpc.RpcMethodHandler) -> None:
-        context = _StreamContext(call, handler)
+    async def _serve_stream(self, call: StreamCall, handler: grpc.RpcMethodHandler) -> None:
+        context = StreamContext(call, handler)
         try:
             if handler.request_streaming:
-                request: Any = _requests(context)
+                request: Any = requests_of(context)
             else:
                 request = await context.read()
                 if request is grpc.aio.EOF:
@@ -671,7 +480,7 @@ class CompletionQueueServer(grpc.aio.Server):
                 response = await result if inspect.isawaitable(result) else result
                 if not handler.response_streaming and response is not None:
                     await context.write(response)
-        except _Aborted:
+        except Aborted:
             pass
         except asyncio.CancelledError:
             return  # the client went, or the server is stopping: nothing to send
@@ -691,20 +500,12 @@ class CompletionQueueServer(grpc.aio.Server):
         code = call.code
         operations: list[Any] = [
             cygrpc.SendStatusFromServerOperation(
-                call.trailing, code.value[0], call.details.encode(), _NO_FLAGS
+                call.trailing, code.value[0], call.details.encode(), NO_FLAGS
             )
         ]
         if not call.initial_sent:
-            operations.insert(0, cygrpc.SendInitialMetadataOperation((), _NO_FLAGS))
+            operations.insert(0, cygrpc.SendInitialMetadataOperation((), NO_FLAGS))
         self._start_batch(call.call, tuple(operations), _ignore)
-
-
-async def _requests(context: _StreamContext) -> Any:
-    while True:
-        message = await context.read()
-        if message is grpc.aio.EOF:
-            return
-        yield message
 
 
 class _HandlerCallDetails(grpc.HandlerCallDetails):

@@ -31,7 +31,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
-import ca_server.serving.cq_server as cq_server
+import ca_server.serving.grpc_core as grpc_core
 from ca_server.config import ConfigError
 from ca_server.loop_handoff import to_the_loop
 from ca_server.serving.cq_server import CompletionQueueServer, check_rpc_server, rpc_server_for
@@ -337,9 +337,9 @@ def test_graceful_stop_drains_calls_in_flight_then_cancels(served):
 
 def core_lacking(name: str) -> SimpleNamespace:
     """grpcio's Cython core as a release without `name` would have it."""
-    assert cq_server.cygrpc is not None
+    assert grpc_core.cygrpc is not None
     return SimpleNamespace(
-        **{n: getattr(cq_server.cygrpc, n) for n in cq_server._REQUIRED if n != name}
+        **{n: getattr(grpc_core.cygrpc, n) for n in grpc_core.REQUIRED_NAMES if n != name}
     )
 
 
@@ -362,7 +362,7 @@ def build_in_a_loop(choice: str, **checked: Any) -> Any:
 def test_auto_falls_back_to_grpc_aio_with_one_warning(
     checked: dict[str, Any], problem: str, caplog: pytest.LogCaptureFixture
 ):
-    assert cq_server.completion_queue_problem(**checked) == problem
+    assert grpc_core.completion_queue_problem(**checked) == problem
     with caplog.at_level(logging.WARNING):
         server = build_in_a_loop("auto", **checked)
     assert isinstance(server, grpc.aio.Server)
@@ -372,7 +372,7 @@ def test_auto_falls_back_to_grpc_aio_with_one_warning(
         f"--rpc-server auto: using grpc.aio's server instead of the completion-queue one: {problem}"
     ]
     # The installed grpcio runs it: `auto` takes it, with no warning.
-    assert cq_server.completion_queue_problem() is None
+    assert grpc_core.completion_queue_problem() is None
 
 
 def test_completion_queue_asked_for_by_name_and_not_runnable_is_refused(
@@ -399,8 +399,8 @@ def test_meshca_ca_with_an_unrunnable_completion_queue_server_says_one_line_and_
     """The name list a later grpcio would fail, given to the command's own process; before,
     it fell back to grpc.aio and served (so this ran into its timeout)."""
     program = (
-        "import sys; import ca_server.serving.cq_server as cq; "
-        "cq._REQUIRED = (*cq._REQUIRED, 'NotInThisGrpcio'); "
+        "import sys; import ca_server.serving.grpc_core as core; "
+        "core.REQUIRED_NAMES = (*core.REQUIRED_NAMES, 'NotInThisGrpcio'); "
         "from meshca.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     done = subprocess.run(

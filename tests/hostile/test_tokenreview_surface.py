@@ -24,7 +24,7 @@ from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
 from ca_server.loop_handoff import mark_inline_thread
 from ca_server.metrics import CaMetrics
-from ca_server.serving import cq_server
+from ca_server.serving import cq_calls
 from meshca.clock import Clock, FakeClock, SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc
 from tests.hostile.inprocess_ca import InProcessCa, good_csr
@@ -83,7 +83,7 @@ def test_a_review_that_ends_while_a_request_moves_to_the_loop_is_not_made_again(
             await authenticator.authenticate(_request("forged-token"))
         assert kube_api.tokenreview_count == 1
         with pytest.raises(AuthenticationError):  # the first resumes on the loop, as the server
-            await cq_server._Resume(moved, None)  # resumes a handed-over handler
+            await cq_calls.Resume(moved, None)  # resumes a handed-over handler
         assert kube_api.tokenreview_count == 1, "the token was reviewed twice"
 
     asyncio.run(scenario())
