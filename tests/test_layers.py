@@ -603,6 +603,19 @@ def test_no_import_cycle_in_the_product():
     assert import_cycles(graph) == [], "import cycles:\n" + describe_cycles(graph)
 
 
+MAX_MODULE_LINES = 600
+"""A module past this is two subjects (issue #29 split the three that had grown past it)."""
+MAX_AUTHORITY_LINES = 3000
+"""`ca_server/authority/` is the slot rows and the drivers; the fleet lives in its own wing."""
+
+
+def test_no_product_module_is_over_its_size():
+    sizes = {path: source.count("\n") for path, source in product_sources().items()}
+    assert {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+    authority = sum(n for path, n in sizes.items() if path.startswith("ca_server/authority/"))
+    assert 0 < authority <= MAX_AUTHORITY_LINES
+
+
 def test_the_cycle_check_finds_a_planted_two_module_cycle():
     graph = import_graph(
         {
