@@ -42,8 +42,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if not all(report["full_run"] for report in _WORKER_RBAC_REPORTS):
         return
-    from tests.deploy.rbac import Rule
     from tests.k8s.api_calls import CA_RBAC, describe
+    from tests.support.deploy_rbac import Rule
 
     needed = {Rule(*rule) for report in _WORKER_RBAC_REPORTS for rule in report["rules"]}
     unused = CA_RBAC - needed

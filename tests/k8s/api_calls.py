@@ -1,7 +1,8 @@
 """The Kubernetes permissions meshca's code needs — one contract for tests and `deploy/` RBAC.
 
-`CA_RBAC` and `NODE_AGENT_RBAC` are the rules (in `tests.deploy.rbac.Rule` form) that the CA and
-the node agent need for the API calls they make. Three checks keep code and manifests equal:
+`CA_RBAC` and `NODE_AGENT_RBAC` are the rules (in `tests.support.deploy_rbac.Rule` form) that
+the CA and the node agent need for the API calls they make. Three checks keep code and manifests
+equal:
 
 - every Kubernetes-mode test fails if the process under test made a call these rules do not
   allow (`tests/k8s/conftest.py`, `tests/agent/test_node_identities.py`);
@@ -24,7 +25,7 @@ import urllib.parse
 from collections.abc import Iterable
 
 from ca_server.kube.secret_root import SECRET_NAME
-from tests.deploy.rbac import Rule, authorized_name, granting_rule, required_rule
+from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, required_rule
 from tests.support.kube_api import RequestRecord
 
 CA_NAMESPACE = "istio-system"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.rbac import Rule, is_allowed, required_rule
 from tests.k8s.api_calls import CA_RBAC, contract_rules, describe
 from tests.support.ca_process import CaProcess
+from tests.support.deploy_rbac import Rule, is_allowed, required_rule
 from tests.support.real_kube import AppliedRbac, RealControlPlane, apply_deploy_rbac
 
 _names = itertools.count(1)
