@@ -20,7 +20,6 @@ import yaml
 
 from agent.config import add_agent_arguments
 from ca_server.kube.secret_root import SECRET_NAME
-from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC
 from tests.support.deploy_manifests import (
     CLUSTER_SCOPED_KINDS,
     DEPLOY_DIR,
@@ -41,6 +40,7 @@ from tests.support.deploy_rbac import (
     is_allowed,
     required_rule,
 )
+from tests.support.kube_api_calls import CA_RBAC, NODE_AGENT_RBAC
 
 from . import prometheus_operator
 

@@ -14,7 +14,11 @@ import grpc
 import pytest
 
 from certs import SpiffeId, build_csr, generate_private_key, load_certs, verify_chain
-from tests.k8s.api_calls import (
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_process import CaProcess
+from tests.support.deploy_rbac import Rule, is_allowed
+from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import (
     CA_NAMESPACE,
     CA_RBAC,
     RBAC_NEEDED_KEY,
@@ -22,10 +26,6 @@ from tests.k8s.api_calls import (
     describe,
     required_rules,
 )
-from tests.support.ca_client import ca_stub, create_certificate
-from tests.support.ca_process import CaProcess
-from tests.support.deploy_rbac import Rule, is_allowed
-from tests.support.kube_api import KubeApiServer
 
 _NEEDED: set[Rule] = set()
 

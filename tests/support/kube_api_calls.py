@@ -16,7 +16,7 @@ namespace (a ClusterRole). A rule with a `name` allows that one object only (RBA
 `resourceNames`): the code touches the authority Secret by name alone, and lists and watches it
 with a `metadata.name` field selector, which the API server authorizes as that name.
 
-    python -m tests.k8s.api_calls   # prints the rules
+    python -m tests.support.kube_api_calls   # prints the rules
 """
 
 from __future__ import annotations
