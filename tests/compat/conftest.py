@@ -140,5 +140,5 @@ def untrusted_issuer(tmp_path_factory: pytest.TempPathFactory) -> RsaIssuer:
 
 
 # Kubernetes mode (the fake API server and CA processes pointed at it), for what Istio's node
-# agents do: the fixtures of tests/k8s, shared as they are.
-from tests.k8s.conftest import kube_api, kube_ca  # noqa: E402, F401
+# agents do: the fixtures tests/k8s uses, shared as they are.
+from tests.support.kube_mode import kube_api, kube_ca  # noqa: E402, F401

@@ -5,7 +5,7 @@ the CA and the node agent need for the API calls they make. Three checks keep co
 equal:
 
 - every Kubernetes-mode test fails if the process under test made a call these rules do not
-  allow (`tests/k8s/conftest.py`, `tests/agent/test_node_identities.py`);
+  allow (`tests/support/kube_mode.py`, `tests/agent/test_node_identities.py`);
 - a full run of `tests/k8s` fails if some rule in `CA_RBAC` was never needed (granted but
   unused);
 - `tests/deploy/test_manifests.py` asserts `deploy/` grants exactly these rules.
