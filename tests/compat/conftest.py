@@ -31,8 +31,8 @@ from certs import (
     generate_private_key,
     private_key_to_pem,
 )
-from tests.ca_server.conftest import RsaIssuer, make_rsa_issuer
 from tests.hostile.inprocess_ca import InProcessCa
+from tests.support.token_issuer import RsaIssuer, make_rsa_issuer
 
 TRUST_DOMAIN = "cluster.local"
 CA_KINDS = ("self-signed", "self-signed-overlap", "plugged-1", "plugged-2", "plugged-overlap")

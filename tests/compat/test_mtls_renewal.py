@@ -23,7 +23,6 @@ from certs import (
     load_certs,
     verify_chain,
 )
-from tests.ca_server.conftest import RsaIssuer
 from tests.compat.conftest import CompatCa, new_intermediate, new_root
 from tests.compat.istio_wire import (
     CERT_SIGNER_METADATA,
@@ -36,6 +35,7 @@ from tests.compat.istio_wire import (
 )
 from tests.hostile.conftest import refused
 from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.token_issuer import RsaIssuer
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 HTTPBIN = SpiffeId("cluster.local", "default", "httpbin")

@@ -40,9 +40,9 @@ from certs import (
 from meshca.clock import SystemClock
 from meshca.logs import AUDIT_LOGGER
 from meshca_proto import ca_pb2, ca_pb2_grpc
-from tests.ca_server.conftest import K8S_ISSUER, make_rsa_issuer
 from tests.support.ca_process import RPC_SERVER_ENV
 from tests.support.loop import LoopThread
+from tests.support.token_issuer import K8S_ISSUER, make_rsa_issuer
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 KID = "k8s-key-1"
