@@ -1,5 +1,5 @@
 """The CAs the compatibility suite talks to: real `CertificateService`s served in-process over
-real gRPC + TLS (`tests.hostile.inprocess_ca.InProcessCa`) with the mTLS renewal port open
+real gRPC + TLS (`tests.support.inprocess_ca.InProcessCa`) with the mTLS renewal port open
 (`--mtls-listen`), under each kind of authority an Istio mesh may bring:
 
 - `self-signed`: meshca's own root signs the workloads;
@@ -31,7 +31,7 @@ from certs import (
     generate_private_key,
     private_key_to_pem,
 )
-from tests.hostile.inprocess_ca import InProcessCa
+from tests.support.inprocess_ca import InProcessCa
 from tests.support.token_issuer import RsaIssuer, make_rsa_issuer
 
 TRUST_DOMAIN = "cluster.local"

@@ -33,8 +33,8 @@ from tests.compat.istio_wire import (
     istio_key,
     key_pem,
 )
-from tests.hostile.conftest import refused
 from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.inprocess_ca import refused
 from tests.support.token_issuer import RsaIssuer
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")

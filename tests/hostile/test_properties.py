@@ -39,8 +39,8 @@ from ca_server.token_cache import token_expiry, token_shape
 from certs import CertsError, load_certs
 from meshca.clock import SystemClock
 from meshca_proto import ca_pb2
-from tests.hostile.inprocess_ca import good_csr
-from tests.hostile.parser_checks import check_csr
+from tests.support.inprocess_ca import good_csr
+from tests.support.parser_checks import check_csr
 from tests.support.pki import TestCa
 from tests.support.token_issuer import K8S_ISSUER, RsaIssuer, k8s_claims, make_rsa_issuer
 

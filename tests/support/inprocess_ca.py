@@ -3,7 +3,9 @@ signer on a `grpc.aio` server with TLS on a free loopback port, driven on a back
 
 Hostile cases need hundreds of requests and the CA's own view of each one (metrics, audit
 lines); a child process per case would cost seconds, this costs milliseconds. Requests go over
-real gRPC + TLS with the plain synchronous client, as an attacker's would.
+real gRPC + TLS with the plain synchronous client, as an attacker's would. `refused` is the one
+check every refusal case ends with: the exact status, nothing issued (metric and audit), the
+refusal audited and counted, and the CA still serving a valid request afterwards.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf import struct_pb2
 
 from ca_server.authn import AuthenticatorChain
@@ -226,3 +229,40 @@ def good_csr(identity: SpiffeId = SLEEP) -> str:
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def refused(
+    ca: InProcessCa,
+    send: Callable[[], object],
+    code: grpc.StatusCode,
+    fragment: str,
+    *,
+    reason: str | None = None,
+    max_details: int = 1200,
+) -> str:
+    """Runs `send` and checks it was refused with `code`, a message containing `fragment`, no
+    certificate issued, one denial audited (and counted, with `reason` if given), and that the
+    CA still issues to a valid request. Returns the status message."""
+    issued_before = ca.issued_count()
+    issued_lines_before = len(ca.issued_lines())
+    denied_before = len(ca.denied_lines())
+    denials_before = ca.denials()
+    with pytest.raises(grpc.RpcError) as info:
+        send()
+    error = info.value
+    details = error.details() or ""
+    assert error.code() == code, f"{error.code()}: {details[:300]}"
+    assert fragment.lower() in details.lower(), details[:300]
+    assert len(details) <= max_details, f"message of {len(details)} characters"
+    assert ca.issued_count() == issued_before
+    assert len(ca.issued_lines()) == issued_lines_before
+    new_denials = ca.denied_lines()[denied_before:]
+    assert len(new_denials) == 1, new_denials
+    assert new_denials[0]["code"] == code.name
+    assert all(len(str(value)) <= max_details for value in new_denials[0].values())
+    assert ca.denials() == denials_before + 1
+    if reason is not None:
+        assert new_denials[0]["reason"] == reason, new_denials[0]
+    assert ca.valid_request_succeeds()
+    assert ca.issued_count() == issued_before + 1
+    return details
