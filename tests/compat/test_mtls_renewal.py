@@ -23,8 +23,11 @@ from certs import (
     load_certs,
     verify_chain,
 )
-from tests.compat.conftest import CompatCa, new_intermediate, new_root
-from tests.compat.istio_wire import (
+from tests.compat.conftest import CompatCa
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_kinds import new_intermediate, new_root
+from tests.support.inprocess_ca import refused
+from tests.support.istio_wire import (
     CERT_SIGNER_METADATA,
     CLUSTER_ID_HEADER,
     SECRET_TTL_SECONDS,
@@ -33,8 +36,6 @@ from tests.compat.istio_wire import (
     istio_key,
     key_pem,
 )
-from tests.support.ca_client import ca_stub, create_certificate
-from tests.support.inprocess_ca import refused
 from tests.support.token_issuer import RsaIssuer
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
