@@ -1,11 +1,20 @@
 """A real meshca CA served in-process: the production `CertificateService`, authenticators and
-signer on a `grpc.aio` server with TLS on a free loopback port, driven on a background loop.
+signer on the CA's RPC server with TLS on a free loopback port — the suite's one in-process CA.
 
 Hostile cases need hundreds of requests and the CA's own view of each one (metrics, audit
-lines); a child process per case would cost seconds, this costs milliseconds. Requests go over
-real gRPC + TLS with the plain synchronous client, as an attacker's would. `refused` is the one
-check every refusal case ends with: the exact status, nothing issued (metric and audit), the
-refusal audited and counted, and the CA still serving a valid request afterwards.
+lines); a child process per case would cost seconds, this costs milliseconds. Two ways to run
+it, one harness:
+
+- `with InProcessCa(tmp) as ca:` serves on a background loop; requests go over real gRPC + TLS
+  with the plain synchronous client (`ca.call(...)`), as an attacker's would;
+- `async with InProcessCa(...) as ca:` serves on the test's own loop, for tests that hold
+  requests inside the CA and watch its state from that loop (admission control).
+
+A test hands in what it varies (authenticators, impersonation policy, authority, admission, a
+plaintext port, grpc.aio's server, more services on the same port) and reads `ca.metrics` and
+the audit lines. `refused` is the one check every refusal case ends with: the exact status,
+nothing issued (metric and audit), the refusal audited and counted, and the CA still serving a
+valid request afterwards.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -23,6 +33,7 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
+from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain
 from ca_server.authority.signer import LocalSigner
 from ca_server.config import CaConfig, JwtIssuerConfig
@@ -70,16 +81,28 @@ class InProcessCa:
 
     def __init__(
         self,
-        directory: Path,
+        directory: Path | None = None,
         *,
         impersonation: ImpersonationPolicy | None = None,
         authenticators: AuthenticatorChain | None = None,
         authority: SigningAuthority | None = None,
         mtls: bool = False,
+        admission: Admission | None = None,
+        tls: bool = True,
+        rpc_server: str | None = None,
+        add_services: Callable[[InProcessCa, grpc.aio.Server], None] | None = None,
     ) -> None:
-        """`authority`: what it signs with (default: a new self-signed root); `mtls`: also
-        serve the renewal port where a client certificate is required (`--mtls-listen`),
-        at `mtls_addr`."""
+        """`directory`: where its files go (default: a temporary one, removed at the end);
+        `authority`: what it signs with (default: a new self-signed root); `mtls`: also serve
+        the renewal port where a client certificate is required (`--mtls-listen`), at
+        `mtls_addr`; `admission`: its admission control (default: the CA's default policy);
+        `tls=False`: a plaintext port instead; `rpc_server`: `--rpc-server`'s choice (default:
+        `MESHCA_TEST_RPC_SERVER`, else `auto`); `add_services(ca, server)`: adds more services
+        to the same server before it starts."""
+        self._owned_directory: tempfile.TemporaryDirectory[str] | None = None
+        if directory is None:
+            self._owned_directory = tempfile.TemporaryDirectory(prefix="mcca-")
+            directory = Path(self._owned_directory.name)
         self.directory = directory
         self.issuer = make_rsa_issuer(directory, KID)
         self.config = CaConfig(
@@ -99,49 +122,75 @@ class InProcessCa:
         )
         self.root_pem = self.authority.root_bundle_pem.encode()
         self.signer = LocalSigner(self.authority)
+        self.authenticators = authenticators or build_authenticators(
+            self.config, self.signer, self.clock
+        )
         self.service = CertificateService(
-            authenticators=authenticators
-            or build_authenticators(self.config, self.signer, self.clock),
+            authenticators=self.authenticators,
             impersonation=impersonation or DenyImpersonation(),
             signer=self.signer,
             ttl_policy=self.config.ttl,
             metrics=self.metrics,
             clock=self.clock,
+            admission=admission,
         )
         self.audit = AuditCapture()
         self._loop = LoopThread()
         self._server: grpc.aio.Server | None = None
         self._mtls = mtls
+        self._tls = tls
+        # The server `meshca ca` runs (`MESHCA_TEST_RPC_SERVER` picks the other path).
+        self._rpc_server = rpc_server or os.environ.get(RPC_SERVER_ENV) or "auto"
+        self._add_services = add_services
         self.addr = ""
+        self.port = 0
         self.mtls_addr = ""
 
     def __enter__(self) -> InProcessCa:
-        logging.getLogger(AUDIT_LOGGER).addHandler(self.audit)
-        logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+        """Serves on a background loop."""
         self._loop.__enter__()
         try:
-            self._loop.run(self._start())
+            self._loop.run(self.__aenter__())
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._server is not None:
-            self._loop.run(self._server.stop(0))
-            self._server = None
+        self._loop.run(self.__aexit__())
         self._loop.stop()
+
+    async def __aenter__(self) -> InProcessCa:
+        """Serves on the running loop."""
+        logging.getLogger(AUDIT_LOGGER).addHandler(self.audit)
+        logging.getLogger(AUDIT_LOGGER).setLevel(logging.INFO)
+        try:
+            await self._start()
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
         logging.getLogger(AUDIT_LOGGER).removeHandler(self.audit)
+        if self._owned_directory is not None:
+            self._owned_directory.cleanup()
 
     async def _start(self) -> None:
-        # The server `meshca ca` runs (`MESHCA_TEST_RPC_SERVER` picks the other path).
         server = rpc_server_for(
-            os.environ.get(RPC_SERVER_ENV) or "auto",
-            [("grpc.max_receive_message_length", 1024 * 1024)],
+            self._rpc_server, [("grpc.max_receive_message_length", 1024 * 1024)]
         )
         add_certificate_service(self.service, server)
-        tls = ServingTls(self.config, self.signer, self.clock, require_client_cert=False)
-        port = server.add_secure_port("127.0.0.1:0", tls.credentials())
+        if self._add_services is not None:
+            self._add_services(self, server)
+        if self._tls:
+            tls = ServingTls(self.config, self.signer, self.clock, require_client_cert=False)
+            port = server.add_secure_port("127.0.0.1:0", tls.credentials())
+        else:
+            port = server.add_insecure_port("127.0.0.1:0")
         if self._mtls:  # as `ca_server.server` does for `--mtls-listen`
             mtls = ServingTls(self.config, self.signer, self.clock, require_client_cert=True)
             self.mtls_addr = (
@@ -149,6 +198,7 @@ class InProcessCa:
             )
         await server.start()
         self._server = server
+        self.port = port
         self.addr = f"127.0.0.1:{port}"
 
     # -- observing ---------------------------------------------------------------------------
