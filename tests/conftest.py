@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 pytest_plugins = ["tests.support.process_marker"]
+# tests/support holds the suite's shared checks (the in-process CA's `refused`, the Kubernetes
+# fixtures): their failed asserts explain themselves as a test's or a conftest's do.
+pytest.register_assert_rewrite("tests.support")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
