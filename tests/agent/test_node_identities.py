@@ -37,9 +37,8 @@ from agent.token import FileTokenProvider
 from certs import SpiffeId
 from meshca.clock import SystemClock
 from meshca.pods import pod_info
-from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
-from tests.support.agent_wiring import scheduler_of
+from tests.support.agent_wiring import scheduler_of, until
 from tests.support.deploy_rbac import is_allowed
 from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.kube_api import KubeApiServer

@@ -36,7 +36,7 @@ from agent.workload_api import REFUSED_NOT_ATTESTED
 from agent.workload_attestor import NodeCaller, ProcessCgroups
 from certs import load_cert, load_private_key
 from meshca.clock import SystemClock
-from tests.agent.test_agent_inprocess import until
+from tests.support.agent_wiring import until
 from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.fake_proc import NO_SUCH_OPTION, boot_ns, file_process, kernel_has_peer_pidfd
 from tests.support.held_connection import channel_over, fetch_x509_svid, hand_over_connection
