@@ -1,6 +1,7 @@
 """Renewal over mTLS as Istio's agent does it (`PROV_CERT`, the CA's `--mtls-listen` port): the
 agent connects with the key and `cert-chain.pem` of its current certificate and sends a CSR,
-under each kind of CA an Istio mesh may bring (`tests/compat/conftest.py`).
+under each kind of CA an Istio mesh may bring (`tests/support/ca_kinds.py`, served by
+`tests/compat/conftest.py`).
 
 Each case names the Istio behaviour it reproduces. The token sent along is one the CA does not
 trust (signed by a foreign key), so only the client certificate can authenticate the renewal;
