@@ -135,7 +135,7 @@ class InProcessCa:
             admission=admission,
         )
         self.audit = AuditCapture()
-        self._loop = LoopThread()
+        self._loop: LoopThread | None = None  # with `with`: the background loop it serves on
         self._server: grpc.aio.Server | None = None
         self._mtls = mtls
         self._tls = tls
@@ -148,7 +148,7 @@ class InProcessCa:
 
     def __enter__(self) -> InProcessCa:
         """Serves on a background loop."""
-        self._loop.__enter__()
+        self._loop = LoopThread().__enter__()
         try:
             self._loop.run(self.__aenter__())
         except BaseException:
@@ -157,8 +157,10 @@ class InProcessCa:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._loop.run(self.__aexit__())
-        self._loop.stop()
+        if self._loop is not None:
+            self._loop.run(self.__aexit__())
+            self._loop.stop()
+            self._loop = None
 
     async def __aenter__(self) -> InProcessCa:
         """Serves on the running loop."""
