@@ -69,6 +69,7 @@ from certs import (
     load_private_key,
 )
 from meshca.clock import Clock
+from meshca.host_port import split_host_port
 from meshca.wire import (
     CA_SERVING_HOSTS,
     CA_TLS_NAME,
@@ -434,6 +435,9 @@ def channel_options(addr: str) -> list[tuple[str, int | str]]:
 
 
 def _host_of(addr: str) -> str:
-    if addr.startswith("["):
-        return addr[1 : addr.index("]")]
-    return addr.rsplit(":", 1)[0] if ":" in addr else addr
+    """The host of `HOST:PORT` (`[v6]:PORT`); an address of another form (a gRPC target
+    scheme, no port) is taken whole, so it never passes for one of the CA's serving names."""
+    try:
+        return split_host_port(addr)[0]
+    except ValueError:
+        return addr

@@ -30,7 +30,8 @@ from agent.ca_client import CaClient
 from agent.config import AgentConfig
 from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
-from agent.identity_sources import IdentitySource, identity_source_for
+from agent.identity_source import IdentitySource
+from agent.identity_sources import identity_source_for
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport, new_agent_id
 from agent.reporter import PeriodicReporter
@@ -43,7 +44,7 @@ from meshca.clock import Clock
 from meshca.waiting import cancel_and_wait
 
 if TYPE_CHECKING:
-    from agent.workload_attestor import PodDirectory
+    from agent.workload.attestor import PodDirectory
 
 log = logging.getLogger(__name__)
 

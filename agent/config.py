@@ -23,6 +23,7 @@ from pathlib import Path
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId
 from meshca.accounts import parse_account_list
 from meshca.durations import parse_duration
+from meshca.host_port import join_host_port
 from meshca.listen import parse_listen
 from meshca.wire import CA_TLS_NAME, MAX_REPORT_INTERVAL
 
@@ -49,8 +50,10 @@ MIN_REPORT_INTERVAL = timedelta(seconds=1)
 # one CA replica's rate, while a compromised authority's leaves are gone within minutes.
 DEFAULT_TAINT_RESIGN_WINDOW = timedelta(minutes=5)
 CA_HEADER_PREFIX = "CA_HEADER_"
-# sun_path is 108 bytes with its NUL (`agent.sds.MAX_SOCKET_PATH_BYTES`, not imported: grpc).
+# sun_path is 108 bytes with its NUL; `agent.unix_socket` binds at a name of
+# `SOCKET_BIND_NAME_BYTES` beside the path before renaming it there, so both must fit.
 MAX_SOCKET_PATH_BYTES = 107
+SOCKET_BIND_NAME_BYTES = 8
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -85,7 +88,7 @@ class AgentConfig:
     token_path: Path = Path(DEFAULT_TOKEN_PATH)
     sds_socket: Path = Path(DEFAULT_SDS_SOCKET)
     sds_socket_mode: int = 0o600
-    # The SPIFFE Workload API (agent.workload_api): off unless a socket is configured.
+    # The SPIFFE Workload API (agent.workload.api): off unless a socket is configured.
     workload_api_socket: Path | None = None
     workload_api_socket_mode: int = 0o600
     status_host: str = "127.0.0.1"
@@ -126,7 +129,7 @@ class AgentConfig:
                 f"SECRET_GRACE_PERIOD_RATIO_JITTER={self.grace_period_ratio_jitter} must be "
                 "non-negative and keep the ratio inside (0, 1)"
             )
-        if len(os.fsencode(self.sds_socket)) > MAX_SOCKET_PATH_BYTES:
+        if socket_path_bytes(self.sds_socket) > MAX_SOCKET_PATH_BYTES:
             raise ConfigError(
                 f"--sds-socket {str(self.sds_socket)[:40]}...: longer than "
                 f"{MAX_SOCKET_PATH_BYTES} bytes, the Unix socket limit; choose a shorter path"
@@ -204,7 +207,7 @@ class AgentConfig:
 
     @property
     def status_listen(self) -> str:
-        return f"{self.status_host}:{self.status_port}"
+        return join_host_port(self.status_host, self.status_port)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> AgentConfig:
@@ -502,12 +505,19 @@ def _socket_path(text: str | None) -> Path | None:
         )
     if not value:
         raise ConfigError(f"--workload-api-socket={text!r}: no path given")
-    if len(os.fsencode(value)) > MAX_SOCKET_PATH_BYTES:
+    if socket_path_bytes(value) > MAX_SOCKET_PATH_BYTES:
         raise ConfigError(
             f"--workload-api-socket={text!r} is longer than {MAX_SOCKET_PATH_BYTES} bytes, the "
             "Unix socket limit; choose a shorter path"
         )
     return Path(value)
+
+
+def socket_path_bytes(path: str | os.PathLike[str]) -> int:
+    """What serving on the socket `path` takes of `MAX_SOCKET_PATH_BYTES`: its own length, or
+    that of the name the agent first binds beside it (`agent.unix_socket`), whichever is more."""
+    beside = len(os.fsencode(Path(path).parent)) + 1 + SOCKET_BIND_NAME_BYTES
+    return max(len(os.fsencode(path)), beside)
 
 
 def _parse_listen(text: str) -> tuple[str, int]:

@@ -17,6 +17,8 @@
     ├── UnknownResourceError       an SDS name this agent cannot serve (also a ValueError)
     │   └── UnknownFileResourceError  ... a malformed `file-cert:`/`file-root:` name
     ├── CallerNotAttested          a Workload API caller the node agent cannot place in a pod
+    ├── SocketPathRefused          a socket path not served on: another process's, or not a
+    │                              socket (`agent.unix_socket`; also a FileExistsError)
     └── AgentFailed                a background worker died: the agent stops, exit status 1
 
 `agent.config.ConfigError` (a bad flag or environment variable) is separate: it is raised while
@@ -28,8 +30,9 @@ records its message for readiness and retries with backoff, so none of these end
 the file watchers log `FileSecretError` and keep the previous secret (so does
 `agent.trust_bundle` with `TrustBundleRefused`); the SDS server answers
 `UnknownResourceError` with INVALID_ARGUMENT on that stream only; the Workload API
-(`agent.workload_api`) answers `CallerNotAttested` with PERMISSION_DENIED; `AgentFailed` is the one
-that ends the process (`agent.main`). Messages name files,
+(`agent.workload.api`) answers `CallerNotAttested` with PERMISSION_DENIED; `SocketPathRefused` at
+start-up becomes `AgentFailed` naming the flag (`agent.main`); `AgentFailed` is the one that
+ends the process. Messages name files,
 identities and checks, never key material or tokens.
 """
 
@@ -129,13 +132,20 @@ class UnknownFileResourceError(UnknownResourceError):
 
 class CallerNotAttested(AgentError):
     """A Workload API caller the node agent cannot tie to a live pod on its node
-    (`agent.workload_attestor`); the message says which step failed (peer credentials, the
-    process: unreadable, or not proven to be the one that connected (`agent.peer_process`), its
-    cgroup, the pod) so the operator knows what to fix. `reason` is the metric label."""
+    (`agent.workload.attestor`); the message says which step failed (peer credentials, the
+    process: unreadable, or not proven to be the one that connected
+    (`agent.workload.peer_process`), its cgroup, the pod) so the operator knows what to fix.
+    `reason` is the metric label."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class SocketPathRefused(AgentError, FileExistsError):
+    """A Unix socket path the agent will not serve on (`agent.unix_socket`): something other
+    than a socket, or a socket another process answers on (or that cannot be probed). The path
+    is left as it was; the message names it and what to do."""
 
 
 class AgentFailed(AgentError):

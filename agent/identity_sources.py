@@ -1,6 +1,6 @@
 """Where the scheduler learns which identities to serve: one `IdentitySource`, chosen once.
 
-    IdentitySource (protocol)      start(on_change) · stop · describe
+    IdentitySource (protocol)      start(on_change) · stop · describe (`agent.identity_source`)
     ├── SingleIdentitySource       pod agent (sidecar): its one identity, configured or read
     │                              from the service-account token (here)
     ├── StaticIdentitySource       node agent: `--identities` / `--identities-file`
@@ -26,31 +26,17 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError
 from agent.errors import TokenError
+from agent.identity_source import IdentitySource, OnChange
 from agent.token import IdentityResolver, TokenProvider
 from certs import SpiffeId
 from meshca.clock import Clock
 from meshca.waiting import cancel_and_wait
 
 log = logging.getLogger(__name__)
-
-IdentitySet = frozenset[SpiffeId]
-OnChange = Callable[[IdentitySet], None]
-"""What a source reports to: the scheduler's `set_identities`."""
-
-
-class IdentitySource(Protocol):
-    """Reports the identities to serve; `on_change` is always called on the event loop."""
-
-    def start(self, on_change: OnChange) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def describe(self) -> str: ...
 
 
 @dataclass(eq=False)

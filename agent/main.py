@@ -23,9 +23,9 @@ never asks which kind it has.
 Concurrency: one asyncio event loop runs the certificate source's worker (the scheduler's fetch
 workers and timers), the CA client and the SDS server; watchdog's observer thread hands file
 events to that loop; the status server runs on its own thread (see `agent.status`).
-`Agent.stop()` stops everything, each step bounded, and removes the SDS socket, so the process
-exits within 5 s of a signal. The clock is chosen here too: `SystemClock` only at the root
-(`run_agent_command`), handed to every part.
+`Agent.stop()` stops everything, each step bounded, and the servers remove the sockets they
+bound (`agent.unix_socket`), so the process exits within 5 s of a signal. The clock is chosen
+here too: `SystemClock` only at the root (`run_agent_command`), handed to every part.
 """
 
 from __future__ import annotations
@@ -36,19 +36,19 @@ import contextlib
 import logging
 import os
 import signal
-import stat
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 from agent.certificate_source import CertificateSource, certificate_source_for
 from agent.config import AgentConfig, ConfigError, add_agent_arguments
-from agent.errors import AgentFailed
+from agent.errors import AgentFailed, SocketPathRefused
 from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.file_output import FileOutput
 from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache
 from agent.status import build_status_server
-from agent.workload_api import WorkloadApiServer
+from agent.workload import WorkloadApiServer
 from meshca.clock import Clock, SystemClock
 from meshca.files import ensure_dir
 from meshca.listen import ListenError
@@ -132,14 +132,11 @@ class Agent:
         self._heartbeat_task = asyncio.create_task(self.heartbeat.run(), name="loop-heartbeat")
         self.status.start()
         log.info("status server on %s (/healthz/ready, /metrics)", self.status.url)
-        try:
-            await self.sds.start()
-        except OSError as exc:
-            raise AgentFailed(
-                f"--sds-socket {self.config.sds_socket}: cannot listen there: {exc.strerror or exc}"
-            ) from None
+        await _serve_socket("--sds-socket", self.config.sds_socket, self.sds.start)
         if self.workload_api is not None:
-            await self.workload_api.start()
+            await _serve_socket(
+                "--workload-api-socket", self.workload_api.socket_path, self.workload_api.start
+            )
         self._worker = asyncio.create_task(self.certificates.run(), name=CERTIFICATE_WORKER)
         self._worker.add_done_callback(self._on_worker_done)
         await self.certificates.start()
@@ -159,7 +156,9 @@ class Agent:
 
     async def stop(self) -> None:
         """Stops everything started within one shared deadline (`STOP_TIMEOUT_SECONDS`), each
-        step also capped so a single slow step cannot starve the rest; the socket goes last."""
+        step also capped so a single slow step cannot starve the rest. Each server removes its
+        own socket, and only the one it bound (`agent.unix_socket`): a start refused because
+        another process serves on the path leaves that process's socket alone."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STOP_TIMEOUT_SECONDS
         step_cap = STOP_TIMEOUT_SECONDS / 4
@@ -182,11 +181,6 @@ class Agent:
         await asyncio.to_thread(self.status.stop)
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
-        # Only a socket is ours to remove: a start refused because the path holds something
-        # else (or lies under a file) must leave it as it was.
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            if stat.S_ISSOCK(os.lstat(self.config.sds_socket).st_mode):
-                os.unlink(self.config.sds_socket)
 
     def _stop_workload_api(self, time_left: Callable[[], float]) -> Callable[[], Awaitable[None]]:
         async def stop() -> None:
@@ -221,6 +215,17 @@ class Agent:
             raise AgentFailed(f"a background worker died: {self.failure!r}") from self.failure
 
 
+async def _serve_socket(flag: str, path: Path, start: Callable[[], Awaitable[None]]) -> None:
+    """Runs a socket server's `start`; a path it refuses or cannot listen on is `AgentFailed`,
+    one line naming `flag`."""
+    try:
+        await start()
+    except SocketPathRefused as exc:
+        raise AgentFailed(f"{flag}: {exc}") from None
+    except OSError as exc:
+        raise AgentFailed(f"{flag} {path}: cannot listen there: {exc.strerror or exc}") from None
+
+
 def _workload_api_for(
     config: AgentConfig,
     cache: SecretCache,
@@ -228,7 +233,7 @@ def _workload_api_for(
     metrics: AgentMetrics,
 ) -> WorkloadApiServer | None:
     """The Workload API server `config` asks for, if any: a pod agent serves its one identity on
-    the socket itself; a node agent puts `agent.peer_relay` on the socket to attest callers."""
+    the socket itself; a node agent puts `agent.workload.relay` on the socket to attest callers."""
     if config.workload_api_socket is None:
         return None
     if not config.node_mode:
@@ -239,8 +244,8 @@ def _workload_api_for(
             metrics=metrics,
             socket_mode=config.workload_api_socket_mode,
         )
-    from agent.peer_relay import PeerRelay
-    from agent.workload_attestor import NodeAttestor, NodeCaller
+    from agent.workload.attestor import NodeAttestor, NodeCaller
+    from agent.workload.relay import PeerRelay
 
     pods = certificates.pods
     if pods is None:  # config refuses this combination; kept as a clear failure
@@ -281,7 +286,7 @@ def run_agent_command(args: argparse.Namespace, environ: Mapping[str, str] | Non
     except (AgentFailed, ListenError) as exc:
         log.error("%s", exc)
         return 1
-    except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload_api)
+    except OSError as exc:  # a socket it cannot serve on (agent.sds, agent.workload.api)
         log.error("cannot start the agent: %s", exc)
         return 1
     return 0

@@ -138,8 +138,8 @@ class AgentMetrics:
         self.sds_nacks = counter(
             "meshca_agent_sds_nacks", "SDS responses rejected (NACKed) by a client.", by_name
         )
-        # The SPIFFE Workload API (`agent.workload_api`); `rpc` is FetchX509SVID or
-        # FetchX509Bundles, `reason` a refusal's cause (`agent.workload_api.REFUSAL_REASONS`).
+        # The SPIFFE Workload API (`agent.workload.api`); `rpc` is FetchX509SVID or
+        # FetchX509Bundles, `reason` a refusal's cause (`agent.workload.api.REFUSAL_REASONS`).
         self.workload_api_streams = Gauge(
             "meshca_agent_workload_api_streams",
             "Workload API streams open right now.",

@@ -1,6 +1,6 @@
 """The node agent's identity sources: pods on its node, or a static list.
 
-Both are `agent.identity_sources.IdentitySource`s (full snapshots, `on_change` on the loop);
+Both are `agent.identity_source.IdentitySource`s (full snapshots, `on_change` on the loop);
 `agent.identity_sources.identity_source_for` chooses between them and the pod agent's
 `SingleIdentitySource`, and imports this module only in node mode.
 
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError, parse_identities
-from agent.identity_sources import IdentitySet, OnChange
+from agent.identity_source import IdentitySet, OnChange
 from certs import SpiffeId, SpiffeIdError
 from meshca.pods import BY_NODE, BY_UID, PodInfo, node_of, pod_info, uid_of
 
@@ -180,7 +180,7 @@ class PodIdentitySource:
 
     def pod_by_uid(self, uid: str) -> PodInfo | None:
         """The pod on this node with `uid` (any thread; the informer's index is locked): how the
-        Workload API places a caller (`agent.workload_attestor`)."""
+        Workload API places a caller (`agent.workload.attestor`)."""
         informer = self._informer
         if informer is None:
             return None

@@ -19,6 +19,10 @@ Which secret a name means is the resolver's business (`SecretResolver`): plain n
 `ROOTCA`) come from the agent's `SecretCache`, `file-cert:<cert>~<key>` and `file-root:<ca>` from
 files on disk (`agent.file_mounted`).
 
+The socket is claimed, capped and given back by `agent.unix_socket`: a socket another process
+(another agent) serves on is never taken over, and at stop only the socket this server bound is
+removed.
+
 Concurrency: everything runs on one asyncio loop (grpc.aio); no thread per stream. Each stream is a
 handler coroutine plus one task reading requests and one task per watched name, all feeding one
 queue that the handler drains, so the stream's state has a single writer and needs no locks.
@@ -27,12 +31,10 @@ queue that the handler drains, so the stream's state has a single writer and nee
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import itertools
 import logging
 import os
-import stat
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +49,7 @@ from google.protobuf import any_pb2
 
 from agent.errors import UnknownResourceError
 from agent.metrics import LabeledCounter
-from agent.sds_decoding import UndecodableMessage, add_sds_servicer
+from agent.sds_decoding import add_sds_servicer
 from agent.secrets import (
     FILE_CERT_PREFIX,
     FILE_ROOT_PREFIX,
@@ -57,11 +59,12 @@ from agent.secrets import (
     SecretUpdates,
     TlsSecret,
 )
+from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
+from meshca.grpc_services import Undecodable
 
 log = logging.getLogger(__name__)
 
 SECRET_TYPE_URL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
-MAX_UNIX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 DEFAULT_FETCH_TIMEOUT = 5.0
 
 
@@ -236,7 +239,7 @@ class _Stream:
                     if isinstance(event, _Eof):
                         return
                     if isinstance(event, _Request):
-                        if isinstance(event.message, UndecodableMessage):
+                        if isinstance(event.message, Undecodable):
                             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, event.message.problem)
                         self._on_request(event.message)
                     elif isinstance(event, _SourceFailed):
@@ -470,10 +473,10 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
 
     async def FetchSecrets(
         self,
-        request: discovery_pb2.DiscoveryRequest | UndecodableMessage,
+        request: discovery_pb2.DiscoveryRequest | Undecodable,
         context: grpc.aio.ServicerContext,
     ) -> discovery_pb2.DiscoveryResponse:
-        if isinstance(request, UndecodableMessage):
+        if isinstance(request, Undecodable):
             log.warning("SDS fetch refused: %s", request.problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.problem)
             raise AssertionError("unreachable: context.abort raises")
@@ -515,9 +518,11 @@ class _Servicer(sds_pb2_grpc.SecretDiscoveryServiceServicer):
 class SdsServer:
     """Serves SDS on the Unix socket `socket_path` from a `SecretResolver` (or a bare cache).
 
-    `await start()` binds (removing a stale socket, creating the parent directory 0700 if
-    missing, then setting the socket's mode to `socket_mode`); `await stop(grace)` ends the
-    streams and removes the socket.
+    `await start()` binds as `agent.unix_socket.UnixSocketPath` allows (the parent created
+    0700 if missing, a dead socket replaced, a live one or a non-socket refused with
+    `SocketPathRefused`), then sets the socket's mode to `socket_mode`; at most
+    `max_connections` connections are held at once, one past that is closed when accepted.
+    `await stop(grace)` ends the streams and removes the socket if it is still the one bound.
     """
 
     def __init__(
@@ -528,19 +533,17 @@ class SdsServer:
         metrics: SdsMetrics | None = None,
         socket_mode: int = 0o600,
         fetch_timeout: float = DEFAULT_FETCH_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self.resolver: SecretUpdates = (
             resolver if isinstance(resolver, SecretResolver) else SecretResolver(resolver)
         )
         self.socket_path = Path(socket_path)
-        if len(os.fsencode(self.socket_path)) > MAX_UNIX_SOCKET_PATH:
-            raise ValueError(
-                f"SDS socket path {str(self.socket_path)!r} is longer than "
-                f"{MAX_UNIX_SOCKET_PATH} bytes, the Unix socket limit; choose a shorter path"
-            )
+        self._socket = UnixSocketPath(self.socket_path, "SDS socket")
         self.metrics = metrics
         self.socket_mode = socket_mode
         self.fetch_timeout = fetch_timeout
+        self.max_connections = max_connections
         self.pushes = 0
         self.nacks = 0
         self._streams: set[_Stream] = set()
@@ -567,40 +570,25 @@ class SdsServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("SDS server already started")
-        self._prepare_socket_path()
-        server = grpc.aio.server()
+        bind_path = self._socket.prepare()
+        server = grpc.aio.server(options=grpc_connection_cap(self.max_connections))
         add_sds_servicer(_Servicer(self), server)
-        if server.add_insecure_port(self.address) == 0:
-            raise OSError(f"could not listen on {self.address}")
+        if server.add_insecure_port(f"unix:{bind_path}") == 0:
+            raise OSError(f"could not listen on {bind_path}")
         await server.start()
-        os.chmod(self.socket_path, self.socket_mode)
         self._server = server
+        self._socket.claim(self.socket_mode)
         log.info("SDS server listening on %s (mode %o)", self.address, self.socket_mode)
 
     async def stop(self, grace: float | None = 1.0) -> None:
         server, self._server = self._server, None
-        if server is not None:
-            # End our streams ourselves so they close with OK rather than being cancelled;
-            # Envoy simply reconnects (to whichever agent next owns the socket).
-            for stream in list(self._streams):
-                stream.end()
-            await asyncio.sleep(0)
-            await server.stop(grace)
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
-                os.unlink(self.socket_path)
-
-    def _prepare_socket_path(self) -> None:
-        parent = self.socket_path.parent
-        if not parent.exists():
-            parent.mkdir(mode=0o700, parents=True)
         try:
-            mode = os.lstat(self.socket_path).st_mode
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(mode):
-            raise FileExistsError(
-                f"{self.socket_path} exists and is not a socket; refusing to replace it"
-            )
-        log.info("removing stale SDS socket %s", self.socket_path)
-        os.unlink(self.socket_path)
+            if server is not None:
+                # End our streams ourselves so they close with OK rather than being cancelled;
+                # Envoy simply reconnects (to whichever agent next owns the socket).
+                for stream in list(self._streams):
+                    stream.end()
+                await asyncio.sleep(0)
+                await server.stop(grace)
+        finally:  # even when the stop is cut short: the socket is ours to remove, and only it
+            self._socket.release()

@@ -3,45 +3,36 @@
 grpc decodes each request before the servicer sees it. With the generated registration, bytes
 that are not a `DiscoveryRequest` ended a stream with status OK and nothing logged (the request
 iterator simply stopped), and failed `FetchSecrets` with `UNKNOWN` and a traceback. Here a
-failed decode becomes an `UndecodableMessage` that `agent.sds` refuses with
-`INVALID_ARGUMENT` and a log line naming the stream, like any other bad request.
+failed decode becomes a `meshca.grpc_services.Undecodable` (the one lenient decoder, worded for
+SDS by `sds_request_decoder`) that `agent.sds` refuses with `INVALID_ARGUMENT` and a log line
+naming the stream, like any other bad request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf.message import DecodeError
 
-from meshca.grpc_services import add_service
+from meshca.grpc_services import Undecodable, add_service, lenient_decoder
 
 SERVICE_NAME = "envoy.service.secret.v3.SecretDiscoveryService"
 
 
-@dataclass(frozen=True)
-class UndecodableMessage:
-    """Request bytes that did not decode; `problem` is the operator-facing explanation."""
+def _not_sds(data: bytes, expected: str) -> Undecodable:
+    return Undecodable(
+        expected,
+        len(data),
+        f"an SDS request ({len(data)} bytes) does not decode as {expected}; "
+        "the client is not speaking the SDS protocol (or its strings are not UTF-8)",
+    )
 
-    problem: str
 
-
-def _lenient(message_class: Any) -> Callable[[bytes], Any]:
-    type_name = message_class.DESCRIPTOR.full_name
-
-    def decode(data: bytes) -> Any:
-        try:
-            return message_class.FromString(data)
-        except DecodeError:
-            return UndecodableMessage(
-                f"an SDS request ({len(data)} bytes) does not decode as {type_name}; "
-                "the client is not speaking the SDS protocol (or its strings are not UTF-8)"
-            )
-
-    return decode
+def sds_request_decoder(message_class: Any) -> Callable[[bytes], Any]:
+    """The lenient decoder for one SDS request message, worded for SDS clients."""
+    return lenient_decoder(message_class, _not_sds)
 
 
 def add_sds_servicer(servicer: Any, server: grpc.aio.Server) -> None:
@@ -49,17 +40,17 @@ def add_sds_servicer(servicer: Any, server: grpc.aio.Server) -> None:
     handlers = {
         "DeltaSecrets": grpc.stream_stream_rpc_method_handler(
             servicer.DeltaSecrets,
-            request_deserializer=_lenient(discovery_pb2.DeltaDiscoveryRequest),
+            request_deserializer=sds_request_decoder(discovery_pb2.DeltaDiscoveryRequest),
             response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString,
         ),
         "StreamSecrets": grpc.stream_stream_rpc_method_handler(
             servicer.StreamSecrets,
-            request_deserializer=_lenient(discovery_pb2.DiscoveryRequest),
+            request_deserializer=sds_request_decoder(discovery_pb2.DiscoveryRequest),
             response_serializer=discovery_pb2.DiscoveryResponse.SerializeToString,
         ),
         "FetchSecrets": grpc.unary_unary_rpc_method_handler(
             servicer.FetchSecrets,
-            request_deserializer=_lenient(discovery_pb2.DiscoveryRequest),
+            request_deserializer=sds_request_decoder(discovery_pb2.DiscoveryRequest),
             response_serializer=discovery_pb2.DiscoveryResponse.SerializeToString,
         ),
     }

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from agent.metrics import AgentMetrics
 from agent.secret_status import SecretReport, SecretStatus
 from meshca.clock import Clock
+from meshca.host_port import join_host_port
 from meshca.loop_heartbeat import LoopHeartbeat
 from meshca.status_http import Response, StatusServer, json_response, metrics_route, text
 
@@ -90,7 +91,7 @@ def secrets_document(
     board: SecretStatus, now: datetime, workload_api: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The `/debug/secrets` body: the time it was taken and one entry per resource name, plus
-    what the Workload API serves when it is on (`agent.workload_api.WorkloadApiServer.summary`)."""
+    what the Workload API serves when it is on (`agent.workload.api.WorkloadApiServer.summary`)."""
     document: dict[str, Any] = {
         "kind": "agent",
         "now": now.isoformat(),
@@ -123,7 +124,7 @@ def build_status_server(
         return json_response(secrets_document(metrics.secrets, clock.now(), summary))
 
     return StatusServer(
-        f"{host}:{port}",
+        join_host_port(host, port),
         {
             READY_PATH: ready,
             METRICS_PATH: metrics_route(metrics.registry),

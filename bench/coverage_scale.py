@@ -36,10 +36,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ca_server.authn import Caller
-from ca_server.authority.agent_reports import AgentReports, FleetReports, coverage
-from ca_server.authority.leaf_ledger import LeafLedger
-from ca_server.authority.report_shards import ShardMerger
-from ca_server.authority.slots import AgentCoverage
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.coverage import AgentCoverage, authority_coverage
+from ca_server.fleet.entries import FleetReports
+from ca_server.fleet.leaf_ledger import LeafLedger
+from ca_server.fleet.report_shards import ShardMerger
 from ca_server.kube.replica_reports import ConfigMapLedgerSink
 from certs import KeySpec, SpiffeId, new_self_signed_authority
 from certs.bundle import bundle_digest
@@ -134,7 +135,7 @@ class Fleet:
         return fleet
 
     def gate(self, fleet: FleetReports) -> AgentCoverage:
-        counted = coverage(self.authorities, fleet)
+        counted = authority_coverage(self.authorities, fleet)
         return AgentCoverage(
             counted.trusting["B"], counted.reporting, counted.unseen, counted.unreadable
         )

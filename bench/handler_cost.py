@@ -44,8 +44,10 @@ from cryptography import x509
 from bench.vs_cfssl import IDENTITY, write_pki
 from ca_server.admission import Admission
 from ca_server.authority import authority_driver_for
-from ca_server.config import CaConfig, add_ca_arguments
+from ca_server.config import CaConfig
 from ca_server.dev_issuer import load_dev_issuer
+from ca_server.flags import add_ca_arguments
+from ca_server.fleet import AgentReports
 from ca_server.metrics import CaMetrics
 from ca_server.server import build_authenticators, impersonation_policy_for
 from ca_server.service import CertificateService
@@ -100,7 +102,8 @@ async def build_service(workdir: Path) -> tuple[CertificateService, str]:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     clock = SystemClock()
     metrics = CaMetrics()
-    driver = authority_driver_for(config, metrics, clock)
+    agent_reports = AgentReports()
+    driver = authority_driver_for(config, metrics, clock, agent_reports)
     await driver.start()
     service = CertificateService(
         authenticators=build_authenticators(config, driver.signer, clock),
@@ -110,7 +113,7 @@ async def build_service(workdir: Path) -> tuple[CertificateService, str]:
         metrics=metrics,
         clock=clock,
         admission=Admission(config.admission, clock.monotonic),
-        agent_reports=driver.agent_reports,
+        agent_reports=agent_reports,
     )
     token = load_dev_issuer(config.data_dir).mint(
         IDENTITY.namespace, IDENTITY.service_account, ttl=timedelta(hours=24)

@@ -36,7 +36,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from agent.metrics import AgentMetrics
 from agent.sds import SECRET_TYPE_URL, SdsServer
 from agent.secrets import DEFAULT_RESOURCE, SecretCache
-from agent.workload_api import WorkloadApiServer, _Encodings
+from agent.workload.api import WorkloadApiServer, _Encodings
 from certs import load_der_certs
 from meshca.clock import SystemClock
 from meshca_proto import workload_pb2

@@ -1,9 +1,10 @@
 """The CA's configuration: one typed object built once from flags, then passed down.
 
-`add_ca_arguments` registers `meshca ca`'s flags; `CaConfig.from_args(args, environ)` merges them
-over Istio's environment variables (`POD_NAMESPACE`, `CLUSTER_ID`, `CA_TRUSTED_NODE_ACCOUNTS`,
-`POD_NAME`, `KUBERNETES_SERVICE_HOST`) and the defaults. The environment is handed in, so nothing
-below reads `os.environ` and tests can pass a dict — the same shape as `agent.config`.
+`ca_server.flags.add_ca_arguments` registers `meshca ca`'s flags; `CaConfig.from_args(args,
+environ)` merges them over Istio's environment variables (`POD_NAMESPACE`, `CLUSTER_ID`,
+`CA_TRUSTED_NODE_ACCOUNTS`, `POD_NAME`, `KUBERNETES_SERVICE_HOST`) and the defaults, and checks
+what the flags mean together. The environment is handed in, so nothing below reads
+`os.environ` and tests can pass a dict — the same shape as `agent.config`.
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from ca_server.serving.cpu_scheduling import CPU_SCHEDULING_CHOICES
-from ca_server.wire import CA_SERVING_HOSTS, RENEWAL_HEADER, REPORT_SERVICE, RETRY_PUSHBACK_TRAILER
-from certs import DEFAULT_TRUST_DOMAIN, CertsError, KeySpec, SpiffeId, format_duration
+from ca_server.wire import CA_SERVING_HOSTS
+from certs import DEFAULT_TRUST_DOMAIN, KeySpec, SpiffeId, format_duration
 from certs.errors import SpiffeIdError
 from meshca.accounts import parse_account_list
-from meshca.durations import parse_duration
 from meshca.listen import parse_listen
 
 DEFAULT_AUDIENCE = "istio-ca"
@@ -200,8 +199,8 @@ class CaConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> CaConfig:
-        """Merges parsed flags (from `add_ca_arguments`) over `environ` over defaults;
-        `ConfigError` names the flag to fix."""
+        """Merges parsed flags (from `ca_server.flags.add_ca_arguments`) over `environ` over
+        defaults; `ConfigError` names the flag to fix."""
         if len(args.jwks) != len(args.jwt_issuer):
             raise ConfigError("give one --jwt-issuer for each --jwks")
         audiences = tuple(args.audience) or (DEFAULT_AUDIENCE,)
@@ -391,300 +390,3 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
 
 
 # --- flags ------------------------------------------------------------------------------------
-
-
-def duration_argument(text: str) -> timedelta:
-    """An argparse type for durations such as `90d`, `24h`, `10m`."""
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def log_level_argument(text: str) -> str:
-    """An argparse type: one of Python's logging level names, any case."""
-    level = text.strip().upper()
-    if level not in LOG_LEVELS:
-        choices = ", ".join(LOG_LEVELS)
-        raise argparse.ArgumentTypeError(f"{text!r} is not a log level; use {choices}")
-    return level
-
-
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse type: a number of `kind` that must be above zero."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
-        return value
-
-    return parse
-
-
-def _key_spec(text: str) -> KeySpec:
-    try:
-        return KeySpec.parse(text)
-    except CertsError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
-    """Registers `meshca ca`'s flags. Defaults that Istio's environment variables may fill in
-    are None here; `CaConfig.from_args` resolves them from the environment it is handed."""
-    ca.add_argument(
-        "--data-dir",
-        type=Path,
-        required=True,
-        help="state directory: root key/cert, dev issuer, published root-cert.pem",
-    )
-    ca.add_argument("--listen", default="127.0.0.1:15012", help="gRPC TLS address")
-    ca.add_argument(
-        "--mtls-listen",
-        default=None,
-        help="extra gRPC address that requires a client certificate (renewal over mTLS)",
-    )
-    ca.add_argument(
-        "--monitoring-listen",
-        default="127.0.0.1:15014",
-        help="HTTP address for /metrics, /healthz, /ready (no identities: see --debug-listen)",
-    )
-    ca.add_argument(
-        "--debug-listen",
-        default=None,
-        metavar="HOST:PORT",
-        help="HTTP address for /debug/ca (identities, serials, authorities) and /metrics, what "
-        "`meshca status` reads of a CA; off unless given; keep it on loopback (127.0.0.1:15015)",
-    )
-    ca.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
-    ca.add_argument(
-        "--cacerts-dir",
-        type=Path,
-        default=None,
-        help="plugged-in CA directory (Istio cacerts layout or tls.crt/tls.key/ca.crt)",
-    )
-    ca.add_argument(
-        "--jwks",
-        action="append",
-        default=[],
-        help="JWKS file or URL of a trusted token issuer (repeat with --jwt-issuer)",
-    )
-    ca.add_argument(
-        "--jwt-issuer",
-        action="append",
-        default=[],
-        help="the `iss` of the issuer whose keys the matching --jwks holds",
-    )
-    ca.add_argument(
-        "--audience",
-        action="append",
-        default=[],
-        help=f"accepted token audience (default {DEFAULT_AUDIENCE})",
-    )
-    ca.add_argument(
-        "--dev-issuer",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="trust the development issuer in --data-dir (default: only if no --jwks)",
-    )
-    ca.add_argument("--workload-cert-ttl", type=duration_argument, default="24h")
-    ca.add_argument("--max-workload-cert-ttl", type=duration_argument, default="90d")
-    ca.add_argument("--min-workload-cert-ttl", type=duration_argument, default="10m")
-    ca.add_argument(
-        "--root-key",
-        type=_key_spec,
-        default=KeySpec(),
-        help="key type of a generated root: ec-p256 (default), ec-p384, rsa-2048...",
-    )
-    ca.add_argument(
-        "--root-ttl",
-        type=duration_argument,
-        default="3650d",
-        help="lifetime of each self-signed authority (down to seconds, for trying rotation)",
-    )
-    ca.add_argument(
-        "--root-rotation",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="rotate the self-signed authority by itself (prepare at 1/2 of its life, "
-        "activate at 5/6); off: only `meshca authority` changes it",
-    )
-    ca.add_argument(
-        "--root-prepare-cap",
-        type=duration_argument,
-        default="180d",
-        help="prepare the next authority at most this long before the active one expires",
-    )
-    ca.add_argument(
-        "--root-activate-cap",
-        type=duration_argument,
-        default="90d",
-        help="activate it at most this long before the active one expires; also the longest "
-        "workload certificate the CA signs, so a rotation never cuts one short",
-    )
-    ca.add_argument(
-        "--activate-at-coverage",
-        type=float,
-        default=None,
-        metavar="F",
-        help="self-signed rotation: at the 5/6 point, activate the prepared authority only once "
-        "this fraction of the reporting agents trust it (e.g. 0.95); default: by the clock. "
-        "Plugged-in CA: take a change that moves signing to another root only once this "
-        "fraction of the reporting agents trust that root",
-    )
-    ca.add_argument(
-        "--activate-deadline",
-        type=float,
-        default=0.5,
-        metavar="SHARE",
-        help="with --activate-at-coverage: activate anyway (with a WARNING) once this share of "
-        "the time between the 5/6 point and the active authority's expiry has passed; leaves "
-        "signed meanwhile get at least (1 - SHARE) of the maximum TTL. Plugged-in CA: take a "
-        "held-back change to another root anyway (with a WARNING) once this share of the "
-        "current signing certificate's remaining life has passed since it was first held [0.5]",
-    )
-    ca.add_argument(
-        "--ca-reload-interval",
-        "--authority-poll-interval",
-        dest="ca_reload_interval",
-        type=duration_argument,
-        default="5s",
-        help="how often to check the plugged-in CA files or the shared root Secret for changes",
-    )
-    ca.add_argument(
-        "--serving-host",
-        action="append",
-        default=[],
-        help="DNS name or IP for the CA's TLS certificate (repeatable)",
-    )
-    _add_kubernetes_flags(ca)
-    _add_capacity_flags(ca)
-    ca.add_argument(
-        "--log-level", type=log_level_argument, default="INFO", help="DEBUG, INFO, WARNING, ERROR"
-    )
-
-
-def _add_capacity_flags(ca: argparse.ArgumentParser) -> None:
-    capacity = ca.add_argument_group(
-        "capacity", "worker processes and admission control (docs/performance.md)"
-    )
-    capacity.add_argument(
-        "--workers",
-        type=_positive(int),
-        default=None,
-        help="CA processes serving the same ports (SO_REUSEPORT) under one supervisor; "
-        "default: the CPUs available to meshca (within its CPU quota). 1 runs a single process",
-    )
-    capacity.add_argument(
-        "--max-in-flight",
-        type=_positive(int),
-        default=AdmissionPolicy.max_in_flight,
-        help="requests one worker works on at once; beyond it, UNAVAILABLE with a "
-        f"{RETRY_PUSHBACK_TRAILER} hint (default %(default)s)",
-    )
-    capacity.add_argument(
-        "--max-in-flight-renewals",
-        type=_positive(int),
-        default=None,
-        help=f"in-flight level at which renewals ({RENEWAL_HEADER}: 1) are refused "
-        "(default: half of --max-in-flight), so first certificates get through first",
-    )
-    capacity.add_argument(
-        "--max-in-flight-reports",
-        type=_positive(int),
-        default=None,
-        help=f"in-flight level at which agent reports ({REPORT_SERVICE}) are "
-        "refused (default: a quarter of --max-in-flight, at most the renewals' level); "
-        "reports never take a certificate request's slot",
-    )
-    capacity.add_argument(
-        "--cpu-scheduling",
-        choices=CPU_SCHEDULING_CHOICES,
-        default="batch",
-        help="Linux scheduling policy of the CA's threads: batch (SCHED_BATCH: a woken gRPC "
-        "thread does not preempt the one signing; same CPU share) or normal "
-        "(default %(default)s; docs/performance.md)",
-    )
-    capacity.add_argument(
-        "--rpc-server",
-        choices=RPC_SERVER_CHOICES,
-        default="auto",
-        help="gRPC server: completion-queue (one thread polls grpcio's completion queue and "
-        "answers inline; about 4x less CPU per call; the CA refuses to start when the "
-        "installed grpcio cannot run it), aio (grpc.aio's server), or auto: the first when the "
-        "installed grpcio is a tested release, else the second with a warning "
-        "(default %(default)s; docs/performance.md)",
-    )
-    # Set by the supervisor for its workers only.
-    capacity.add_argument("--worker-slot", type=int, default=None, help=argparse.SUPPRESS)
-    capacity.add_argument("--worker-ready-file", type=Path, default=None, help=argparse.SUPPRESS)
-
-
-def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
-    kube = ca.add_argument_group(
-        "Kubernetes mode",
-        "on with --kubeconfig, or automatically with in-cluster credentials: TokenReview "
-        "authentication, shared root in Secret istio-ca-secret, root ConfigMaps, node authorizer",
-    )
-    kube.add_argument(
-        "--kubernetes",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="force Kubernetes mode on/off (default: on with --kubeconfig or in a pod)",
-    )
-    kube.add_argument("--kubeconfig", type=Path, default=None, help="kubeconfig of this cluster")
-    kube.add_argument(
-        "--remote-kubeconfig",
-        action="append",
-        default=[],
-        metavar="CLUSTER_ID=PATH",
-        help="kubeconfig of a remote cluster whose tokens arrive with `clusterid: CLUSTER_ID`",
-    )
-    kube.add_argument(
-        "--namespace",
-        default=None,
-        help="the CA's own namespace (Secret, Lease); default $POD_NAMESPACE or istio-system",
-    )
-    kube.add_argument(
-        "--cluster-id",
-        default=None,
-        help="this cluster's id, as sent in the clusterid header (default $CLUSTER_ID)",
-    )
-    kube.add_argument(
-        "--trusted-node-accounts",
-        default=None,
-        metavar="NS/SA,...",
-        help="service accounts allowed to impersonate pods on their node (ztunnel); "
-        "default $CA_TRUSTED_NODE_ACCOUNTS",
-    )
-    kube.add_argument(
-        "--token-review",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="authenticate bearer tokens with TokenReview (Kubernetes mode only)",
-    )
-    kube.add_argument(
-        "--token-validation",
-        choices=TOKEN_VALIDATIONS,
-        default="tokenreview",
-        help="check this cluster's tokens with a TokenReview per new token, or offline against "
-        "the issuer's keys and the pod informer (pod-bound tokens only; see docs/kubernetes.md)",
-    )
-    kube.add_argument(
-        "--root-configmaps",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="publish ConfigMap istio-ca-root-cert in every namespace (Kubernetes mode only)",
-    )
-    kube.add_argument(
-        "--instance-id",
-        default=None,
-        help="this replica's name in the leader Lease and API user agent (default $POD_NAME)",
-    )
-    kube.add_argument(
-        "--kube-qps", type=_positive(float), default=50.0, help="TokenReview calls/second"
-    )
-    kube.add_argument("--kube-burst", type=_positive(int), default=100, help="TokenReview burst")

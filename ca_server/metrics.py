@@ -16,7 +16,6 @@ import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -25,12 +24,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from ca_server.fleet import IssuedLeaves
 from ca_server.wire import REPORT_SERVICE
 from certs import SigningAuthority
 from meshca.prometheus_compat import FamilyOf, IstioCounterAliases
-
-if TYPE_CHECKING:
-    from ca_server.authority import IssuedLeaves
 
 # Istio's counter name -> the meshca counter it re-exports.
 ISTIO_COUNTER_ALIASES = {
@@ -193,9 +190,6 @@ class CaMetrics:
             multiprocess_mode="livesum",
         )
         # Not a metric (unbounded labels): the latest leaf per identity, for `meshca status`.
-        # Imported here: the authority package imports this module (its gauges).
-        from ca_server.authority import IssuedLeaves
-
         self.leaves: IssuedLeaves = IssuedLeaves()
         # Kubernetes mode.
         self.tokenreview_requests = Counter(

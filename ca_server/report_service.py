@@ -3,7 +3,7 @@
 Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
 headers on its CSRs (`ca_server.wire`): its agent id, the digest of the trust bundle it
 serves and the authorities of the leaves it serves — so coverage
-(`ca_server.authority.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
+(`ca_server.fleet.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
 authorities (with how long ago each was tainted), which is how every agent, due a renewal or not,
 learns that leaves must be re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces
 that).
@@ -25,7 +25,7 @@ a missing or malformed agent id, and for a report larger than any an agent sends
 `MAX_REPORT_BYTES` on the wire (refused before it is even parsed), or a field or list beyond its
 cap (`check_report_size`, before any element is looked at); the message says what to fix.
 The report counts for the pod the caller's credential proves, never for its agent id
-(`ca_server.authority.agent_reports`). Concurrency: as
+(`ca_server.fleet.agent_reports`). Concurrency: as
 `ca_server.service` (the completion-queue thread, then the event loop if it waits); recording
 takes a lock for a dictionary update.
 """
@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import NoReturn
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain
-from ca_server.authority import (
+from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
+from ca_server.fleet import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,
@@ -51,12 +51,11 @@ from ca_server.authority import (
     AgentReports,
     valid_agent_id,
 )
-from ca_server.errors import InvalidRequestError, OverloadedError, RequestError, clip
 from ca_server.metrics import CaMetrics
 from ca_server.service import authn_request
 from ca_server.wire import REPORT_SERVICE, RETRY_PUSHBACK_TRAILER
 from meshca.clock import Clock
-from meshca.grpc_services import add_service
+from meshca.grpc_services import Undecodable, add_service, lenient_decoder
 from meshca_proto import report_pb2, report_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
 
     async def Report(
         self,
-        request: report_pb2.AgentReportRequest | UndecodableReport,
+        request: report_pb2.AgentReportRequest | Undecodable,
         context: grpc.aio.ServicerContext,
     ) -> report_pb2.AgentReportResponse:
         """Admission control, then the report itself (`_report`)."""
@@ -109,7 +108,7 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
 
     async def _report(
         self,
-        request: report_pb2.AgentReportRequest | UndecodableReport,
+        request: report_pb2.AgentReportRequest | Undecodable,
         context: grpc.aio.ServicerContext,
     ) -> report_pb2.AgentReportResponse:
         try:
@@ -117,7 +116,7 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
             caller = await self._authenticators.authenticate(
                 replace(authn_request(context), advisory=True)
             )
-            if isinstance(request, UndecodableReport):
+            if isinstance(request, Undecodable):
                 raise InvalidRequestError(request.reason, request.problem)
             check_report_size(request)
             if valid_agent_id(request.agent_id) is None:
@@ -179,31 +178,26 @@ def check_report_size(request: report_pb2.AgentReportRequest) -> None:
         )
 
 
-@dataclass(frozen=True)
-class UndecodableReport:
-    """Request bytes that are not an `AgentReportRequest` (a string field that is not UTF-8,
-    or not protobuf at all): refused with `INVALID_ARGUMENT` after authentication, instead of
+_REPORT_MESSAGE = report_pb2.AgentReportRequest.DESCRIPTOR.full_name
+_decode_report: Callable[[bytes], report_pb2.AgentReportRequest | Undecodable] = lenient_decoder(
+    report_pb2.AgentReportRequest
+)
+
+
+def decode_report(data: bytes) -> report_pb2.AgentReportRequest | Undecodable:
+    """The report, or an `Undecodable` (a string field that is not UTF-8, not protobuf at all,
+    or too large to parse): refused with `INVALID_ARGUMENT` after authentication, instead of
     failing inside grpc with a traceback and an `INTERNAL` the client cannot act on."""
-
-    problem: str
-    reason: str = "request-malformed"
-
-
-def decode_report(data: bytes) -> report_pb2.AgentReportRequest | UndecodableReport:
     if len(data) > MAX_REPORT_BYTES:  # not parsed at all: a report is small
-        return UndecodableReport(
+        return Undecodable(
+            _REPORT_MESSAGE,
+            len(data),
             f"the report is {len(data)} bytes, at most {MAX_REPORT_BYTES} are accepted: send "
             "the agent's own report (an id, a digest and at most "
             f"{MAX_REPORTED_AUTHORITIES} authority IDs)",
-            "report-too-large",
+            reason="report-too-large",
         )
-    try:
-        return report_pb2.AgentReportRequest.FromString(data)
-    except DecodeError:
-        return UndecodableReport(
-            f"the request ({len(data)} bytes) does not decode as a meshca.v1.AgentReportRequest "
-            "(malformed protobuf, or a string field that is not UTF-8)"
-        )
+    return _decode_report(data)
 
 
 def add_report_service(service: AgentReportService, server: grpc.aio.Server) -> None:

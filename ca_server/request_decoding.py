@@ -3,9 +3,10 @@
 grpc decodes a request before the handler runs. The proto declares `csr` as `string`, so a
 client that sends raw DER (or any bytes that are not UTF-8) makes the protobuf decoder raise
 inside grpc: the caller got `UNKNOWN` with a protobuf message, the CA printed a traceback, and
-no audit line or denial metric recorded the request. Here a failed decode becomes an
-`UndecodableRequest` value that `ca_server.service` refuses like any other malformed CSR
-(`INVALID_ARGUMENT`, audited, counted).
+no audit line or denial metric recorded the request. Here a failed decode becomes a
+`meshca.grpc_services.Undecodable` (the one lenient decoder, worded by `_explain`) that
+`ca_server.service` refuses like any other malformed CSR (`INVALID_ARGUMENT`, audited, counted
+under the `Undecodable`'s reason).
 
 To tell the operator *which* part was wrong, a failed decode is retried with a twin of the
 message whose `csr` is `bytes` (built once from the generated descriptor, in a private pool):
@@ -14,7 +15,6 @@ if that works, the CSR was the culprit and the message can say what it looked li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -22,19 +22,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, st
 from google.protobuf.message import DecodeError
 
 from ca_server.wire import CERTIFICATE_SERVICE
-from meshca.grpc_services import add_service
+from meshca.grpc_services import Undecodable, add_service, lenient_decoder
 from meshca_proto import ca_pb2
 
 _REQUEST = "IstioCertificateRequest"
-
-
-@dataclass(frozen=True)
-class UndecodableRequest:
-    """Request bytes that are not a valid `IstioCertificateRequest`; `problem` says why."""
-
-    size: int
-    problem: str
-    csr_not_utf8: bool
 
 
 def _bytes_csr_twin() -> Any:
@@ -72,31 +63,30 @@ def _describe_csr_bytes(csr: bytes) -> str:
     )
 
 
-def decode_certificate_request(data: bytes) -> ca_pb2.IstioCertificateRequest | UndecodableRequest:
-    """The request, or an `UndecodableRequest` saying what was wrong; never raises."""
-    try:
-        return ca_pb2.IstioCertificateRequest.FromString(data)
-    except DecodeError:
-        pass
+def _explain(data: bytes, expected: str) -> Undecodable:
+    """Which part of an undecodable request was wrong: the CSR (`csr-invalid`, saying what it
+    looked like) or the rest (`request-malformed`)."""
     try:
         twin = _BytesCsrRequest.FromString(data)
     except DecodeError:
-        return UndecodableRequest(
+        return Undecodable(
+            expected,
             len(data),
             f"the request ({len(data)} bytes) does not decode as an IstioCertificateRequest "
             "(malformed protobuf, or a metadata string that is not UTF-8)",
-            csr_not_utf8=False,
         )
     csr = bytes(twin.csr)
     try:
         csr.decode("utf-8")
     except UnicodeDecodeError:
-        return UndecodableRequest(len(data), _describe_csr_bytes(csr), csr_not_utf8=True)
-    return UndecodableRequest(
-        len(data),
-        "the request's metadata does not decode (a string in it is not UTF-8)",
-        csr_not_utf8=False,
+        return Undecodable(expected, len(data), _describe_csr_bytes(csr), reason="csr-invalid")
+    return Undecodable(
+        expected, len(data), "the request's metadata does not decode (a string in it is not UTF-8)"
     )
+
+
+decode_certificate_request = lenient_decoder(ca_pb2.IstioCertificateRequest, _explain)
+"""The request, or an `Undecodable` saying what was wrong; never raises."""
 
 
 def certificate_service_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:

@@ -2,7 +2,9 @@
 
 Every choice between implementations is made once, at start-up: the authority driver
 (self-signed or plugged-in) by `ca_server.authority.authority_driver_for`, which this module
-holds without asking its kind; the authenticators and the impersonation policy here.
+holds without asking its kind; the authenticators and the impersonation policy here. The fleet's
+table of agent reports (`ca_server.fleet.AgentReports`) is built here once and handed to the
+driver (which publishes it with its leaf ledger) and to both services (which record into it).
 Kubernetes mode (`CaConfig.kube` set: `--kubeconfig`, or in-cluster credentials) swaps in the
 cluster-backed ones from `ca_server.kube`: the root in Secret `istio-ca-secret` (unless a
 plugged-in CA is present), TokenReview authentication, the node authorizer, and root ConfigMap
@@ -37,6 +39,7 @@ from ca_server.authority import (
 )
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
+from ca_server.fleet import AgentReports
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
 from ca_server.kube.mode import KubernetesMode
@@ -109,7 +112,9 @@ async def _serve(
     kube: KubernetesMode | None,
     role: ServingRole,
 ) -> None:
-    driver = authority_driver_for(config, metrics, clock, kube)
+    # This process's agent reports, keyed on pods the informer can say are gone (Kubernetes mode).
+    agent_reports = AgentReports(pods=kube.report_pods() if kube is not None else None)
+    driver = authority_driver_for(config, metrics, clock, agent_reports, kube)
     await driver.start()
     signer = driver.signer
     if kube is not None:
@@ -126,14 +131,14 @@ async def _serve(
         metrics=metrics,
         clock=clock,
         admission=admission,
-        agent_reports=driver.agent_reports,
+        agent_reports=agent_reports,
     )
     server = rpc_server_for(config.rpc_server, role.server_options())
     add_certificate_service(service, server)
     add_report_service(
         AgentReportService(
             authenticators=service.authenticators,
-            reports=driver.agent_reports,
+            reports=agent_reports,
             tainted_since=driver.tainted_since,
             metrics=metrics,
             clock=clock,

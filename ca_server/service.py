@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2
 
 from ca_server.admission import Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority import MAX_AGENT_ID, REPORT_HEADERS, AgentReports, IssuedLeaf, Signer
+from ca_server.authority import Signer
 from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import (
@@ -31,13 +31,14 @@ from ca_server.errors import (
     OverloadedError,
     RequestError,
 )
+from ca_server.fleet import MAX_AGENT_ID, REPORT_HEADERS, AgentReports, IssuedLeaf
 from ca_server.impersonation import ImpersonationPolicy
 from ca_server.metrics import CaMetrics
-from ca_server.request_decoding import UndecodableRequest
 from ca_server.ttl import grant_validity
 from ca_server.wire import IMPERSONATED_IDENTITY, RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId, load_certs, load_verified_csr
 from meshca.clock import Clock
+from meshca.grpc_services import Undecodable
 from meshca.logs import audit
 from meshca_proto import ca_pb2, ca_pb2_grpc
 
@@ -77,7 +78,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
 
     async def CreateCertificate(
         self,
-        request: ca_pb2.IstioCertificateRequest | UndecodableRequest,
+        request: ca_pb2.IstioCertificateRequest | Undecodable,
         context: grpc.aio.ServicerContext,
     ) -> ca_pb2.IstioCertificateResponse:
         """Admission control, then the request itself (`_create_certificate`)."""
@@ -101,7 +102,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
 
     async def _create_certificate(
         self,
-        request: ca_pb2.IstioCertificateRequest | UndecodableRequest,
+        request: ca_pb2.IstioCertificateRequest | Undecodable,
         context: grpc.aio.ServicerContext,
         metadata: Metadata,
     ) -> ca_pb2.IstioCertificateResponse:
@@ -111,9 +112,8 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         peer = context.peer()
         try:
             caller = await self._authenticators.authenticate(authn_request(context, metadata))
-            if isinstance(request, UndecodableRequest):
-                reason = "csr-invalid" if request.csr_not_utf8 else "request-malformed"
-                raise InvalidRequestError(reason, request.problem)
+            if isinstance(request, Undecodable):
+                raise InvalidRequestError(request.reason, request.problem)
             identity = await self._identity_for(caller, request.metadata)
             csr, csr_key = load_verified_csr(request.csr)
             public_key = authorize_csr(csr, identity, public_key=csr_key)
@@ -168,7 +168,7 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         leaf_authority: str | None,
         now: datetime,
     ) -> None:
-        """Notes what an agent says it trusts (`ca_server.authority.agent_reports`), only once its
+        """Notes what an agent says it trusts (`ca_server.fleet.agent_reports`), only once its
         request was authenticated, authorized and signed: a refused request records nothing,
         and the entry is the caller's own pod whatever its headers say; `leaf_authority` is the
         new leaf's `issuer_key_id`. Never refuses; a value

@@ -5,8 +5,10 @@ import `ca_server`), and named here again for the CA; the ones only the CA sees 
 
 - `CERTIFICATE_SERVICE`: Istio's `istio.v1.auth.IstioCertificateService` (`ca_server.service`).
 - `REPORT_SERVICE`: meshca's own `meshca.v1.AgentReportService` (`ca_server.report_service`).
-- `CERT_SIGNER`: request metadata Istio's agents send (empty unless `ISTIO_META_CERT_SIGNER` is
-  set) to pick a signer; meshca has one signing authority and does not read it.
+
+Istio's agents also send `CertSigner` request metadata (empty unless `ISTIO_META_CERT_SIGNER` is
+set) to pick a signer; meshca has one signing authority and reads no such key, so it has no name
+here.
 """
 
 from meshca.wire import (
@@ -25,7 +27,6 @@ __all__ = [
     "CA_SERVING_HOSTS",
     "CA_TLS_NAME",
     "CERTIFICATE_SERVICE",
-    "CERT_SIGNER",
     "IMPERSONATED_IDENTITY",
     "LEAF_AUTHORITY_HEADER",
     "RENEWAL_HEADER",
@@ -34,8 +35,7 @@ __all__ = [
     "TRUST_BUNDLE_HEADER",
 ]
 
-# As the protos name them (`tests/test_wire.py` checks): spelt out so that `ca_server.config`
+# As the protos name them (`tests/test_layers.py` checks): spelt out so that `ca_server.config`
 # can use this module without loading protobuf.
 CERTIFICATE_SERVICE = "istio.v1.auth.IstioCertificateService"
 REPORT_SERVICE = "meshca.v1.AgentReportService"
-CERT_SIGNER = "CertSigner"

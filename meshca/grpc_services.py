@@ -2,11 +2,14 @@
 
 The generated `add_*Servicer_to_server` functions decode each request with protobuf inside
 grpc, where a request that does not decode becomes a traceback and a status the client cannot
-act on. meshca's servers instead hand grpc their own lenient decoders (which return a value
-naming the problem, so the handler refuses it like any other bad request: the CA's
-`ca_server.request_decoding` and `ca_server.report_service`, the agent's `agent.sds_decoding`
-and `agent.workload_api`) and register the method handlers here, the way the generated code
-does: as a generic handler and as registered methods (grpc's faster lookup by method path).
+act on. meshca's servers instead hand grpc the one lenient decoder here (`lenient_decoder`),
+which returns an `Undecodable` naming the problem, so the handler refuses it like any other bad
+request, and register the method handlers here, the way the generated code does: as a generic
+handler and as registered methods (grpc's faster lookup by method path). What differs between
+servers is only how the problem is worded and counted: each passes its own `Explain` (the CA's
+`ca_server.request_decoding` tells a bad CSR from a bad request, `ca_server.report_service`
+refuses an oversized report before decoding it, the agent's `agent.sds_decoding` and
+`agent.workload.api` name their protocol) and refuses with its own status and log line.
 
 Servicers written for the generated code (grpcio's health and reflection servicers, which the
 CA serves, `ca_server.serving.endpoints`) never see an undecodable request: `lenient_handlers`
@@ -38,28 +41,42 @@ def add_service(
 
 @dataclass(frozen=True)
 class Undecodable:
-    """Request bytes that do not decode as the method's request message (`expected`)."""
+    """Request bytes that do not decode as the method's request message (`expected`), and
+    what the server tells the caller about them."""
 
     expected: str  # the message's full protobuf name
     size: int
-
-    def problem(self) -> str:
-        return (
-            f"the request ({self.size} bytes) does not decode as a {self.expected} "
-            "(malformed protobuf, or a string field that is not UTF-8)"
-        )
+    problem: str  # operator-facing: what was wrong and, where it helps, what to send instead
+    reason: str = "request-malformed"  # the refusal's label, for servers that count refusals
 
 
-def lenient_decoder(message_class: Any) -> Callable[[bytes], Any]:
-    """`message_class.FromString`, except that bytes it cannot decode become an `Undecodable`
-    instead of an exception inside grpc."""
+Explain = Callable[[bytes, str], Undecodable]
+"""How a server words a refusal: (the bytes that did not decode, the expected message's full
+name) → the `Undecodable` its handler refuses."""
+
+
+def undecodable_request(data: bytes, expected: str) -> Undecodable:
+    """The plain wording, for a server with nothing more specific to say."""
+    return Undecodable(
+        expected,
+        len(data),
+        f"the request ({len(data)} bytes) does not decode as a {expected} "
+        "(malformed protobuf, or a string field that is not UTF-8)",
+    )
+
+
+def lenient_decoder(
+    message_class: Any, explain: Explain = undecodable_request
+) -> Callable[[bytes], Any]:
+    """`message_class.FromString`, except that bytes it cannot decode become `explain`'s
+    `Undecodable` instead of an exception inside grpc; never raises."""
     expected = message_class.DESCRIPTOR.full_name
 
     def decode(data: bytes) -> Any:
         try:
             return message_class.FromString(data)
         except DecodeError:
-            return Undecodable(expected, len(data))
+            return explain(data, expected)
 
     return decode
 
@@ -116,7 +133,7 @@ async def _refuse(
     context: Any, path: str, request: Undecodable, on_undecodable: OnUndecodable
 ) -> NoReturn:
     on_undecodable(path, context.peer(), request)
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{path}: {request.problem()}")
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{path}: {request.problem}")
     raise AssertionError("abort() returned")  # pragma: no cover - abort always raises
 
 

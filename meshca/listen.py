@@ -1,7 +1,8 @@
 """Listening addresses as operators write them (`HOST:PORT`, `[v6]:PORT`), checked once, and a
 failure to listen said as one line naming the flag and what to do.
 
-Dependency-free on purpose: the configuration modules of every command import it.
+Dependency-free on purpose (`meshca.host_port` is too): the configuration modules of every
+command import it.
 """
 
 from __future__ import annotations
@@ -9,19 +10,21 @@ from __future__ import annotations
 import errno
 import socket
 
+from meshca.host_port import split_host_port
+
 
 class ListenError(Exception):
     """An address could not be listened on; the message names the flag and what to do."""
 
 
 def parse_listen(flag: str, listen: str) -> tuple[str, int]:
-    """`HOST:PORT` (`[v6]:PORT`; port 0 picks a free one), or `ValueError` naming `flag`."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(
-            f"{flag} {listen!r}: expected HOST:PORT with a port 0-65535, e.g. 127.0.0.1:15014"
-        )
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """`HOST:PORT` (`[v6]:PORT`; port 0 picks a free one, no host is 127.0.0.1), or
+    `ValueError` naming `flag` (`meshca.host_port` says what is wrong)."""
+    try:
+        host, port = split_host_port(listen)
+    except ValueError as exc:
+        raise ValueError(f"{flag} {listen!r}: {exc}") from None
+    return host or "127.0.0.1", port
 
 
 def listening_socket(listen: str, flag: str) -> socket.socket:

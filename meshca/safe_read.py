@@ -5,30 +5,27 @@ the file decide how long the read takes or how much memory it costs.
 ends, and a huge file costs memory; on an asyncio loop any of them stalls every other client.
 `read_regular_file` opens without blocking (`O_NONBLOCK`; symlinks are followed, as the
 kubelet's `..data` layout needs), refuses anything `fstat` does not call a regular file, and
-reads at most `max_bytes`. `read_regular_file_async` runs that in a worker thread under a
-timeout, for a stuck filesystem (NFS, FUSE) where even a regular file's read can hang.
+reads at most `max_bytes`.
 
-Concurrency: `read_regular_file` blocks its caller (call it from a thread); the async form is
-safe on the event loop. A timed-out read leaves its thread to finish on its own: Python cannot
-interrupt a blocked system call, but the loop is no longer waiting for it.
+Concurrency: `read_regular_file` blocks its caller, so callers on an event loop run it in a
+worker thread under a time limit (`meshca.waiting.result_within`: `agent.polled_file`,
+`agent.file_mounted`, `ca_server.jwt_authn`), for a stuck filesystem (NFS, FUSE) where even a
+regular file's read can hang. A timed-out read leaves its thread to finish on its own: Python
+cannot interrupt a blocked system call, but the loop is no longer waiting for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from pathlib import Path
 
-from meshca.waiting import result_within
-
 DEFAULT_MAX_BYTES = 1024 * 1024
-DEFAULT_TIMEOUT = 5.0
 
 
 class UnsafeFileError(OSError):
-    """The path names something that is not a small regular file, or it could not be read in
-    time; the message names the path and the problem, never the content."""
+    """The path names something that is not a small regular file; the message names the path
+    and the problem, never the content."""
 
 
 def read_regular_file(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -55,20 +52,6 @@ def read_regular_file(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX
     if len(data) > max_bytes:  # grew while being read
         raise UnsafeFileError(f"{path} is larger than the limit of {max_bytes} bytes")
     return data
-
-
-async def read_regular_file_async(
-    path: str | os.PathLike[str],
-    *,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    timeout: float = DEFAULT_TIMEOUT,
-) -> bytes:
-    """`read_regular_file` in a worker thread; `UnsafeFileError` after `timeout` seconds."""
-    try:
-        reading = asyncio.ensure_future(asyncio.to_thread(read_regular_file, path, max_bytes))
-        return await result_within(reading, timeout)
-    except TimeoutError:
-        raise UnsafeFileError(f"reading {path} did not finish within {timeout:g}s") from None
 
 
 def _kind(mode: int) -> str:

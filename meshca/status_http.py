@@ -34,6 +34,7 @@ from http import HTTPStatus
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from meshca.host_port import join_host_port
 from meshca.listen import ListenError, listening_socket
 
 __all__ = ["ListenError", "Response", "Route", "StatusServer", "json_response", "text"]
@@ -60,11 +61,6 @@ def json_response(document: object) -> Response:
 
 def metrics_route(registry: CollectorRegistry) -> Route:
     return lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry))
-
-
-def split_host_port(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class _Connection:
@@ -115,8 +111,7 @@ class StatusServer:
 
     @property
     def url(self) -> str:
-        host = self.host
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        return f"http://{join_host_port(self.host, self.port)}"
 
     def start(self) -> None:
         self._thread.start()

@@ -9,7 +9,7 @@ Request metadata of `CreateCertificate` (docs/reference.md#ca-api):
   the identity, so an overloaded CA sheds it before first certificates (`ca_server.admission`).
 - The propagation report (docs/reference.md#propagation-report): `AGENT_ID_HEADER`,
   `TRUST_BUNDLE_HEADER`, `LEAF_AUTHORITY_HEADER`, sent on every CSR (`agent.propagation`),
-  recorded by the CA (`ca_server.authority.agent_reports`).
+  recorded by the CA (`ca_server.fleet.agent_reports`).
 
 Response trailer: `RETRY_PUSHBACK_TRAILER` (gRPC's retry pushback, milliseconds), sent with a
 shed request's `UNAVAILABLE`; the agent waits at least that long (`agent.ca_client`).
@@ -20,7 +20,7 @@ expect).
 
 `MAX_REPORT_INTERVAL` bounds the agent's `--report-interval` (it jitters each wait by up to
 20 %), and the CA's expiry of a report is derived from it
-(`ca_server.authority.agent_reports`): a live agent refreshes its entry well before it expires,
+(`ca_server.fleet.entries`): a live agent refreshes its entry well before it expires,
 a gone one stops counting soon after."""
 
 from datetime import timedelta

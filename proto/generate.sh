@@ -11,7 +11,7 @@ python="${PYTHON:-python3}"
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
   "$here/meshca_proto/ca.proto" "$here/meshca_proto/report.proto"
 # The SPIFFE Workload API: messages only. Its service is registered by hand under the
-# specification's unpackaged name (see the header of workload.proto and agent/workload_api.py).
+# specification's unpackaged name (see the header of workload.proto and agent/workload/api.py).
 "$python" -m grpc_tools.protoc -I "$here" \
   --python_out="$out" --pyi_out="$out" \
   "$here/meshca_proto/workload.proto"

@@ -7,12 +7,19 @@
 
 A lower floor importing a higher one (even lazily, inside a function) fails here, so the runtime
 stays usable by both daemons and `meshca agent` cannot drag the CA in through a shared helper.
+Nor may any module of the product reach itself through its imports (an import cycle), however
+lazily: a cycle is a module that cannot be read, tested or moved without the others in it.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import functools
+import io
+import itertools
+import re
+import tokenize
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -269,20 +276,22 @@ def test_the_ca_package_root_exports_what_it_declares():
 # -- the CA's facades ------------------------------------------------------------------------
 #
 #     meshca/commands/   may import from ca_server only: the package root `ca_server`,
-#                        `ca_server.authority` (the facade) and `ca_server.config`
+#                        `ca_server.authority` and `ca_server.fleet` (the facades) and
+#                        `ca_server.config`
 #     ca_server/authority/<module>   private to the package: the rest of the product reaches it
 #                        through `ca_server.authority` only, except `ca_server.kube`, which
 #                        implements the package's store and publication protocols in the cluster
 #                        and imports the modules that define them (`KUBE_MAY_IMPLEMENT`)
+#     ca_server/fleet/<module>   private to the package likewise: the rest of the product
+#                        reaches it through `ca_server.fleet` only; the fleet sits below the
+#                        authority (the authority reads it) and never imports `ca_server.authority`
 #
 # Tests and benches may import anything (they test the parts).
 
-COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.config")
+COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.fleet", "ca_server.config")
 AUTHORITY = "ca_server.authority"
-KUBE_MAY_IMPLEMENT = tuple(
-    f"{AUTHORITY}.{name}"
-    for name in ("slots", "state_store", "leaf_ledger", "agent_reports", "report_shards")
-)
+FLEET = "ca_server.fleet"
+KUBE_MAY_IMPLEMENT = tuple(f"{AUTHORITY}.{name}" for name in ("slots", "state_store"))
 
 
 def imported_from(source: str) -> Iterator[str]:
@@ -305,11 +314,18 @@ def facade_violations(module: str, source: str) -> list[str]:
     for name in imported_from(source):
         if within(module, ("meshca.commands",)):
             if within(name, ("ca_server",)) and name not in COMMAND_FACADES:
-                found.add(f"{module} imports {name}: use ca_server.authority or ca_server.config")
+                found.add(
+                    f"{module} imports {name}: use ca_server.authority, ca_server.fleet or "
+                    "ca_server.config"
+                )
         elif not within(module, (AUTHORITY,)) and within(name, (AUTHORITY,)) and name != AUTHORITY:
             if within(module, ("ca_server.kube",)) and name in KUBE_MAY_IMPLEMENT:
                 continue
             found.add(f"{module} imports {name}: import it from the facade ca_server.authority")
+        if within(module, (FLEET,)) and within(name, (AUTHORITY,)):
+            found.add(f"{module} imports {name}: the fleet is below the authority, never above")
+        elif not within(module, (FLEET,)) and within(name, (FLEET,)) and name != FLEET:
+            found.add(f"{module} imports {name}: import it from the facade ca_server.fleet")
     return sorted(found)
 
 
@@ -329,8 +345,8 @@ def test_the_facade_rule_sees_what_it_must():
     assert facade_violations(
         "meshca.commands.status", "def f():\n    from ca_server.kube.clients import c\n"
     ) == [
-        "meshca.commands.status imports ca_server.kube.clients: use ca_server.authority or "
-        "ca_server.config"
+        "meshca.commands.status imports ca_server.kube.clients: use ca_server.authority, "
+        "ca_server.fleet or ca_server.config"
     ]
     assert facade_violations("meshca.commands.authority", "from ca_server import errors\n") != []
     assert facade_violations("ca_server.service", "from ca_server.authority.slots import x\n") != []
@@ -346,6 +362,38 @@ def test_the_facade_rule_sees_what_it_must():
     )
     assert (
         facade_violations("ca_server.kube.mode", "import ca_server.authority.self_signed\n") != []
+    )
+
+
+def test_the_facade_rule_keeps_the_fleet_below_the_authority_and_behind_its_facade():
+    """The checker itself, on sources that break the fleet's two rules (and on ones that don't)."""
+    assert facade_violations("ca_server.fleet.coverage", "import ca_server.authority\n") == [
+        "ca_server.fleet.coverage imports ca_server.authority: the fleet is below the authority, "
+        "never above"
+    ]
+    assert (
+        facade_violations(
+            "ca_server.fleet.merge", "def f():\n    from ca_server.authority.slots import x\n"
+        )
+        != []
+    )
+    assert (
+        facade_violations("ca_server.fleet.merge", "from ca_server.fleet.entries import x\n") == []
+    )
+    assert facade_violations("ca_server.authority.slots", "from ca_server.fleet import x\n") == []
+    assert (
+        facade_violations("ca_server.kube.replica_reports", "from ca_server import fleet\n") == []
+    )
+    assert facade_violations("ca_server.service", "from ca_server.fleet import entries\n") == [
+        "ca_server.service imports ca_server.fleet.entries: import it from the facade "
+        "ca_server.fleet"
+    ]
+    assert facade_violations("ca_server.kube.report_pods", "import ca_server.fleet.merge\n") != []
+    assert (
+        facade_violations("meshca.commands.authority_view", "from ca_server.fleet import x\n") == []
+    )
+    assert (
+        facade_violations("meshca.commands.status", "from ca_server.fleet.merge import x\n") != []
     )
 
 
@@ -395,3 +443,375 @@ def test_the_server_rule_sees_a_branch():
     assert {"isinstance", "slotsigner", "signer"} <= identifiers(source)
     assert "rotator" in identifiers("x = setup.rotator\n")
     assert "rotator" not in identifiers('"""the rotator"""\n')
+
+
+# -- no import cycle anywhere in the product --------------------------------------------------
+#
+# The graph is read from the source (nothing imported): one node per module of `ca_server/`,
+# `agent/`, `certs/` and `meshca/` (a package's `__init__.py` is the package's node), one edge
+# per import at any depth (top level, inside functions, under TYPE_CHECKING), absolute or
+# relative. `import a.b` is an edge to a.b. `from a.b import c` is an edge to a.b.c when that is
+# a module, else to a.b (c is a name a.b defines). How a package's `__init__.py` counts: Python
+# runs the parent packages on the way to a module, but that implicit step is no edge (every
+# module would otherwise hang off its package root, and `from p import sub` is `import p.sub`);
+# taking a name from a package is one. So a module of package P that imports a name from P's
+# facade while the facade imports it is a circle, and is reported as one. Anything outside the
+# four packages (the standard library, grpc, generated `meshca_proto`) is no node.
+
+PRODUCT_PACKAGES = ("ca_server", "agent", "certs", "meshca")
+
+ImportGraph = dict[str, dict[str, int]]  # module → {module it imports: line of the first import}
+
+
+def _module_of(path: str) -> tuple[str, bool]:
+    """`a/b/c.py` → (`a.b.c`, False); `a/b/__init__.py` → (`a.b`, True)."""
+    parts = path.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    """The module a `from ... import` names, relative levels resolved against `module`."""
+    if node.level == 0:
+        return node.module
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level > len(package):
+        return None  # beyond the top-level package: Python refuses it too
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imported(
+    module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules: Collection[str]
+) -> list[str]:
+    """What one import statement of `module` reaches: `import a.b` → a.b; `from a.b import c`
+    → a.b.c when that is one of `modules`, else a.b (c is a name a.b defines)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = _absolute(module, is_package, node)
+    if base is None:
+        return []
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def import_graph(files: dict[str, str]) -> ImportGraph:
+    """The import graph of `files` (path relative to the repository root → source)."""
+    modules = dict(_module_of(path) for path in files)
+    graph: ImportGraph = {module: {} for module in modules}
+    for path, source in files.items():
+        module, is_package = _module_of(path)
+        for node in ast.walk(ast.parse(source, filename=path)):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in _imported(module, is_package, node, modules):
+                    if target in modules and target != module:
+                        graph[module].setdefault(target, node.lineno)
+    return graph
+
+
+def import_cycles(graph: ImportGraph) -> list[list[str]]:
+    """The strongly connected components of `graph` with more than one module (Tarjan's
+    algorithm, iterative so a deep chain cannot hit the recursion limit), each sorted, in order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph[successor]))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def shortest_loop(graph: ImportGraph, component: list[str]) -> list[str]:
+    """One shortest way round `component` from its first module back to it (breadth first,
+    inside the component), e.g. [a, b, a]."""
+    start, members = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for successor in sorted(graph[node]):
+                if successor == start:
+                    loop = [start, node]
+                    while loop[-1] != start:
+                        loop.append(came_from[loop[-1]])
+                    return loop[::-1]
+                if successor in members and successor not in came_from:
+                    came_from[successor] = node
+                    following.append(successor)
+        frontier = following
+    raise AssertionError(f"{component} is not a cycle")
+
+
+def describe_cycles(graph: ImportGraph) -> str:
+    """Each cycle as its modules and one way round with the importing lines, for a reader
+    who has to break it."""
+    lines = []
+    for component in import_cycles(graph):
+        loop = shortest_loop(graph, component)
+        steps = "".join(f"{a} —line {graph[a][b]}→ " for a, b in itertools.pairwise(loop))
+        lines += [
+            f"{len(component)} modules import each other: {', '.join(component)}",
+            f"    e.g. {steps}{loop[-1]}",
+        ]
+    return "\n".join(lines)
+
+
+def product_sources() -> dict[str, str]:
+    return {
+        path.relative_to(ROOT).as_posix(): path.read_text(encoding="utf-8")
+        for package in PRODUCT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def test_no_import_cycle_in_the_product():
+    graph = import_graph(product_sources())
+    assert import_cycles(graph) == [], "import cycles:\n" + describe_cycles(graph)
+
+
+def test_the_cycle_check_finds_a_planted_two_module_cycle():
+    graph = import_graph(
+        {
+            "p/__init__.py": "",
+            "p/a.py": "def late():\n    from p.b import thing\n",
+            "p/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.a\n",
+            "p/c.py": "import p.a\nimport os\n",
+        }
+    )
+    assert import_cycles(graph) == [["p.a", "p.b"]]
+    assert shortest_loop(graph, ["p.a", "p.b"]) == ["p.a", "p.b", "p.a"]
+    assert describe_cycles(graph) == (
+        "2 modules import each other: p.a, p.b\n    e.g. p.a —line 2→ p.b —line 3→ p.a"
+    )
+
+
+def test_the_cycle_check_finds_a_planted_three_module_cycle_through_relative_imports():
+    graph = import_graph(
+        {
+            "p/__init__.py": "from p.q import x\n",
+            "p/q/__init__.py": "from .deep import x\n",
+            "p/q/deep.py": "from .. import r, VERSION\n",  # the module p.r, a name of p
+            "p/r.py": "import os\n",
+            "p/s.py": "from . import r\n",
+        }
+    )
+    assert import_cycles(graph) == [["p", "p.q", "p.q.deep"]]
+
+
+def test_the_cycle_check_reports_a_module_that_imports_its_own_facade():
+    """The facade imports the module, the module imports a name from the facade: a circle
+    Python only survives when the name happens to be bound before the module asks for it."""
+    graph = import_graph(
+        {
+            "p/__init__.py": "from p.impl import run\nLIMIT = 3\n",
+            "p/impl.py": "from p import LIMIT\n",
+            "p/other.py": "from p.impl import run\n",  # parents run first, yet no edge to p
+        }
+    )
+    assert import_cycles(graph) == [["p", "p.impl"]]
+
+
+def test_the_cycle_check_passes_an_acyclic_graph():
+    """A diamond, a package whose modules import siblings (not the facade), and names that are
+    no modules: no edge back, no cycle."""
+    graph = import_graph(
+        {
+            "p/__init__.py": "from p.a import x\nfrom p.b import y\n",
+            "p/a.py": "from p.c import z\n",
+            "p/b.py": "import json\nfrom . import c\n",
+            "p/c.py": "def late():\n    import p.d.nothing_here\n",
+            "p/d.py": "import os.path\n",
+        }
+    )
+    assert import_cycles(graph) == []
+    assert graph["p"] == {"p.a": 1, "p.b": 2}
+    assert graph["p.b"] == {"p.c": 2}  # `from . import c` is `import p.c`: p runs, no edge
+    assert graph["p.c"] == {}  # p.d.nothing_here is no module: no edge
+
+
+# -- prose that names the code ---------------------------------------------------------------
+#
+# Docstrings and comments point a reader at other modules (`ca_server.kube.secret_root`,
+# `agent/sds.py`, `meshca.wire.MAX_REPORT_INTERVAL`). A move that forgets them leaves a reader
+# looking for a file that is not there, so every such backquoted name must exist: a path from the
+# repository root (or under `proto/`), a module, or a top-level name of one. The `meshca.*`
+# names that are no Python (a logger, the protos' package) are listed as such.
+
+NOT_MODULES = ("meshca.audit", "meshca.v1")  # the audit logger; the protos' package
+NAMED_PACKAGES = (*PRODUCT_PACKAGES, "meshca_proto")
+REPOSITORY_DIRECTORIES = (*NAMED_PACKAGES, "tests", "docs", "deploy", "proto", "bench")
+_BACKQUOTED = re.compile(r"`([^`\s]+)`")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+_PATH = re.compile(r"[\w.-]+(/[\w.-]+)+/?")
+
+
+def prose(source: str) -> Iterator[tuple[int, str]]:
+    """(line, text) of every docstring and comment of `source`."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                yield value.lineno, value.value
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+
+
+def _source_of(module: str, root: Path) -> Path | None:
+    for base in (root, root / "proto"):
+        path = base.joinpath(*module.split("."))
+        for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def top_level_names(source: str) -> set[str]:
+    """What `import module` gives a reader: its definitions, assignments and imports, also
+    those under a top-level `if` (TYPE_CHECKING)."""
+    names: set[str] = set()
+    tree = ast.parse(source)
+    for node in [*tree.body, *(n for s in tree.body if isinstance(s, ast.If) for n in s.body)]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+@functools.cache
+def _names_in(source: Path) -> frozenset[str]:
+    return frozenset(top_level_names(source.read_text(encoding="utf-8")))
+
+
+def missing_reference(name: str, root: Path) -> str | None:
+    """Why backquoted `name` names nothing in the repository at `root`, or None when it does
+    (or is no reference to it)."""
+    name = name.rstrip(".,:;")
+    if _PATH.fullmatch(name) and name.split("/")[0] in REPOSITORY_DIRECTORIES:
+        if (root / name).exists() or (root / "proto" / name).exists():
+            return None
+        return f"no path {name}"
+    if not _DOTTED.fullmatch(name) or name.split(".")[0] not in NAMED_PACKAGES:
+        return None
+    if within(name, NOT_MODULES):
+        return None
+    parts = name.split(".")
+    for length in range(len(parts), 0, -1):
+        source = _source_of(".".join(parts[:length]), root)
+        if source is not None:
+            break
+    assert source is not None  # the first part is one of NAMED_PACKAGES
+    if length == len(parts) or parts[length] in _names_in(source):
+        return None
+    module = ".".join(parts[:length])
+    return f"no module {module}.{parts[length]}, nor a name {parts[length]} in {module}"
+
+
+def stale_references(path: Path, root: Path = ROOT) -> list[str]:
+    found = []
+    for line, text in prose(path.read_text(encoding="utf-8")):
+        for match in _BACKQUOTED.finditer(text):
+            why = missing_reference(match.group(1), root)
+            if why is not None:
+                found.append(f"{path.relative_to(root)}:{line}: `{match.group(1)}`: {why}")
+    return found
+
+
+@pytest.mark.parametrize("package", PRODUCT_PACKAGES)
+def test_the_prose_names_only_modules_and_paths_that_exist(package: str):
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found += stale_references(path)
+    assert found == [], "\n".join(found)
+
+
+def test_the_prose_check_sees_a_name_that_moved(tmp_path: Path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "real.py").write_text("LIMIT = 3\n\nclass Thing:\n    pass\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("")
+    for name in ("pkg.real", "pkg.real.LIMIT", "pkg.real.Thing.method", "docs/x.md", "os.path"):
+        assert missing_reference(name, tmp_path) is None, name
+    assert missing_reference("ca_server.kube.gone.", ROOT) == (
+        "no module ca_server.kube.gone, nor a name gone in ca_server.kube"
+    )
+    assert missing_reference("agent.sds.NO_SUCH_LIMIT", ROOT) == (
+        "no module agent.sds.NO_SUCH_LIMIT, nor a name NO_SUCH_LIMIT in agent.sds"
+    )
+    assert missing_reference("tests/test_gone.py", ROOT) == "no path tests/test_gone.py"
+    assert missing_reference("meshca.audit", ROOT) is None  # a logger, not a module
+    lines = list(prose('"""See `a.b`."""\nX = "`c.d`"  # and `e.f`\n'))
+    assert lines == [(1, "See `a.b`."), (2, "# and `e.f`")]
+
+
+# Packages whose `__init__.py` docstring is their module map: it names every module in the
+# folder, so a newcomer finds each file's job in one place.
+MAPPED_PACKAGES = ("ca_server/authority", "ca_server/kube", "ca_server/serving")
+
+
+def unmapped_modules(package: Path, root: Path = ROOT) -> list[str]:
+    docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text("utf-8"))) or ""
+    named = set(_BACKQUOTED.findall(docstring))
+    dotted = ".".join(package.relative_to(root).parts)
+    modules = sorted(
+        [path.stem for path in package.glob("*.py") if path.name != "__init__.py"]
+        + [path.parent.name for path in package.glob("*/__init__.py")]
+    )
+    return [m for m in modules if not named & {m, f"{m}.py", f"{dotted}.{m}"}]
+
+
+@pytest.mark.parametrize("package", MAPPED_PACKAGES)
+def test_a_module_map_names_every_module_of_its_package(package: str):
+    assert unmapped_modules(ROOT / package) == []
+
+
+def test_the_module_map_check_sees_a_module_left_out(tmp_path: Path):
+    package = tmp_path / "pkg" / "sub"
+    (package / "inner").mkdir(parents=True)
+    for name in ("__init__.py", "named.py", "dotted.py", "file.py", "left_out.py"):
+        (package / name).write_text("")
+    (package / "inner" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(
+        '"""- `named`: one.\n- `pkg.sub.dotted`: two.\n- `file.py`: three.\n"""\n'
+    )
+    assert unmapped_modules(package, tmp_path) == ["inner", "left_out"]

@@ -1,7 +1,7 @@
 """The CA's signing authority: where it comes from, who keeps it current, what it signed.
 
-    AuthorityDriver (protocol)      start · run · signer · ttl_policy · agent_reports
-                                    · tainted_since · report · on_change
+    AuthorityDriver (protocol)      start · run · signer · ttl_policy · tainted_since
+                                    · report · on_change
     ├── self_signed.SelfSignedDriver   authority slots every CA process shares (prepared /
     │     active / old, tainted), in `--data-dir` under its lock (`state_store`) or in Secret
     │     `istio-ca-secret` (`ca_server.kube.secret_root`); rotated on schedule, each step in a
@@ -11,29 +11,34 @@
           validated and checked by the guard (`PluggedChangeGuard`) so no workload is stranded
 
 `authority_driver_for()` is the one place that choice is made; `ca_server.server` holds the
-result and never asks which kind it has. Both drivers share, once (`driver_core`): the one
-signer (`signer.LocalSigner`, which records each leaf in the leaf ledger under the authority it
-counts under), the agent reports the driver owns, published with the ledger (files in
+result and never asks which kind it has. In Kubernetes mode the shared state lives in the
+cluster: the driver takes its store and sink from `ClusterStores` (which
+`ca_server.kube.mode.KubernetesMode` implements), never the Kubernetes mode itself. Both
+drivers share, once (`driver_core`): the one signer (`signer.LocalSigner`, which records each
+leaf in the leaf ledger under the authority it counts under), the ledger's publication with
+this process's agent reports (the table the server builds and hands in: files in
 `--data-dir`, or per-replica ConfigMaps in Kubernetes mode), `root-cert.pem` and the taint
 notice beside it (`root_bundle`), Istio's expiry gauges, and the activation gate's rules
-(`agent_reports.gate_coverage`; `slots.gate_deadline` and `slots.gate_verdict`).
+(`ca_server.fleet.gate_coverage`; `slots.gate_deadline` and `slots.gate_verdict`).
+
+The fleet — which leaves are live, which bundle each agent trusts, merged across CA processes —
+is its own package below this one (`ca_server.fleet`): the authority reads it, never the other
+way round.
 
 Modules:
 - `slots`: the pure rules of the self-signed slots (phases, schedule, taints, the gate);
 - `state_store`: the slots persisted in `--data-dir` (`data_dir_guard` checks the directory
   first); the Kubernetes store is `ca_server.kube.secret_root`;
 - `self_signed`, `plugged`: the two drivers; `driver_core`: what they share;
-- `signer`: the one signer; `leaf_ledger`: live leaves per authority, per CA process, and
-  their publication; `issued_leaves`: the latest leaf per identity (for `/debug/ca`);
-- `agent_reports`: what each agent trusts and serves (the coverage rule), `report_shards`:
-  its sharded publication, `agent_stragglers`: the agents a rotation waits on;
+- `signer`: the one signer (it records each leaf in the fleet's leaf ledger);
+- `agent_stragglers`: the agents a rotation waits on, named from the fleet's reports;
 - `report`: the slots as `/debug/ca`, `meshca status` and `meshca authority show` print
   them; `fitness`: what `meshca authority` refuses to activate.
 
-`meshca authority` and `meshca status` use this facade only (`__all__`); the server uses the
-driver. Concurrency: a driver's `run()` is one coroutine on the CA's event loop; store reads
-and writes (file lock, disk, API server) run in a worker thread; `signer.sign` runs on the
-event loop and reads the current authority once per request.
+`meshca authority` and `meshca status` use this facade (`__all__`) and the fleet's only; the
+server uses the driver. Concurrency: a driver's `run()` is one coroutine on the CA's event
+loop; store reads and writes (file lock, disk, API server) run in a worker thread;
+`signer.sign` runs on the event loop and reads the current authority once per request.
 """
 
 from __future__ import annotations
@@ -44,18 +49,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from ca_server.authority.agent_reports import (
-    MAX_AGENT_ID,
-    MAX_AUTHORITY,
-    MAX_DIGEST,
-    MAX_REPORTED_AUTHORITIES,
-    REPORT_HEADERS,
-    AgentReports,
-    FleetReports,
-    valid_agent_id,
-)
 from ca_server.authority.agent_stragglers import agents_section, render_agents
 from ca_server.authority.data_dir_guard import check_data_dir
 from ca_server.authority.driver_core import DriverSettings
@@ -65,8 +60,6 @@ from ca_server.authority.fitness import (
     refuse_short_lifetime,
     refuse_unfit,
 )
-from ca_server.authority.issued_leaves import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LedgerSink
 from ca_server.authority.plugged import PluggedDriver, plugged_source_for
 from ca_server.authority.report import (
     AuthorityReport,
@@ -89,32 +82,20 @@ from ca_server.authority.state_store import (
 )
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.errors import CaSetupError
+from ca_server.fleet import AgentReports, DirectoryLedgerSink, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
 from meshca.clock import Clock
 
-if TYPE_CHECKING:  # `ca_server.kube` imports this package's stores
-    from ca_server.kube.mode import KubernetesMode
-
 __all__ = [
-    "DEFAULT_CAPACITY",
-    "MAX_AGENT_ID",
-    "MAX_AUTHORITY",
-    "MAX_DIGEST",
-    "MAX_REPORTED_AUTHORITIES",
-    "REPORT_HEADERS",
-    "AgentReports",
     "AuthorityCommandError",
     "AuthorityDriver",
     "AuthorityReport",
     "AuthorityState",
     "AuthorityStateStore",
     "CaSetupError",
-    "FleetReports",
+    "ClusterStores",
     "IssuedCertificate",
-    "IssuedLeaf",
-    "IssuedLeaves",
-    "LedgerSink",
     "LocalSigner",
     "Phase",
     "ReportSnapshot",
@@ -136,7 +117,6 @@ __all__ = [
     "report_section",
     "show_document",
     "status_section",
-    "valid_agent_id",
 ]
 
 
@@ -151,11 +131,6 @@ class AuthorityDriver(Protocol):
     @property
     def ttl_policy(self) -> TtlPolicy:
         """The workload TTLs to grant (capped under self-signed rotation)."""
-        ...
-
-    @property
-    def agent_reports(self) -> AgentReports:
-        """The agents' reports this process received, published with its leaf ledger."""
         ...
 
     @property
@@ -180,22 +155,36 @@ class AuthorityDriver(Protocol):
         ...
 
 
+class ClusterStores(Protocol):
+    """Where the shared state lives when a cluster holds it (Kubernetes mode): the authority
+    slots every replica shares, and where this replica publishes its ledger and agent reports."""
+
+    def authority_state_store(self, factory: SlotFactory) -> AuthorityStateStore: ...
+
+    def ledger_sink(self, instance: str) -> LedgerSink: ...
+
+
 def _instance_name(config: CaConfig) -> str:
     """This CA process's name in audit lines and in its leaf-ledger report."""
     return config.kube.instance_id if config.kube is not None else f"ca-{os.getpid()}"
 
 
 def authority_driver_for(
-    config: CaConfig, metrics: CaMetrics, clock: Clock, kube: KubernetesMode | None = None
+    config: CaConfig,
+    metrics: CaMetrics,
+    clock: Clock,
+    agent_reports: AgentReports,
+    cluster: ClusterStores | None = None,
 ) -> AuthorityDriver:
     """The plugged-in driver when `--cacerts-dir` holds a complete layout, else self-signed
-    slots shared by every CA process (in Secret `istio-ca-secret` in Kubernetes mode, else in
-    `--data-dir`). Raises `CaSetupError` for an unusable `--cacerts-dir`. Not started."""
+    slots shared by every CA process (in the `cluster`'s store, Secret `istio-ca-secret`, in
+    Kubernetes mode, else in `--data-dir`). It publishes `agent_reports` (this process's table)
+    with its leaf ledger. Raises `CaSetupError` for an unusable `--cacerts-dir`. Not started."""
     source = plugged_source_for(config.cacerts_dir)
     instance = _instance_name(config)
     sink: LedgerSink = (
-        kube.ledger_sink(instance)
-        if kube is not None
+        cluster.ledger_sink(instance)
+        if cluster is not None
         else DirectoryLedgerSink(config.data_dir, instance)
     )
     settings = DriverSettings(
@@ -204,13 +193,14 @@ def authority_driver_for(
         config.plugged_ca_poll_interval.total_seconds(),
         sink,
         config.trust_domain,
+        agent_reports,
     )
     driver: SelfSignedDriver | PluggedDriver
     if source is None:
         factory = SlotFactory(config.root_key, config.trust_domain, config.root_lifetime)
         store: AuthorityStateStore = (
-            kube.authority_state_store(factory)
-            if kube is not None
+            cluster.authority_state_store(factory)
+            if cluster is not None
             else LocalAuthorityStateStore(config.data_dir, factory, clock)
         )
         policy = rotation_policy_for(config)
@@ -225,7 +215,6 @@ def authority_driver_for(
             switch_at_coverage=config.activate_at_coverage,
             deadline_share=config.activate_deadline,
         )
-    driver.agent_reports.pods = kube.report_pods() if kube is not None else None
     return driver
 
 

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from ca_server.authority.agent_reports import FleetEntry, FleetReports, subset_digests
 from ca_server.authority.slots import AuthorityState, Phase, Slot
+from ca_server.fleet import FleetEntry, FleetReports, subset_digests
 
 DEFAULT_LIMIT = 1000  # pods listed per list (the counts are always exact)
 STATUS_LIMIT = 50  # in `meshca status`, which shows every prepared and tainted authority

@@ -1,6 +1,6 @@
-"""What both authority drivers share, written once: the signer and its leaf ledger, the agent
-reports the driver owns, their publication (one sink for both), the published trust bundle,
-Istio's expiry gauges and the change notification. `self_signed.SelfSignedDriver` and
+"""What both authority drivers share, written once: the signer and its leaf ledger, their
+publication with the agent reports the server hands in (one sink for both), the published trust
+bundle, Istio's expiry gauges and the change notification. `self_signed.SelfSignedDriver` and
 `plugged.PluggedDriver` differ only in where the next authority comes from and which rule
 admits it.
 
@@ -11,16 +11,15 @@ file writes, which are short; the drivers call the blocking store reads in a wor
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from cryptography import x509
 
-from ca_server.authority.agent_reports import AgentReports
-from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.root_bundle import publish_root_bundle
 from ca_server.authority.signer import LocalSigner
+from ca_server.fleet import AgentReports, LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import DEFAULT_TRUST_DOMAIN, SigningAuthority
 from meshca.clock import Clock
@@ -33,6 +32,9 @@ class DriverSettings:
     poll_interval: float  # seconds between looks at the shared state or the directory
     ledger_sink: LedgerSink  # where this process's ledger and agent reports are published
     trust_domain: str = DEFAULT_TRUST_DOMAIN  # named in the start-up log line
+    # This process's agent reports, published with the ledger: the one table the server builds
+    # and its RPC services record into (a driver built alone publishes an empty one).
+    agent_reports: AgentReports = field(default_factory=AgentReports)
 
 
 class DriverCore:
@@ -43,9 +45,6 @@ class DriverCore:
         self.clock = clock
         self._metrics = metrics
         self.ledger = LeafLedger()
-        # The agents' reports this process received (the RPC edge records into it), published
-        # with the ledger on its cadence.
-        self.agent_reports = AgentReports()
         # Told every new authority after `start()` (Kubernetes mode: the root ConfigMaps).
         self.on_change: Callable[[SigningAuthority], None] = lambda authority: None
         self._signer: LocalSigner | None = None
@@ -82,4 +81,4 @@ class DriverCore:
 
     def save_ledger(self) -> None:
         """Publishes this process's ledger and agent reports (blocking: worker thread)."""
-        self.settings.ledger_sink.save(self.ledger, self.agent_reports, self.clock.now())
+        self.settings.ledger_sink.save(self.ledger, self.settings.agent_reports, self.clock.now())

@@ -16,7 +16,7 @@ CA uses it:
 - a root may leave the bundle only once no unexpired leaf this CA signed chains to it (else
   those workloads' peers would reject them: wait until they expire);
 - with `--activate-at-coverage F`, signing may move to another root only once that fraction
-  of the reporting agents (`ca_server.authority.agent_reports`, the same figure the self-signed gate
+  of the reporting agents (`ca_server.fleet.coverage`, the same figure the self-signed gate
   reads) serve a bundle holding it: "published" is not "received", and a leaf under a root
   its peers do not hold yet fails their handshakes. An intermediate swap under the same root
   is not gated. What the reports could not see counts as not trusting (`AgentCoverage`).
@@ -34,7 +34,7 @@ the directory as it is (the emergency path when the old root is compromised).
 The signer (`signer.LocalSigner`) records each leaf under the root it chains to: the per-root
 leaf ledger the second rule needs; the driver's `LedgerSink` publishes it so CA processes
 sharing the state see each other's leaves. The gate's figure and deadline are the self-signed
-gate's rules (`agent_reports.gate_coverage`, `slots.gate_deadline`, `slots.gate_verdict`).
+gate's rules (`ca_server.fleet.gate_coverage`, `slots.gate_deadline`, `slots.gate_verdict`).
 """
 
 from __future__ import annotations
@@ -48,14 +48,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from ca_server.authority.agent_reports import AgentReports, gate_coverage
 from ca_server.authority.driver_core import DriverCore, DriverSettings
-from ca_server.authority.leaf_ledger import LeafLedger, LedgerSink
 from ca_server.authority.report import AuthorityReport
 from ca_server.authority.signer import anchor_id, anchor_of
 from ca_server.authority.slots import GateVerdict, authority_id, gate_deadline, gate_verdict
 from ca_server.config import TtlPolicy
 from ca_server.errors import CaSetupError
+from ca_server.fleet import AgentReports, LeafLedger, LedgerSink, gate_coverage
 from ca_server.metrics import CaMetrics
 from certs import (
     CertsError,
@@ -333,7 +332,7 @@ class PluggedDriver(DriverCore):
         self.ttl_policy = ttl
         self._guard = PluggedChangeGuard(
             self.ledger,
-            self.agent_reports,
+            settings.agent_reports,
             settings.ledger_sink,
             switch_at_coverage=switch_at_coverage,
             deadline_share=deadline_share,

@@ -6,7 +6,7 @@ a running CA builds the same rows for its `/debug/ca` (read by `meshca status AD
 state it converged on.
 
 The figures beside the state come from every CA process's published reports
-(`ca_server.authority.leaf_ledger.LedgerSink`): live leaves per authority and the agents' reports.
+(`ca_server.fleet.LedgerSink`): live leaves per authority and the agents' reports.
 `None` for a figure that could not be read is printed as "unknown", never as zero: an API or file
 failure must not look like an empty fleet.
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ca_server.authority.agent_reports import Coverage, FleetReports, coverage
 from ca_server.authority.agent_stragglers import STATUS_LIMIT, agents_section
 from ca_server.authority.slots import AuthorityState, Slot, gate_waiting
+from ca_server.fleet import Coverage, FleetReports, authority_coverage
 
 UNKNOWN = "unknown"
 
@@ -66,10 +66,10 @@ def _unseen(agents: Coverage | None) -> int | str:
 
 
 def fleet_coverage(state: AuthorityState, fleet: FleetReports | None) -> Coverage | None:
-    """Which of the state's authorities the reporting agents trust (`agent_reports.coverage`)."""
+    """Which of the state's authorities the reporting agents trust (`ca_server.fleet.coverage`)."""
     if fleet is None:
         return None
-    return coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+    return authority_coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
 
 
 def show_document(

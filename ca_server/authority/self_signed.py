@@ -20,7 +20,7 @@ within one poll interval.
 
 The signer, the ledger and the publication steps are the ones the plugged-in driver uses
 (`driver_core`); the activation gate's coverage figure and deadline are the rules of
-`agent_reports.gate_coverage`, `slots.gate_deadline` and `slots.gate_verdict`, which the
+`ca_server.fleet.gate_coverage`, `slots.gate_deadline` and `slots.gate_verdict`, which the
 plugged-in guard reads too.
 
 Concurrency: the driver is a coroutine on the CA's event loop; store calls (file lock, disk,
@@ -38,13 +38,11 @@ from datetime import datetime
 
 from prometheus_client import Counter, Gauge
 
-from ca_server.authority.agent_reports import FleetReports, coverage, gate_coverage
 from ca_server.authority.driver_core import DriverCore, DriverSettings
 from ca_server.authority.report import AuthorityReport
 from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
-    AgentCoverage,
     AuthorityState,
     HistoryEvent,
     Phase,
@@ -61,6 +59,7 @@ from ca_server.authority.state_store import (
 )
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.errors import CaSetupError
+from ca_server.fleet import AgentCoverage, FleetReports, authority_coverage, gate_coverage
 from ca_server.metrics import CaMetrics, retire_series
 from certs import SigningAuthority
 from meshca.clock import Clock
@@ -168,7 +167,7 @@ class AuthorityGauges:
 
     def coverage(self, state: AuthorityState, fleet: FleetReports) -> None:
         """Per authority, how many reporting agents trust it (every CA process's reports)."""
-        counted = coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
+        counted = authority_coverage([(slot.id, slot.cert) for slot in state.slots], fleet)
         for slot in state.slots:
             if slot.id in self._known:  # `update` removes the series of a gone authority
                 self.trusting.labels(slot.id).set(counted.trusting.get(slot.id, 0))

@@ -25,8 +25,8 @@ from typing import Protocol
 
 from cryptography import x509
 
-from ca_server.authority.leaf_ledger import LeafLedger
 from ca_server.authority.slots import authority_id
+from ca_server.fleet import LeafLedger
 from ca_server.ttl import Validity
 from certs import PublicKey, SigningAuthority, SpiffeId, der_to_pem, random_serial
 from certs.chain import issued_by

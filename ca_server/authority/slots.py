@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 
 from cryptography import x509
 
+from ca_server.fleet import AgentCoverage
 from certs import PrivateKey, SigningAuthority
 
 HISTORY_LIMIT = 50
@@ -350,38 +351,6 @@ GATE_WAITING = "activation-gated"
 """History event: the prepared authority's activation is due but waits for coverage."""
 GATE_DEADLINE_REASON = "gate deadline passed"
 """Start of an `activated` event's reason when the gate gave up waiting."""
-
-
-@dataclass(frozen=True)
-class AgentCoverage:
-    """For the activation gate (and the plugged-in guard): agents whose bundle holds the new
-    authority, agents that reported, and what could not be seen — reports a CA process cut or
-    evicted (`unseen`) and snapshots that could not be read (`unreadable`). Conservative by
-    construction: an unseen agent counts as not trusting, and an unreadable snapshot (how many
-    agents it holds, nobody knows) holds the decision until it can be read or the deadline."""
-
-    trusting: int
-    reporting: int
-    unseen: int = 0
-    unreadable: int = 0
-
-    def reaches(self, fraction: float) -> bool:
-        """Covered when nothing is known to be stranded (no agent reports, nothing unseen or
-        unreadable) or when `fraction` of the reporting and unseen agents trust it."""
-        if self.unreadable:
-            return False
-        counted = self.reporting + self.unseen
-        return counted == 0 or self.trusting >= fraction * counted
-
-    def __str__(self) -> str:
-        blind = ""
-        if self.unseen:
-            blind += f", {self.unseen} unseen counted as not trusting"
-        if self.unreadable:
-            blind += f", {self.unreadable} report(s) unreadable"
-        if self.reporting + self.unseen == 0:
-            return f"no agent reports{blind}"
-        return f"{self.trusting}/{self.reporting + self.unseen} reporting agents trust it{blind}"
 
 
 def gate_deadline(since: datetime, expires: datetime, share: float) -> datetime:

@@ -14,7 +14,7 @@ driver polls to notice other writers (another worker, another replica, `meshca a
   first transaction of a process sweeps the temporary files a killed writer left. A data directory
   from before slots existed (the Istio pair only) is adopted as the active slot, so an upgrade
   keeps the mesh's root.
-- The Kubernetes Secret store lives in `ca_server.kube.secret_authorities` and shares the
+- The Kubernetes Secret store lives in `ca_server.kube.secret_root` and shares the
   encoding below (`encode_state`/`decode_state`).
 
 Encoding: JSON with PEM certificates and PKCS#8 PEM keys, plus per slot its phase, taint and

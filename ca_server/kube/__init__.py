@@ -11,8 +11,15 @@ because the node agent watches pods with it too):
 - `secret_root`: the authority slots in Secret `istio-ca-secret` (an `AuthorityStateStore`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
+- `watched_cache`: the start, stop and wait every watch-backed cache below shares (one
+  `Informer` each).
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod
   cache also serves offline token validation.
+- `service_account_cache`: every ServiceAccount's uid, so offline validation refuses the tokens
+  of a deleted account as TokenReview does.
+- `replica_reports`: one ConfigMap per CA replica with its leaf ledger and the agent reports it
+  received, in shards; the replicas and `meshca authority show` sum them.
+- `report_pods`: whether the pod an agent report is keyed on still exists (from the pod cache).
 - `mode`: composes all of the above for `ca_server.server`.
 
 Concurrency model. The CA's request handlers run on the gRPC server's completion-queue thread

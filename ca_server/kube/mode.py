@@ -2,9 +2,11 @@
 
 `KubernetesMode` builds the API clients once and hands out the cluster-backed implementations
 of the CA's seams — an `AuthorityStateStore` (the authority slots in Secret
-`istio-ca-secret`), the token `Authenticator`s (TokenReview, or offline validation against the
-issuer keys and the pod and ServiceAccount informers) and an `ImpersonationPolicy` (node
-authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication)
+`istio-ca-secret`) and this replica's `LedgerSink` (its ConfigMaps), together the
+`ca_server.authority.ClusterStores` the authority driver takes; the `PodWatch` the fleet's
+table checks reports against; the token `Authenticator`s (TokenReview, or offline validation
+against the issuer keys and the pod and ServiceAccount informers) and an `ImpersonationPolicy`
+(node authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication)
 between `start` and `stop`.
 
 Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (waiting for

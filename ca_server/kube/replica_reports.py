@@ -2,11 +2,11 @@
 
 `meshca-ca-replica-<instance>` (label `app.kubernetes.io/component: meshca-ca-replica`) holds
 what only that replica knows and everybody needs summed: `leaves.json`, its leaf ledger (live
-leaves signed per authority, see `ca_server.authority.leaf_ledger`), and the agent reports it
-received (`ca_server.authority.agent_reports`), split by a stable hash of the pod into shards that
+leaves signed per authority, see `ca_server.fleet.leaf_ledger`), and the agent reports it
+received (`ca_server.fleet.agent_reports`), split by a stable hash of the pod into shards that
 each fit a ConfigMap (`AGENTS_SHARD_BYTES`; shard 0 in `agents.json` of the report, shard N > 0 in
 `<report>-agents-N`, same label; each with its `generation`), and `heartbeat.json`, the small
-"alive, my shards are these generations" (`ca_server.authority.report_shards`, which states the
+"alive, my shards are these generations" (`ca_server.fleet.report_shards`, which states the
 rules). A shard is rewritten only when its content changed (who reports, which bundle and leaves);
 the report itself every `REPUBLISH_EVERY` (the heartbeat) or when the leaves, shard 0 or what
 the heartbeat counts changed — so an idle replica writes one object per report period.
@@ -33,25 +33,25 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.authority.agent_reports import (
+from ca_server.fleet import (
     REPUBLISH_EVERY,
     STALE_AFTER,
     AgentReports,
     FleetReports,
+    LeafLedger,
     PodWatch,
-    without_gone_pods,
-)
-from ca_server.authority.agent_reports import is_spent as agents_spent
-from ca_server.authority.leaf_ledger import LeafLedger, is_spent, sum_snapshots
-from ca_server.authority.report_shards import (
     ProcessReports,
     ShardMerger,
     ShardObject,
+    agents_spent,
     build_layout,
     generation_of,
     heartbeat_text,
+    ledger_spent,
     parse_heartbeat,
     parse_shard,
+    sum_snapshots,
+    without_gone_pods,
 )
 from meshca.informer import Informer
 from meshca.kube_client import api_error_text
@@ -272,7 +272,7 @@ class ConfigMapLedgerSink:
             for report in reports
             if _shard_index(report.name) is None
             and report.name != self._name
-            and is_spent(report.leaves, now)
+            and ledger_spent(report.leaves, now)
             and _heartbeat_spent(report, now)
         }
         for report in reports:

@@ -1,6 +1,6 @@
 """Whether the pod an agent report is keyed on still exists, from the CA's pod informer.
 
-`ca_server.authority.agent_reports` keys each report on the pod the caller's token was bound to;
+`ca_server.fleet` keys each report on the pod the caller's token was bound to;
 this answers, for pods of the local cluster, whether that pod still exists with that uid and has not
 finished (`meshca.pods`), so the entry of a deleted or replaced pod stops counting as soon as
 the watch delivers the deletion instead of when it expires. Pods of other clusters, and every
@@ -13,7 +13,7 @@ Concurrency: called from the event loop (recording) and worker threads (publicat
 
 from __future__ import annotations
 
-from ca_server.authority.agent_reports import Instance, PodVerdict
+from ca_server.fleet import Instance, PodVerdict
 from ca_server.kube.pod_cache import PodCache
 
 

@@ -41,8 +41,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from ca_server.authority import IssuedLeaves
 from ca_server.config import CaConfig, WorkerRole
+from ca_server.fleet import IssuedLeaves
 from ca_server.serving.readiness import SigningReadiness
 from ca_server.serving.status import SigningChain, ca_document
 from ca_server.serving.worker_status import SlotsSnapshot, WorkerStatusPublisher

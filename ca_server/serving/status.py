@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from cryptography import x509
 
-from ca_server.authority import IssuedLeaves
+from ca_server.fleet import IssuedLeaves
 
 SOONEST_LEAVES = 10
 SLOT_KEYS = ("authorities", "agents_unknown", "coverage", "agents")  # `status_section`'s keys

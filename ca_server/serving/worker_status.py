@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ca_server.authority import DEFAULT_CAPACITY, IssuedLeaf, IssuedLeaves
+from ca_server.fleet import ISSUED_LEAVES_CAPACITY, IssuedLeaf, IssuedLeaves
 from ca_server.serving.status import SigningChain, ca_document
 from meshca.clock import Clock
 from meshca.files import atomic_write
@@ -211,7 +211,7 @@ def merged_document(
     part_files: Iterable[Path],
     started: datetime,
     now: datetime,
-    capacity: int = DEFAULT_CAPACITY,
+    capacity: int = ISSUED_LEAVES_CAPACITY,
 ) -> dict[str, Any] | None:
     """The `/debug/ca` document over the workers whose parts are in `part_files`; `None` when no
     worker has published yet. A missing file (a worker exiting) is skipped; an unreadable one

@@ -48,13 +48,13 @@ from prometheus_client import multiprocess
 from ca_server.config import CaConfig, WorkerRole
 from ca_server.metrics import aggregated_registry
 from ca_server.serving.worker_status import merged_document
-from meshca.listen import ListenError
+from meshca.host_port import join_host_port
+from meshca.listen import ListenError, parse_listen
 from meshca.status_http import (
     Response,
     StatusServer,
     json_response,
     metrics_route,
-    split_host_port,
     text,
 )
 
@@ -126,7 +126,10 @@ class PortReservation:
     def resolve(self, flag: str, listen: str) -> str:
         """`listen` with a concrete port; a port another process holds, or an address that is
         not this host's, is a `ListenError` naming `flag` (before any worker starts)."""
-        host, port = split_host_port(listen)
+        try:
+            host, port = parse_listen(flag, listen)
+        except ValueError as exc:
+            raise ListenError(str(exc)) from None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -142,7 +145,7 @@ class PortReservation:
         if port != 0:
             return listen
         chosen = sock.getsockname()[1]
-        return f"[{host}]:{chosen}" if family == socket.AF_INET6 else f"{host}:{chosen}"
+        return join_host_port(host, chosen)
 
     def close(self) -> None:
         for sock in self._sockets:

@@ -10,10 +10,10 @@ from typing import Any
 from ca_server.authority import (
     AuthorityCommandError,
     AuthorityState,
-    FleetReports,
     agents_section,
     render_agents,
 )
+from ca_server.fleet import FleetReports
 from meshca.commands.authority_view import render_authorities
 
 

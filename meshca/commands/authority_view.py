@@ -18,14 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ca_server.authority import (
-    FleetReports,
-    LedgerSink,
-    SharedState,
-    SlotFactory,
-    open_shared_state,
-)
+from ca_server.authority import SharedState, SlotFactory, open_shared_state
 from ca_server.config import DEFAULT_NAMESPACE
+from ca_server.fleet import FleetReports, LedgerSink
 from meshca.clock import SystemClock
 
 AUTHORITY_COLUMNS = (
@@ -86,7 +81,7 @@ def read_live_leaves(ledgers: LedgerSink, name: str) -> dict[str, int] | None:
 
 
 def read_fleet(ledgers: LedgerSink, name: str) -> FleetReports | None:
-    """Every CA process's agent reports merged (`ca_server.authority.agent_reports`), or `None`
+    """Every CA process's agent reports merged (`ca_server.fleet.merge`), or `None`
     (printed "unknown") if they cannot be read; warns when some did not fit (coverage a lower
     bound)."""
     try:

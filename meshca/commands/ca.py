@@ -7,7 +7,8 @@ import asyncio
 import os
 import sys
 
-from ca_server.config import CaConfig, ConfigError, add_ca_arguments
+from ca_server import add_ca_arguments
+from ca_server.config import CaConfig, ConfigError
 from meshca.listen import ListenError, check_can_listen
 from meshca.logs import configure_logging
 

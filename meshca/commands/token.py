@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import Path
 
-from ca_server.config import DEFAULT_AUDIENCE, duration_argument
+from ca_server import duration_argument
+from ca_server.config import DEFAULT_AUDIENCE
 
 
 @dataclass(frozen=True)

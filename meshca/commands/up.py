@@ -31,6 +31,7 @@ from agent.main import Agent, AgentFailed
 from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.files import atomic_write, ensure_dir
+from meshca.host_port import join_host_port
 from meshca.listen import ListenError, check_can_listen, parse_listen
 from meshca.logs import configure_logging
 from meshca.waiting import cancel_and_wait
@@ -101,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     try:
-        check_can_listen("--status-listen", f"{config.status_host}:{config.status_port}")
+        status_listen = join_host_port(config.status_host, config.status_port)
+        check_can_listen("--status-listen", status_listen)
         asyncio.run(_up(config))
     except (ListenError, UpFailed, ConfigError, AgentFailed) as exc:
         log.error("%s", exc)

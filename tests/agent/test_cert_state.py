@@ -26,7 +26,8 @@ from agent.file_output import FileOutput
 from agent.identity_sources import SingleIdentitySource
 from agent.metrics import AgentMetrics
 from agent.output_dir import CertificateFiles, write_generation
-from agent.scheduler import CertificateScheduler, IdentityState
+from agent.scheduler import CertificateScheduler
+from agent.scheduler_state import IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import (
     SpiffeId,

@@ -19,12 +19,8 @@ from kubernetes import client
 
 from agent.backoff import Backoff
 from agent.config import AgentConfig, ConfigError
-from agent.identity_sources import (
-    IdentitySet,
-    IdentitySource,
-    SingleIdentitySource,
-    identity_source_for,
-)
+from agent.identity_source import IdentitySet, IdentitySource
+from agent.identity_sources import SingleIdentitySource, identity_source_for
 from agent.main import Agent
 from agent.node_identities import (
     PodIdentitySource,

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
-from agent.scheduler import FIRST, RENEWAL, CertificateScheduler, FetchQueue
+from agent.scheduler import CertificateScheduler
+from agent.scheduler_state import FIRST, RENEWAL, FetchQueue
 from agent.secrets import ROOT_RESOURCE, SecretCache, TlsSecret
 from certs import SpiffeId
 from meshca.clock import FakeClock

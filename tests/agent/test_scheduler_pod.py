@@ -15,7 +15,8 @@ from agent.ca_client import CaRequestError
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.rotation import jittered_ratio, retry_delay, rotation_delay
-from agent.scheduler import CertificateScheduler, IdentityState
+from agent.scheduler import CertificateScheduler
+from agent.scheduler_state import IdentityState
 from agent.secrets import RootSecret, SecretCache, TlsSecret
 from certs import key_matches_certificate, load_cert, load_private_key
 from meshca.clock import FakeClock

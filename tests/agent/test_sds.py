@@ -476,24 +476,6 @@ def test_socket_mode_parent_dir_and_removal(sock_dir: Path) -> None:
     asyncio.run(main())
 
 
-def test_stale_socket_is_replaced_but_other_files_are_not(sock_dir: Path) -> None:
-    import socket
-
-    async def main() -> None:
-        path = sock_dir / "sds.sock"
-        leftover = socket.socket(socket.AF_UNIX)
-        leftover.bind(str(path))
-        leftover.close()
-        server = SdsServer(SecretCache(), path)
-        await server.start()
-        await server.stop(0)
-        path.write_text("not a socket")
-        with pytest.raises(FileExistsError):
-            await SdsServer(SecretCache(), path).start()
-
-    asyncio.run(main())
-
-
 def test_socket_path_length_is_checked() -> None:
     with pytest.raises(ValueError, match="107 bytes"):
         SdsServer(SecretCache(), "/tmp/" + "x" * 120)

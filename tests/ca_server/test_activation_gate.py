@@ -12,7 +12,6 @@ from ca_server.authority.self_signed import rotation_policy_for
 from ca_server.authority.slots import (
     GATE_DEADLINE_REASON,
     GATE_WAITING,
-    AgentCoverage,
     AuthorityState,
     Phase,
     SlotRotationPolicy,
@@ -21,6 +20,7 @@ from ca_server.authority.slots import (
 )
 from ca_server.authority.state_store import SlotFactory
 from ca_server.config import CaConfig, ConfigError
+from ca_server.fleet.coverage import AgentCoverage
 from certs import KeySpec
 from meshca.cli import build_parser
 

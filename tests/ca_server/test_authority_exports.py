@@ -11,6 +11,7 @@ from pathlib import Path
 
 import ca_server.authority as facade
 from ca_server.config import CaConfig
+from ca_server.fleet import AgentReports
 from ca_server.metrics import CaMetrics
 from meshca.clock import SystemClock
 from tests.support.pki import TestCa
@@ -35,6 +36,7 @@ def test_all_lists_every_public_name_defined_in_the_facade_once():
     }
     assert defined == {
         "AuthorityDriver",
+        "ClusterStores",
         "authority_driver_for",
         "SharedState",
         "open_shared_state",
@@ -47,7 +49,6 @@ def test_the_driver_protocol_is_what_the_server_uses():
     for used in (
         "signer",
         "ttl_policy",
-        "agent_reports",
         "report",
         "tainted_since",
         "start",
@@ -55,6 +56,8 @@ def test_the_driver_protocol_is_what_the_server_uses():
     ):
         assert used in members
     assert "on_change" in facade.AuthorityDriver.__annotations__
+    # The fleet is the server's: built once and handed to the driver, never reached through it.
+    assert members.isdisjoint({"agent_reports", "fleet", "ledger"})
 
 
 def test_both_drivers_have_what_the_protocol_promises(tmp_path: Path):
@@ -69,7 +72,7 @@ def test_both_drivers_have_what_the_protocol_promises(tmp_path: Path):
     for cacerts_dir, kind in ((None, "SelfSignedDriver"), (tmp_path / "cacerts", "PluggedDriver")):
         config = CaConfig(data_dir=tmp_path / kind, cacerts_dir=cacerts_dir)
         config.data_dir.mkdir()  # as `run_ca` does
-        driver = facade.authority_driver_for(config, CaMetrics(), SystemClock())
+        driver = facade.authority_driver_for(config, CaMetrics(), SystemClock(), AgentReports())
         assert type(driver).__name__ == kind
         asyncio.run(driver.start())
         missing = {name for name in protocol if not hasattr(driver, name)}

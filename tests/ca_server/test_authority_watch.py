@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ca_server.authority.driver_core import DriverSettings
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink
 from ca_server.authority.plugged import PluggedDriver
 from ca_server.config import TtlPolicy
 from ca_server.errors import CaSetupError
+from ca_server.fleet.leaf_ledger import DirectoryLedgerSink
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority, build_root_certificate, generate_private_key
 from meshca.clock import FakeClock

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ca_server.authority.agent_reports import AgentReports
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from ca_server.authority.plugged import PluggedChangeGuard, StrandingChangeError
-from ca_server.authority.slots import AgentCoverage
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.coverage import AgentCoverage
+from ca_server.fleet.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import SigningAuthority
 from certs.bundle import bundle_digest
 from tests.support.agent_reports import pod_caller

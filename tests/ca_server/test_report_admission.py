@@ -20,9 +20,9 @@ from prometheus_client import generate_latest
 
 from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority.agent_reports import AgentReports
 from ca_server.config import AdmissionPolicy
 from ca_server.errors import OverloadedError
+from ca_server.fleet.agent_reports import AgentReports
 from ca_server.metrics import CaMetrics
 from ca_server.report_service import AgentReportService, add_report_service, no_taints
 from ca_server.wire import RETRY_PUSHBACK_TRAILER

@@ -1,7 +1,7 @@
 """Issue #17 Done means 1: a report larger than any agent sends is refused with INVALID_ARGUMENT
 before any of its lists is walked. A real gRPC server with the real `AgentReportService` and
 `AgentReports`; the proof is a count of the values matched against their patterns
-(`ca_server.authority.agent_reports.valid`, wrapped), not a timing."""
+(`ca_server.fleet.entries.valid`, wrapped), not a timing."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 
-import ca_server.authority.agent_reports as agent_reports
+import ca_server.fleet.entries as entries
 from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority.agent_reports import AgentReports
 from ca_server.config import AdmissionPolicy
+from ca_server.fleet.agent_reports import AgentReports
 from ca_server.metrics import CaMetrics
 from ca_server.report_service import MAX_REPORT_BYTES, AgentReportService, add_report_service
 from meshca.clock import SystemClock
@@ -42,13 +42,13 @@ class _PodToken:
 def validated(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str | None]]:
     """Every value the report code matches against a pattern, in order."""
     seen: list[str | None] = []
-    real = agent_reports.valid
+    real = entries.valid
 
     def counting(value: str | None, pattern: re.Pattern[str], longest: int) -> str | None:
         seen.append(value)
         return real(value, pattern, longest)
 
-    monkeypatch.setattr(agent_reports, "valid", counting)
+    monkeypatch.setattr(entries, "valid", counting)
     yield seen
 
 

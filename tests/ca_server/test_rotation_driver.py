@@ -14,7 +14,6 @@ from cryptography import x509
 from prometheus_client import generate_latest
 
 from ca_server.authority.driver_core import DriverSettings
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink
 from ca_server.authority.self_signed import SelfSignedDriver, cap_leaf_lifetimes
 from ca_server.authority.slots import (
     AuthorityState,
@@ -25,6 +24,7 @@ from ca_server.authority.slots import (
 )
 from ca_server.authority.state_store import LocalAuthorityStateStore, SlotFactory, encode_state
 from ca_server.config import TtlPolicy
+from ca_server.fleet.leaf_ledger import DirectoryLedgerSink
 from ca_server.metrics import CaMetrics
 from ca_server.ttl import grant_validity
 from certs import KeySpec, SpiffeId, generate_private_key, load_certs

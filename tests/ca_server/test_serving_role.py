@@ -9,8 +9,8 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.authority import IssuedLeaves
 from ca_server.config import CaConfig, WorkerRole
+from ca_server.fleet import IssuedLeaves
 from ca_server.metrics import CaMetrics
 from ca_server.serving.readiness import SigningReadiness
 from ca_server.serving.role import ServingView, SingleProcess, Worker, serving_role_for

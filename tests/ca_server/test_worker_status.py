@@ -6,12 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.authority.agent_reports import FleetEntry, FleetReports
-from ca_server.authority.issued_leaves import IssuedLeaf, IssuedLeaves
 from ca_server.authority.report import AuthorityReport, status_section
 from ca_server.authority.signer import LocalSigner
 from ca_server.authority.slots import AuthorityState, Phase
 from ca_server.authority.state_store import SlotFactory
+from ca_server.fleet.entries import FleetEntry, FleetReports
+from ca_server.fleet.issued_leaves import IssuedLeaf, IssuedLeaves
 from ca_server.serving.status import ca_document
 from ca_server.serving.worker_status import (
     WorkerStatusPublisher,

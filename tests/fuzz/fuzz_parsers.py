@@ -23,7 +23,7 @@ with atheris.instrument_imports():
     from envoy.service.discovery.v3 import discovery_pb2
 
     from agent.file_mounted import FileSecretProvider, FileWatcher, UnknownFileResourceError
-    from agent.sds_decoding import _lenient
+    from agent.sds_decoding import sds_request_decoder
     from ca_server.authn import AuthnRequest
     from ca_server.errors import AuthenticationError
     from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
@@ -58,7 +58,7 @@ def _token_target() -> Callable[[bytes], None]:
 
 
 def _sds_target() -> Callable[[bytes], None]:
-    decode = _lenient(discovery_pb2.DiscoveryRequest)
+    decode = sds_request_decoder(discovery_pb2.DiscoveryRequest)
     provider = FileSecretProvider(
         FileWatcher(clock=SystemClock()), allowed_dirs=(Path("/etc/certs"),)
     )

@@ -30,14 +30,15 @@ from agent.file_mounted import (
     FileWatcher,
     UnknownFileResourceError,
 )
-from agent.sds_decoding import UndecodableMessage, _lenient
+from agent.sds_decoding import sds_request_decoder
 from ca_server.authn import AuthnRequest
 from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
-from ca_server.request_decoding import UndecodableRequest, decode_certificate_request
+from ca_server.request_decoding import decode_certificate_request
 from ca_server.token_cache import token_expiry, token_shape
 from certs import CertsError, load_certs
 from meshca.clock import SystemClock
+from meshca.grpc_services import Undecodable
 from meshca_proto import ca_pb2
 from tests.support.inprocess_ca import good_csr
 from tests.support.parser_checks import check_csr
@@ -148,7 +149,7 @@ def test_load_certs_on_mutated_der(data: bytes) -> None:
 @given(st.binary(max_size=1024))
 def test_ca_request_decoding_never_raises(data: bytes) -> None:
     decoded = decode_certificate_request(data)
-    assert isinstance(decoded, ca_pb2.IstioCertificateRequest | UndecodableRequest)
+    assert isinstance(decoded, ca_pb2.IstioCertificateRequest | Undecodable)
 
 
 # --- the bearer-token path -------------------------------------------------------------------
@@ -227,8 +228,8 @@ def test_token_path_on_tokens_with_hostile_headers(issuer: RsaIssuer, alg: Any, 
 @given(st.binary(max_size=1024))
 def test_sds_decoding_never_raises(data: bytes) -> None:
     for message in (discovery_pb2.DiscoveryRequest, discovery_pb2.DeltaDiscoveryRequest):
-        decoded = _lenient(message)(data)
-        assert isinstance(decoded, message | UndecodableMessage)
+        decoded = sds_request_decoder(message)(data)
+        assert isinstance(decoded, message | Undecodable)
 
 
 NAMES = st.one_of(

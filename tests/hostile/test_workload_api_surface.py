@@ -1,4 +1,4 @@
-"""Hostile SPIFFE Workload API clients on the agent's socket (`agent.workload_api`): a missing
+"""Hostile SPIFFE Workload API clients on the agent's socket (`agent.workload.api`): a missing
 or wrong security header, bytes that are not the Workload API, the JWT calls, more streams
 than the agent serves, streams abandoned by a client that dies. Each case checks the exact
 status and message, the refusal counted by reason, no key material in a log line or in a
@@ -20,12 +20,13 @@ import grpc
 import pytest
 from spiffe._proto import workload_pb2
 
-from agent.workload_api import (
+from agent.workload.api import (
     REFUSED_JWT,
     REFUSED_NO_HEADER,
     REFUSED_TOO_MANY_STREAMS,
     REFUSED_UNDECODABLE,
 )
+from tests.support.agent_process import run_agent_to_exit
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import child_env, wait_for
 from tests.support.workload_api import client_for
@@ -239,14 +240,9 @@ def test_a_refusal_never_carries_a_key(hosted: Hosted, issued: Issued) -> None:
 
 
 def run_agent(sock_dir: Path, workload_api_socket: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshca", "agent",
-         "--ca-addr", "127.0.0.1:9", "--ca-root", str(sock_dir / "no-root.pem"),
-         "--token-file", str(sock_dir / "no-token"), "--namespace", "a", "--service-account", "b",
-         "--sds-socket", str(sock_dir / "sds.sock"), "--status-listen", "127.0.0.1:0",
-         "--workload-api-socket", str(workload_api_socket)],
-        env=child_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return run_agent_to_exit(
+        sock_dir, sock_dir / "sds.sock", workload_api_socket=workload_api_socket
+    )
 
 
 @pytest.mark.process

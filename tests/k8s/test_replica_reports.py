@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.authority.agent_reports import REPUBLISH_EVERY, AgentReports
-from ca_server.authority.leaf_ledger import LeafLedger
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.entries import REPUBLISH_EVERY
+from ca_server.fleet.leaf_ledger import LeafLedger
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
 from tests.support.agent_reports import pod_caller

@@ -1,4 +1,4 @@
-"""Issue #17 scale, liveness apart from content (`ca_server.authority.report_shards`): the real
+"""Issue #17 scale, liveness apart from content (`ca_server.fleet.report_shards`): the real
 `ConfigMapLedgerSink` publishing to the test API server and real readers merging. An idle
 replica writes one object per report period and stays counted however old its shards are;
 a replica whose heartbeat is stale stops counting; a shard is never counted from a text older
@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ca_server.authority.agent_reports import REPUBLISH_EVERY, STALE_AFTER, AgentReports
-from ca_server.authority.leaf_ledger import LeafLedger
-from ca_server.authority.report_shards import build_layout
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.entries import REPUBLISH_EVERY, STALE_AFTER
+from ca_server.fleet.leaf_ledger import LeafLedger
+from ca_server.fleet.report_shards import build_layout
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
 from tests.support.agent_reports import pod_caller

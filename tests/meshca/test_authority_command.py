@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from ca_server.authority.agent_reports import AgentReports
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from ca_server.authority.slots import authority_id
 from ca_server.authority.state_store import STATE_FILE, LocalAuthorityStateStore, SlotFactory
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.leaf_ledger import DirectoryLedgerSink, LeafLedger
 from certs import KeySpec, load_cert
 from meshca.clock import SystemClock
 from tests.support.agent_reports import pod_caller

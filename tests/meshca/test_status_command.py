@@ -8,16 +8,9 @@ import argparse
 import io
 from datetime import timedelta
 
-from meshca.commands.status import (
-    CLEAR_SCREEN,
-    Snapshot,
-    add_arguments,
-    ca_rates,
-    parse_counters,
-    render_agent,
-    render_slots,
-    run,
-)
+from meshca.commands.status import CLEAR_SCREEN, add_arguments, run
+from meshca.commands.status_fetch import Snapshot, parse_counters
+from meshca.commands.status_render import ca_rates, render_agent, render_slots
 from tests.support.processes import free_port
 
 EXPOSITION = """\

@@ -9,13 +9,22 @@ to start several at once, `launch()` each, then `wait_ready()` each.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from cryptography import x509
 
 from certs import load_cert
 from tests.support.ca_process import CaProcess
-from tests.support.processes import MeshcaProcess, free_port, http_status, http_text, wait_for
+from tests.support.processes import (
+    MeshcaProcess,
+    child_env,
+    free_port,
+    http_status,
+    http_text,
+    wait_for,
+)
 
 
 class AgentProcess(MeshcaProcess):
@@ -142,3 +151,19 @@ def node_agent_args(
         "--secret-ttl", secret_ttl,
         *extra,
     ]  # fmt: skip
+
+
+def run_agent_to_exit(
+    workdir: Path, sds_socket: Path, *, workload_api_socket: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`meshca agent` with no CA to reach, run until it exits: for a start that must be refused
+    (a socket path it may not serve on) before the agent ever calls a CA."""
+    args = [
+        sys.executable, "-m", "meshca", "agent",
+        "--ca-addr", "127.0.0.1:9", "--ca-root", str(workdir / "no-root.pem"),
+        "--token-file", str(workdir / "no-token"), "--namespace", "a", "--service-account", "b",
+        "--sds-socket", str(sds_socket), "--status-listen", "127.0.0.1:0",
+    ]  # fmt: skip
+    if workload_api_socket is not None:
+        args += ["--workload-api-socket", str(workload_api_socket)]
+    return subprocess.run(args, env=child_env(), capture_output=True, text=True, timeout=60)

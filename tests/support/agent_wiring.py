@@ -13,7 +13,8 @@ from pathlib import Path
 from agent.certificate_source import CaCertificateSource
 from agent.config import AgentConfig
 from agent.main import Agent
-from agent.scheduler import CertificateScheduler, IdentityState
+from agent.scheduler import CertificateScheduler
+from agent.scheduler_state import IdentityState
 from meshca.clock import FakeClock
 
 

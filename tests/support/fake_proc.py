@@ -1,5 +1,5 @@
-"""A `/proc` that tests write, for the node agent's attestor (`agent.peer_process.CallerProc`
-reads `<pid>/cgroup` and `<pid>/stat` below any root).
+"""A `/proc` that tests write, for the node agent's attestor
+(`agent.workload.peer_process.CallerProc` reads `<pid>/cgroup` and `<pid>/stat` below any root).
 
 `file_process` files a pid: its cgroup text, and its stat either written (`stat_text`, with the
 start time the test chooses) or linked to the real `/proc/<pid>/stat` of a real process (so the
@@ -16,7 +16,7 @@ import socket
 import time
 from pathlib import Path
 
-from agent.peer_process import PeerCredentials, PeerProcess, take_peer_process
+from agent.workload.peer_process import PeerCredentials, PeerProcess, take_peer_process
 
 NO_SUCH_OPTION = 0x7FFF  # no SOL_SOCKET option has this number
 STAT_FIELDS = 52  # what Linux 6.x writes; the attestor reads field 22 (starttime)

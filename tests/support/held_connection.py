@@ -1,5 +1,5 @@
 """A Workload API connection made by a process that then exits, held and used by the test: the
-pid-reuse attack on node-mode attestation (`agent.peer_process`), with real processes.
+pid-reuse attack on node-mode attestation (`agent.workload.peer_process`), with real processes.
 
     python -m tests.support.held_connection SOCKET FD
 

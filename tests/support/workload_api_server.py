@@ -18,11 +18,12 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from agent.metrics import AgentMetrics
-from agent.peer_process import PeerProcess
-from agent.peer_relay import PeerRelay
 from agent.secrets import Secret, SecretCache, TlsSecret
-from agent.workload_api import WorkloadApiServer
-from agent.workload_attestor import NodeAttestor, NodeCaller, ProcessCgroups
+from agent.unix_socket import DEFAULT_MAX_CONNECTIONS
+from agent.workload.api import WorkloadApiServer
+from agent.workload.attestor import NodeAttestor, NodeCaller, ProcessCgroups
+from agent.workload.peer_process import PeerProcess
+from agent.workload.relay import PeerRelay
 from meshca.clock import SystemClock
 from meshca.pods import PodInfo
 from tests.support.loop import LoopThread
@@ -99,14 +100,24 @@ def _hosted(
 
 @contextmanager
 def pod_server(
-    socket: Path, ca: TestCa, issued: Issued, *, max_streams: int = 1024
+    socket: Path,
+    ca: TestCa,
+    issued: Issued,
+    *,
+    max_streams: int = 1024,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> Iterator[Hosted]:
     """A pod agent's Workload API serving `issued` as `default` and `ca`'s root."""
     cache = SecretCache()
     metrics = AgentMetrics(SystemClock())
 
     server = WorkloadApiServer(
-        cache, socket, trust_domain=ca.trust_domain, metrics=metrics, max_streams=max_streams
+        cache,
+        socket,
+        trust_domain=ca.trust_domain,
+        metrics=metrics,
+        max_streams=max_streams,
+        max_connections=max_connections,
     )
     with _hosted(server, cache, metrics) as hosted:
         hosted.publish(ca.root_secret())

@@ -2,7 +2,7 @@
 
 The kernel's peer credentials (`SO_PEERCRED`) name the process that connected by its pid, and a
 pid is only a number: once that process exits, the kernel may hand the number to any new
-process, in any pod. What `agent.workload_attestor` reads in `/proc/<pid>/` therefore counts
+process, in any pod. What `agent.workload.attestor` reads in `/proc/<pid>/` therefore counts
 only when it is proven to be the connecting process's, and `CallerProc.read` proves it in one
 of two ways, whichever the kernel offers for the connection (`take_peer_process`, at accept):
 
@@ -84,6 +84,17 @@ class PeerProcess:
     def close(self) -> None:
         if self.pidfd is not None:
             os.close(self.pidfd)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What the relay (`agent.workload.relay`) learned about one connection when it was
+    accepted: its credentials and the result of its `inspect` (a value, or the refusal to give
+    on every call it makes); what `agent.workload.attestor.NodeCaller` answers from."""
+
+    peer: PeerCredentials | None
+    placed: str | None
+    refusal: CallerNotAttested | None
 
 
 def take_peer_process(sock: socket.socket, *, pidfd_option: int = SO_PEERPIDFD) -> PeerProcess:

@@ -30,10 +30,10 @@ from cryptography.hazmat.primitives import serialization
 
 from agent.config import AgentConfig
 from agent.main import Agent
-from agent.peer_process import SO_PEERPIDFD, PeerProcess
 from agent.secrets import TlsSecret
-from agent.workload_api import REFUSED_NOT_ATTESTED
-from agent.workload_attestor import NodeCaller, ProcessCgroups
+from agent.workload.api import REFUSED_NOT_ATTESTED
+from agent.workload.attestor import NodeCaller, ProcessCgroups
+from agent.workload.peer_process import SO_PEERPIDFD, PeerProcess
 from certs import load_cert, load_private_key
 from meshca.clock import SystemClock
 from tests.support.agent_wiring import until

@@ -44,13 +44,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ca_server.authority.agent_reports import (
-    STALE_AFTER,
-    AgentEntry,
-    FleetEntry,
-    FleetReports,
-    is_spent,
-)
+from ca_server.fleet.entries import STALE_AFTER, AgentEntry, FleetEntry, FleetReports
+from ca_server.fleet.merge import is_spent
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ca_server.authority.agent_reports import AgentReports
-from ca_server.authority.leaf_ledger import LEDGER_DIR, DirectoryLedgerSink, LeafLedger
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.leaf_ledger import LEDGER_DIR, DirectoryLedgerSink, LeafLedger
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, 500_000, tzinfo=UTC)
 
@@ -48,7 +48,7 @@ def test_every_process_snapshot_counts_and_spent_ones_are_swept(tmp_path: Path):
 def test_bucket_width_by_time_left_and_never_before_the_expiry():
     """5 s buckets up to 10 minutes left, a minute up to an hour, else an hour; the bucket
     ends at or after NotAfter (rounded up), within one width of it."""
-    from ca_server.authority.leaf_ledger import _bucket
+    from ca_server.fleet.leaf_ledger import _bucket
 
     for left, width in ((1, 5), (600, 5), (601, 60), (3600, 60), (3601, 3600), (86400, 3600)):
         not_after = NOW + timedelta(seconds=left)  # NOW is half a second past a whole one

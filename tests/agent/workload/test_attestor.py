@@ -16,15 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import CallerNotAttested
-from agent.peer_process import (
-    CALLER_EXITED,
-    NO_PEER,
-    PID_REUSED,
-    UNREADABLE,
-    PeerCredentials,
-)
-from agent.peer_relay import Accepted
-from agent.workload_attestor import (
+from agent.workload.attestor import (
     BAD_IDENTITY,
     NOT_IN_POD,
     POD_ENDED,
@@ -33,6 +25,14 @@ from agent.workload_attestor import (
     NodeCaller,
     ProcessCgroups,
     pod_uid_in_cgroup,
+)
+from agent.workload.peer_process import (
+    CALLER_EXITED,
+    NO_PEER,
+    PID_REUSED,
+    UNREADABLE,
+    Accepted,
+    PeerCredentials,
 )
 from tests.support.fake_proc import boot_ns, caller, file_process, stat_text
 from tests.support.workload_api_server import PodsByUid, pod_cgroup

@@ -1,17 +1,17 @@
 """The node agent's Workload API socket: takes each caller's peer credentials, then relays.
 
-grpc does not tell a Python servicer who is at the other end of a Unix socket (no
-`SO_PEERCRED` in its auth context). So in node mode the public socket is this relay's: it
-accepts a connection, takes the connecting process from the kernel (`SO_PEERCRED`, and a pidfd
-where the kernel has `SO_PEERPIDFD`: `agent.peer_process`) and hands it to `inspect` at once
-(`agent.workload_attestor`: the caller's pod UID from its cgroup, proven to be the caller's and
+grpc does not tell a Python servicer who is at the other end of a Unix socket (no `SO_PEERCRED`
+in its auth context). So in node mode the public socket is this relay's: it accepts a
+connection, takes the connecting process from the kernel (`SO_PEERCRED`, and a pidfd where the
+kernel has `SO_PEERPIDFD`: `agent.workload.peer_process`) and hands it to `inspect` at once
+(`agent.workload.attestor`: the caller's pod UID from its cgroup, proven to be the caller's and
 not a later holder of its pid), then opens a connection of its own to the gRPC server's private
-socket from a socket bound to a fresh abstract name, and copies bytes both ways. The servicer sees
-that name as `context.peer()` (`unix-abstract:<name>`) and asks `accepted(peer)` what was
+socket from a socket bound to a fresh abstract name, and copies bytes both ways. The servicer
+sees that name as `context.peer()` (`unix-abstract:<name>`) and asks `accepted(peer)` what was
 learned at accept time. A name carries a random 128-bit token, so no other process can present
 one, and the private socket sits in a 0700 directory of the agent's own (never in the volume
-shared with workloads); a connection that reaches it any other way has no record and is
-refused by `agent.workload_attestor.NodeCaller`.
+shared with workloads); a connection that reaches it any other way has no record and is refused
+by `agent.workload.attestor.NodeCaller`.
 
 Concurrency: all on the agent's event loop (asyncio streams), two copy tasks per connection;
 the record of a connection lives exactly as long as the connection. At most `max_connections`
@@ -25,24 +25,22 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import secrets
 import shutil
 import socket
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import CallerNotAttested
-from agent.peer_process import (
+from agent.unix_socket import UnixSocketPath
+from agent.workload.peer_process import (
     NO_PEER,
     SO_PEERPIDFD,
-    PeerCredentials,
+    Accepted,
     PeerProcess,
     take_peer_process,
 )
-from agent.workload_api import prepare_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +49,11 @@ DEFAULT_MAX_CONNECTIONS = 4096
 _CHUNK = 64 * 1024
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """What was learned about one connection when it was accepted: its credentials and the
-    result of `inspect` (a value, or the refusal to give on every call it makes)."""
-
-    peer: PeerCredentials | None
-    placed: str | None
-    refusal: CallerNotAttested | None
-
-
 class PeerRelay:
     """Public socket `public_path` (mode `socket_mode`) → private gRPC socket (see above)."""
 
     # The socket option that yields the caller's pidfd; tests set one the kernel does not know
-    # to take the start-time way (`agent.peer_process`) on any kernel.
+    # to take the start-time way (`agent.workload.peer_process`) on any kernel.
     pidfd_option = SO_PEERPIDFD
 
     def __init__(
@@ -78,6 +66,7 @@ class PeerRelay:
         max_connections_per_caller: int | None = None,
     ) -> None:
         self.public_path = public_path
+        self._public_socket = UnixSocketPath(public_path, "Workload API socket")
         self._inspect = inspect
         self.socket_mode = socket_mode
         self.max_connections = max_connections
@@ -108,22 +97,21 @@ class PeerRelay:
         return self._accepted.get(peer[len(ABSTRACT_PREFIX) :])
 
     async def start(self) -> None:
-        prepare_socket_path(self.public_path)
-        self._server = await asyncio.start_unix_server(self._on_connection, str(self.public_path))
-        os.chmod(self.public_path, self.socket_mode)
+        bind_path = self._public_socket.prepare()
+        self._server = await asyncio.start_unix_server(self._on_connection, str(bind_path))
+        self._public_socket.claim(self.socket_mode)
 
     async def stop(self) -> None:
-        """Ends every relayed connection; removes the public socket if this relay served on it
-        (one another process serves on is never removed) and the private directory."""
+        """Ends every relayed connection; removes the public socket if it is still the one this
+        relay bound (`agent.unix_socket`: one another process serves on, or took over since,
+        is never removed) and the private directory."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if server is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.public_path.unlink()
+        self._public_socket.release()
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
     def _learn(self, client: socket.socket | None) -> Accepted:

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from agent.peer_process import has_exited, start_ticks_in_stat, take_peer_process
+from agent.workload.peer_process import has_exited, start_ticks_in_stat, take_peer_process
 from tests.support.fake_proc import NO_SUCH_OPTION, boot_ns, kernel_has_peer_pidfd, stat_text
 
 

@@ -13,10 +13,10 @@ in Kubernetes mode (`ca_server.kube.replica_reports`). Readers sum every snapsho
 processes that are gone still count until their leaves expire — that is the point — and are
 swept once they are spent.
 
-Agent reports (which bundle an agent trusts, `ca_server.authority.agent_reports`) travel the same
-way: the driver owns this process's `AgentReports` table and the sink publishes it beside the
-leaf snapshot (`data_dir/agents/<instance>.json`, or the replica ConfigMap's `agents.json`);
-readers merge them (`LedgerSink.agents`).
+Agent reports (which bundle an agent trusts, `ca_server.fleet.agent_reports`) travel the same
+way: the server hands this process's `AgentReports` table to the authority driver, whose sink
+publishes it beside the leaf snapshot (`data_dir/agents/<instance>.json`, or the replica
+ConfigMap's `agents.json`); readers merge them (`LedgerSink.agents`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from ca_server.authority.agent_reports import AgentReports, FleetReports, merge_snapshots
-from ca_server.authority.agent_reports import is_spent as agents_spent
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.entries import FleetReports
+from ca_server.fleet.merge import is_spent as agents_spent
+from ca_server.fleet.merge import merge_snapshots
 from meshca.files import atomic_write, ensure_dir
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 
-DEFAULT_CAPACITY = 4096
+ISSUED_LEAVES_CAPACITY = 4096
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class IssuedLeaf:
 class IssuedLeaves:
     """Latest leaf per identity, at most `capacity` identities."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = ISSUED_LEAVES_CAPACITY) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self._capacity = capacity

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.metrics import AgentMetrics
 from agent.secrets import DEFAULT_RESOURCE, ROOT_RESOURCE, SecretCache
-from agent.workload_api import WorkloadApiServer, _Encodings, latest_pairs
+from agent.workload.api import WorkloadApiServer, _Encodings, latest_pairs
 from certs import load_der_certs
 from meshca.clock import SystemClock
 from tests.support.loop import LoopThread

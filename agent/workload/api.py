@@ -23,8 +23,8 @@ header missing from request", the specification's wording.
 Who is asking is a `CallerResolver`'s business, decided once at construction (`agent.main`):
 a pod agent's socket is private to its pod, so every caller gets the pod's identity
 (`PodCaller`, the `default` resource); a node agent attests each caller
-(`agent.workload_attestor.NodeCaller`, from the peer credentials `agent.peer_relay` took when the
-connection was accepted). A caller that cannot be placed gets PERMISSION_DENIED and nothing
+(`agent.workload.attestor.NodeCaller`, from the peer credentials `agent.workload.relay` took
+when the connection was accepted). A caller that cannot be placed gets PERMISSION_DENIED and nothing
 else; a stream only ever reads the one resource its caller was resolved to.
 
 Refusals are counted by reason (`REFUSAL_REASONS`) in `meshca_agent_workload_api_refusals_total`;
@@ -41,19 +41,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import stat
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 from cryptography.hazmat.primitives import serialization
-from google.protobuf.message import DecodeError
 
-from agent.config import MAX_SOCKET_PATH_BYTES
 from agent.errors import CallerNotAttested
 from agent.metrics import LabeledCounter
 from agent.secrets import (
@@ -64,8 +60,9 @@ from agent.secrets import (
     SecretUpdates,
     TlsSecret,
 )
+from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
 from certs import certs_to_der, describe_certificate, load_certs, load_private_key
-from meshca.grpc_services import add_service
+from meshca.grpc_services import Undecodable, add_service, lenient_decoder
 from meshca_proto import workload_pb2
 
 log = logging.getLogger(__name__)
@@ -239,11 +236,6 @@ async def latest_pairs(
 # --- refusals --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Undecodable:
-    problem: str
-
-
 class _Refused(Exception):
     def __init__(self, reason: str, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -252,19 +244,13 @@ class _Refused(Exception):
         self.message = message
 
 
-def _lenient(message_class: Any) -> Callable[[bytes], Any]:
-    type_name = message_class.DESCRIPTOR.name
-
-    def decode(data: bytes) -> Any:
-        try:
-            return message_class.FromString(data)
-        except DecodeError:
-            return _Undecodable(
-                f"a Workload API request ({len(data)} bytes) does not decode as {type_name}; "
-                "the client is not speaking the SPIFFE Workload API"
-            )
-
-    return decode
+def _not_workload_api(data: bytes, expected: str) -> Undecodable:
+    return Undecodable(
+        expected,
+        len(data),
+        f"a Workload API request ({len(data)} bytes) does not decode as "
+        f"{expected.rpartition('.')[2]}; the client is not speaking the SPIFFE Workload API",
+    )
 
 
 # --- the servicer ----------------------------------------------------------------------------
@@ -283,7 +269,7 @@ class _Servicer:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "security header missing from request",
             )
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             raise _Refused(REFUSED_UNDECODABLE, grpc.StatusCode.INVALID_ARGUMENT, request.problem)
 
     def _resource(self, context: grpc.aio.ServicerContext) -> str:
@@ -373,12 +359,12 @@ def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
 
     def stream(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(
-            method, _lenient(request), response.SerializeToString
+            method, lenient_decoder(request, _not_workload_api), response.SerializeToString
         )
 
     def unary(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
-            method, _lenient(request), response.SerializeToString
+            method, lenient_decoder(request, _not_workload_api), response.SerializeToString
         )
 
     return {
@@ -401,7 +387,7 @@ def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
 
 class Listener(Protocol):
     """Where the gRPC server listens and how callers reach it: the public socket itself (pod
-    agent), or a private socket behind `agent.peer_relay` (node agent)."""
+    agent), or a private socket behind `agent.workload.relay` (node agent)."""
 
     @property
     def grpc_address(self) -> str: ...
@@ -414,10 +400,12 @@ class Listener(Protocol):
 class WorkloadApiServer:
     """Serves `SpiffeWorkloadAPI` for `callers` from `cache` on `socket_path`.
 
-    `await start()` binds (a stale socket is replaced, the parent created 0700 if missing, the
-    socket's mode set to `socket_mode`, as the SDS socket); `await stop(grace)` ends the streams
-    and removes the socket. With `relay` (node mode) the public socket is the relay's and the
-    gRPC server listens on the relay's private socket.
+    `await start()` binds as the SDS socket does (`agent.unix_socket`: the parent created 0700
+    if missing, a dead socket replaced, a live one refused, the mode set to `socket_mode`) and
+    holds at most `max_connections` connections; `await stop(grace)` ends the streams and
+    removes the socket it bound. With `relay` (node mode) the public socket is the relay's (so
+    are its rules and its connection cap) and the gRPC server listens on the relay's private
+    socket.
     """
 
     def __init__(
@@ -431,15 +419,12 @@ class WorkloadApiServer:
         socket_mode: int = 0o600,
         max_streams: int = DEFAULT_MAX_STREAMS,
         max_streams_per_caller: int | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         relay: Listener | None = None,
     ) -> None:
         self.cache = cache
         self.socket_path = Path(socket_path)
-        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH_BYTES:
-            raise ValueError(
-                f"Workload API socket path {str(self.socket_path)!r} is longer than "
-                f"{MAX_SOCKET_PATH_BYTES} bytes, the Unix socket limit; choose a shorter path"
-            )
+        self._socket = UnixSocketPath(self.socket_path, "Workload API socket")
         self.trust_domain_id = f"spiffe://{trust_domain}"
         self.callers: CallerResolver = callers or PodCaller()
         self.metrics = metrics
@@ -447,6 +432,7 @@ class WorkloadApiServer:
         self.max_streams = max_streams
         # Node mode: one pod cannot take every stream slot from the node's other pods.
         self.max_streams_per_caller = max_streams_per_caller
+        self.max_connections = max_connections  # pod mode; the relay has its own cap
         self._streams_of: dict[str, int] = {}
         self.encodings = _Encodings()
         self.relay = relay
@@ -523,19 +509,20 @@ class WorkloadApiServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("Workload API server already started")
+        options: list[tuple[str, int]] = []
         if self.relay is None:
-            prepare_socket_path(self.socket_path)
-            address = self.address
-        else:
+            address = f"unix:{self._socket.prepare()}"
+            options = grpc_connection_cap(self.max_connections)
+        else:  # the relay holds the public socket and caps its connections itself
             address = self.relay.grpc_address
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=options)
         add_service(server, SERVICE_NAME, _handlers(_Servicer(self)))
         if server.add_insecure_port(address) == 0:
             raise OSError(f"could not listen on {address}")
         await server.start()
         self._server = server
         if self.relay is None:
-            os.chmod(self.socket_path, self.socket_mode)
+            self._socket.claim(self.socket_mode)
         else:
             await self.relay.start()
         log.info(
@@ -546,49 +533,14 @@ class WorkloadApiServer:
         )
 
     async def stop(self, grace: float | None = 1.0) -> None:
-        """Ends the streams and removes the socket, if `start` got as far as serving on it (a
-        socket another process serves on is never removed)."""
+        """Ends the streams and removes the socket if it is still the one `start` bound (a
+        socket another process serves on, or took over since, is never removed)."""
         server, self._server = self._server, None
         if server is None:
             return
-        if self.relay is not None:
-            await self.relay.stop()
-        await server.stop(grace)
-        if self.relay is None:
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
-                    os.unlink(self.socket_path)
-
-
-def prepare_socket_path(path: Path) -> None:
-    """Like the SDS socket: create the parent 0700 if missing, replace a stale socket, never
-    replace anything else. A socket something still answers on is not stale: the variable the
-    agent reads (SPIFFE_ENDPOINT_SOCKET) may name a SPIRE agent's live socket, which must not
-    be taken over."""
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
-    if _answers(path):
-        raise FileExistsError(
-            f"{path} is a socket another process is serving on (a SPIRE agent, another meshca "
-            "agent?); refusing to take it over: give --workload-api-socket a path of its own"
-        )
-    log.info("removing stale Workload API socket %s", path)
-    os.unlink(path)
-
-
-def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(0.5)
-    try:
-        probe.connect(str(path))
-    except OSError:  # ECONNREFUSED: nobody listens (stale); anything else: not ours to judge
-        return False
-    finally:
-        probe.close()
-    return True
+        try:
+            if self.relay is not None:
+                await self.relay.stop()
+            await server.stop(grace)
+        finally:
+            self._socket.release()

@@ -5,11 +5,11 @@ what the kernel says about it, never from anything it sends (the request has no 
 metadata is the caller's to forge). SPIRE's Kubernetes workload attestor's way:
 
 1. the kernel's peer credentials of the connection (`SO_PEERCRED`: pid, uid, gid) and, where it
-   has one, a pidfd on the connecting process (`SO_PEERPIDFD`), taken by `agent.peer_relay`
-   the moment the connection is accepted (`agent.peer_process.take_peer_process`);
+   has one, a pidfd on the connecting process (`SO_PEERPIDFD`), taken by `agent.workload.relay`
+   the moment the connection is accepted (`agent.workload.peer_process.take_peer_process`);
 2. the pid's cgroup (`/proc/<pid>/cgroup`), read at that same moment and proven to be the
    connecting process's, not that of a process that took its pid after it exited
-   (`agent.peer_process.CallerProc`: the pidfd still running, or the start time before the
+   (`agent.workload.peer_process.CallerProc`: the pidfd still running, or the start time before the
    accept and unchanged); a pid that is reused later cannot change the answer. The kubelet
    puts every container of a pod under a cgroup named for the pod's UID (`.../pod<uid>/
    <container>` with cgroupfs, `...-pod<uid_with_underscores>.slice/...` with systemd),
@@ -36,16 +36,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from agent.errors import CallerNotAttested
-from agent.peer_process import NO_PEER, CallerProc, PeerProcess
 from agent.scheduler import publish_as_spiffe_id
+from agent.workload.peer_process import NO_PEER, Accepted, CallerProc, PeerProcess
 from certs import SpiffeId, SpiffeIdError
 from meshca.pods import PodInfo
-
-if TYPE_CHECKING:
-    from agent.peer_relay import Accepted
 
 NOT_IN_POD = "not_in_a_pod"
 UNKNOWN_POD = "unknown_pod"
@@ -72,7 +69,7 @@ def pod_uid_in_cgroup(text: str) -> str | None:
 
 class ProcessCgroups:
     """Reads a caller's cgroup membership below `proc_root` (normally `/proc`), proven to be
-    the connecting process's (`agent.peer_process.CallerProc`)."""
+    the connecting process's (`agent.workload.peer_process.CallerProc`)."""
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self.proc = CallerProc(proc_root)
@@ -133,13 +130,13 @@ class NodeAttestor:
 
 
 class AcceptedConnections(Protocol):
-    """`agent.peer_relay.PeerRelay`: what was learned about a relayed connection at accept."""
+    """`agent.workload.relay.PeerRelay`: what was learned about a relayed connection at accept."""
 
     def accepted(self, peer: str) -> Accepted | None: ...
 
 
 class NodeCaller:
-    """The node agent's `agent.workload_api.CallerResolver`: the caller's SVID is the one of
+    """The node agent's `agent.workload.api.CallerResolver`: the caller's SVID is the one of
     the pod its connection was traced to; a connection with no such record is refused."""
 
     def __init__(self, connections: AcceptedConnections, attestor: NodeAttestor) -> None:

@@ -1,5 +1,5 @@
 """The CA's per-process table of agent reports and the coverage rule
-(`ca_server.authority.agent_reports`): keyed on the pod the credential proves, expiring by the
+(`ca_server.fleet.agent_reports`): keyed on the pod the credential proves, expiring by the
 stated rule, conservative about what it cannot see. Time is injected (`now`): nothing here
 sleeps."""
 
@@ -13,25 +13,21 @@ from cryptography import x509
 
 from agent import trust_bundle
 from ca_server.authn import Caller
-from ca_server.authority.agent_reports import (
-    AGENT_ID_HEADER,
+from ca_server.fleet.agent_reports import AgentReports
+from ca_server.fleet.coverage import authority_coverage
+from ca_server.fleet.entries import (
     EXPIRE_AFTER,
-    LEAF_AUTHORITY_HEADER,
     REPUBLISH_EVERY,
     STALE_AFTER,
-    TRUST_BUNDLE_HEADER,
-    AgentReports,
     FleetReports,
     Instance,
     PodVerdict,
-    SnapshotCache,
-    bundle_digest,
-    coverage,
-    is_spent,
-    merge_snapshots,
 )
-from ca_server.authority.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.fleet.leaf_ledger import DirectoryLedgerSink, LeafLedger
+from ca_server.fleet.merge import SnapshotCache, is_spent, merge_snapshots
+from ca_server.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from certs import KeySpec, SpiffeId, new_self_signed_authority
+from certs.bundle import bundle_digest
 from meshca.wire import MAX_REPORT_INTERVAL
 
 NOW = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
@@ -181,7 +177,7 @@ def test_merging_keeps_each_pods_latest_report_and_says_what_it_could_not_read()
     fleet = merge_snapshots(snapshots, NOW)
     assert fleet.bundles == {"/default/pod-1/uid-1": "22" * 32}
     assert fleet.unreadable == 1
-    counted = coverage([("A", _root())], fleet)
+    counted = authority_coverage([("A", _root())], fleet)
     assert counted.unreadable == 1
 
 
@@ -216,7 +212,7 @@ def test_coverage_counts_an_agent_only_for_the_authorities_its_bundle_holds() ->
     for n, (pod, digest) in enumerate(bundles.items()):
         reports.record_report(_caller(pod, f"u{n}"), pod, digest, [], NOW)
     reports.record_csr(_caller(None, account="istio"), {}, "cc" * 20, sole_leaf=True, now=NOW)
-    result = coverage([("A", a), ("B", b)], _fleet(reports))
+    result = authority_coverage([("A", a), ("B", b)], _fleet(reports))
     assert result.trusting == {"A": 2, "B": 1}
     assert (result.reporting, result.unknown) == (4, 1)
 
@@ -250,7 +246,7 @@ def test_a_size_limited_snapshot_keeps_the_most_recent_and_counts_the_rest_as_un
     assert 0 < len(fleet.entries) < 100 and fleet.dropped == 100 - len(fleet.entries)
     pods = {e.pod for e in fleet.entries.values()}
     assert "default/pod-099" in pods and "default/pod-000" not in pods
-    counted = coverage([("A", _root())], fleet)
+    counted = authority_coverage([("A", _root())], fleet)
     assert counted.unseen == fleet.dropped
     assert merge_snapshots([("own", reports.snapshot_json(NOW))], NOW).dropped == 0
 
@@ -278,7 +274,7 @@ def test_serving_follows_the_leaves_each_agent_serves_never_undercounting() -> N
     reports.record_report(node, "node-agent", DIGEST, [old], NOW)
 
     def serving() -> dict[str, int]:
-        return coverage(roots, _fleet(reports)).serving
+        return authority_coverage(roots, _fleet(reports)).serving
 
     assert serving() == {old: 2, new: 0}
     renewing = {LEAF_AUTHORITY_HEADER: old}
