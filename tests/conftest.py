@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 pytest_plugins = ["tests.support.process_marker"]
+# tests/support holds the suite's shared checks (the in-process CA's `refused`, the Kubernetes
+# fixtures): their failed asserts explain themselves as a test's or a conftest's do.
+pytest.register_assert_rewrite("tests.support")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -30,7 +33,7 @@ _WORKER_RBAC_REPORTS: list[dict[str, Any]] = []
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    from tests.k8s.api_calls import RBAC_NEEDED_KEY
+    from tests.support.kube_api_calls import RBAC_NEEDED_KEY
 
     report = getattr(node, "workeroutput", {}).get(RBAC_NEEDED_KEY)
     if report is not None:
@@ -42,8 +45,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if not all(report["full_run"] for report in _WORKER_RBAC_REPORTS):
         return
-    from tests.deploy.rbac import Rule
-    from tests.k8s.api_calls import CA_RBAC, describe
+    from tests.support.deploy_rbac import Rule
+    from tests.support.kube_api_calls import CA_RBAC, describe
 
     needed = {Rule(*rule) for report in _WORKER_RBAC_REPORTS for rule in report["rules"]}
     unused = CA_RBAC - needed

@@ -34,7 +34,7 @@ and, once they wait, on its asyncio event loop (`ca_server.serving.cq_server`); 
   lookup from the loop never waits on I/O.
 - Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
 
-Every API call made here is listed in `tests/k8s/api_calls.py`, which the deploy RBAC mirrors:
+Every API call made here is listed in `tests/support/kube_api_calls.py`; deploy RBAC mirrors it:
 TokenReview create; in the CA's namespace, Secret `istio-ca-secret` by name only (get, update;
 list/watch with the field selector `metadata.name=istio-ca-secret`, so RBAC's `resourceNames`
 covers them) and Secrets create, Leases, ConfigMaps delete; ConfigMaps in all namespaces; Pods,

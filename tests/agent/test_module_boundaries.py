@@ -1,13 +1,14 @@
 """Inside the agent: the certificate pipeline does not depend on its transport, and node mode's
 identity sources are reached only where the one identity source is chosen.
 
-Read from the source with `ast` (nothing imported), with the layer test's reader, so a lazy
-import inside a function counts too.
+Read from the source with `ast` (nothing imported, `tests/support/source_imports.py`), so a
+lazy import inside a function counts too.
 """
 
 from __future__ import annotations
 
-from tests.test_layers import ROOT, imported_modules, within
+from tests.support.processes import REPO_ROOT
+from tests.support.source_imports import imported_modules, within
 
 # What the pipeline passes and the parts that decide and drive, none of which needs gRPC: the
 # CA client is one `agent.signing.CertificateSigner`, handed in.
@@ -22,14 +23,14 @@ TRANSPORT = ("agent.ca_client", "grpc")
 
 
 def imports_of(module: str) -> set[str]:
-    path = ROOT / (module.replace(".", "/") + ".py")
+    path = REPO_ROOT / (module.replace(".", "/") + ".py")
     return set(imported_modules(path.read_text(encoding="utf-8")))
 
 
 def importers_of(target: str) -> set[str]:
     """The agent modules that import `target` (at any depth)."""
     found = set()
-    for path in sorted((ROOT / "agent").glob("*.py")):
+    for path in sorted((REPO_ROOT / "agent").glob("*.py")):
         module = "agent." + path.stem
         if any(within(name, (target,)) for name in imports_of(module)):
             found.add(module)

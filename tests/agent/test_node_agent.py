@@ -32,8 +32,8 @@ from certs import (
 )
 from meshca.clock import SystemClock
 from meshca.commands.status import add_arguments, run
-from tests.agent.test_agent_inprocess import status, until
-from tests.support.agent_wiring import node_agent_config, scheduler_of
+from tests.agent.test_agent_inprocess import status
+from tests.support.agent_wiring import node_agent_config, scheduler_of, until
 from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
 from tests.support.pki import TestCa
 from tests.support.processes import http_text

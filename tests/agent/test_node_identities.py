@@ -33,13 +33,12 @@ from agent.token import FileTokenProvider
 from certs import SpiffeId
 from meshca.clock import SystemClock
 from meshca.pods import pod_info
-from tests.agent.test_agent_inprocess import until
 from tests.agent.test_node_agent import fetch_secrets
-from tests.deploy.rbac import is_allowed
-from tests.k8s.api_calls import NODE_AGENT_RBAC, describe, required_rules
-from tests.support.agent_wiring import scheduler_of
+from tests.support.agent_wiring import scheduler_of, until
+from tests.support.deploy_rbac import is_allowed
 from tests.support.fake_ca import NODE_TOKEN, node_ca, start_fake_ca
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import NODE_AGENT_RBAC, describe, required_rules
 from tests.support.pki import TestCa
 
 NODE, OTHER = "node-1", "node-2"

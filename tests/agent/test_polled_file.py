@@ -23,8 +23,8 @@ from agent import polled_file
 from agent.polled_file import FileSignature, PolledFile
 from meshca.clock import SystemClock
 from meshca.safe_read import read_regular_file
-from tests.agent.test_trust_bundle_distribution import kubelet_update
 from tests.support.agent_wiring import until
+from tests.support.kubelet_volume import kubelet_update
 
 
 @pytest.fixture

@@ -52,10 +52,10 @@ from tests.agent.test_taint_resign import (
     WINDOW,
     report_taint,
 )
-from tests.agent.test_trust_bundle_distribution import kubelet_project
 from tests.support.agent_scheduler import scheduler_for
 from tests.support.agent_wiring import advance_settled, until
 from tests.support.fake_ca import FakeSigner
+from tests.support.kubelet_volume import kubelet_project
 from tests.support.pki import TestCa
 from tests.support.taint_notices import any_notice
 

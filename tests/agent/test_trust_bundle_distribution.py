@@ -21,7 +21,7 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from tests.support.agent_wiring import node_agent_config, scheduler_of, until
 from tests.support.ca_process import CaProcess
 from tests.support.envoy import EnvoyProcess, envoy_binary, start_server_envoy
 from tests.support.fake_ca import NODE_TOKEN, FakeCaServicer, node_ca, start_fake_ca
+from tests.support.kubelet_volume import kubelet_update
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 from tests.support.processes import http_text, wait_for
@@ -56,33 +57,6 @@ def short_dir() -> Iterator[Path]:
     """Unix socket paths must stay under 107 bytes, so not pytest's long tmp_path."""
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="mcb-") as path:
         yield Path(path)
-
-
-def kubelet_update(mount: Path, name: str, text: str) -> None:
-    """What the kubelet does to a ConfigMap volume: a new hidden directory holding the files,
-    then `..data` swapped to it by one rename, the old directory removed."""
-    kubelet_project(mount, {name: text})
-
-
-def kubelet_project(mount: Path, files: Mapping[str, str]) -> None:
-    """`kubelet_update` for a ConfigMap with several keys: every key's file in one new
-    generation, all swapped in at once; a key no longer present loses its file."""
-    mount.mkdir(parents=True, exist_ok=True)
-    generation = Path(tempfile.mkdtemp(prefix=f"..{time.time_ns()}.", dir=mount))
-    for name, text in files.items():
-        (generation / name).write_text(text)
-    previous = os.readlink(mount / "..data") if (mount / "..data").is_symlink() else None
-    os.symlink(generation.name, mount / "..data_tmp")
-    os.replace(mount / "..data_tmp", mount / "..data")
-    for name in files:
-        if not (mount / name).is_symlink():
-            os.symlink(f"..data/{name}", mount / name)
-    if previous is not None:
-        for leftover in (mount / previous).iterdir():
-            if leftover.name not in files and (mount / leftover.name).is_symlink():
-                (mount / leftover.name).unlink()
-            leftover.unlink()
-        (mount / previous).rmdir()
 
 
 def roots_in(pem: bytes | str) -> set[bytes]:

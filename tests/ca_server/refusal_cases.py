@@ -20,8 +20,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certs import SpiffeId, build_csr, generate_private_key
-from tests.ca_server.conftest import RsaIssuer, k8s_claims
 from tests.support import hostile_csr
+from tests.support.token_issuer import RsaIssuer, k8s_claims
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 

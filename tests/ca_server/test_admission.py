@@ -6,7 +6,7 @@ import asyncio
 import heapq
 import random
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +20,14 @@ from agent.signing import SigningRequest
 from agent.token import FileTokenProvider
 from ca_server.admission import Admission, is_renewal
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority.signer import LocalSigner
-from ca_server.config import AdmissionPolicy, CaConfig, TtlPolicy
+from ca_server.config import AdmissionPolicy
 from ca_server.errors import OverloadedError
-from ca_server.impersonation import DenyImpersonation
 from ca_server.metrics import CaMetrics
-from ca_server.service import CertificateService
-from ca_server.serving.tls import ServingTls
 from ca_server.wire import RETRY_PUSHBACK_TRAILER
-from certs import KeySpec, SpiffeId, build_csr, generate_private_key, new_self_signed_authority
+from certs import SpiffeId, build_csr, generate_private_key
 from meshca.clock import SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc
+from tests.support.inprocess_ca import InProcessCa
 from tests.support.metrics import sample_value
 
 
@@ -203,46 +200,30 @@ class _ReviewLikeAuthenticator:
         return Caller(identity=IDENTITY, authenticator=self.name, subject="system:test")
 
 
-async def _serve(
+def _serving(
     policy: AdmissionPolicy,
     authenticator: _ReviewLikeAuthenticator | None = None,
     tls_dir: Path | None = None,
-) -> tuple[grpc.aio.Server, int, CaMetrics]:
-    """The real CertificateService on a real gRPC server (TLS when `tls_dir` is given: the
-    agent's client insists on it; the root lands in `tls_dir/root-cert.pem`)."""
-    now = datetime.now(UTC)
-    authority = new_self_signed_authority(
-        KeySpec(), "cluster.local", now=now, lifetime=timedelta(days=1)
-    )
-    metrics = CaMetrics()
-    signer = LocalSigner(authority)
-    service = CertificateService(
+) -> InProcessCa:
+    """The real CertificateService on grpc.aio's server, served by `async with` on the test's
+    loop (TLS when `tls_dir` is given: the agent's client insists on it; the root lands in
+    `tls_dir/root-cert.pem`)."""
+    ca = InProcessCa(
+        tls_dir,
         authenticators=AuthenticatorChain([authenticator or _ReviewLikeAuthenticator()]),
-        impersonation=DenyImpersonation(),
-        signer=signer,
-        ttl_policy=TtlPolicy(),
-        metrics=metrics,
-        clock=SystemClock(),
         admission=Admission(policy, time.monotonic),
+        tls=tls_dir is not None,
+        rpc_server="aio",
     )
-    server = grpc.aio.server()
-    ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(service, server)
-    if tls_dir is None:
-        port = server.add_insecure_port("127.0.0.1:0")
-    else:
-        (tls_dir / "root-cert.pem").write_text(authority.root_bundle_pem)
-        tls = ServingTls(
-            CaConfig(data_dir=tls_dir), signer, SystemClock(), require_client_cert=False
-        )
-        port = server.add_secure_port("127.0.0.1:0", tls.credentials())
-    await server.start()
-    return server, port, metrics
+    if tls_dir is not None:
+        (tls_dir / "root-cert.pem").write_bytes(ca.root_pem)
+    return ca
 
 
-async def _burst(port: int, renewal: bool, count: int) -> list[object]:
+async def _burst(addr: str, renewal: bool, count: int) -> list[object]:
     headers = [("x-meshca-renewal", "1")] if renewal else []
     request = ca_pb2.IstioCertificateRequest(csr=build_csr(generate_private_key(), IDENTITY))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc.aio.insecure_channel(addr) as channel:
         stub = ca_pb2_grpc.IstioCertificateServiceStub(channel)
 
         async def one() -> object:
@@ -256,14 +237,11 @@ async def _burst(port: int, renewal: bool, count: int) -> list[object]:
 
 def test_a_real_server_sheds_excess_load_with_a_retry_hint_renewals_first():
     async def scenario() -> tuple[list[object], list[object], CaMetrics]:
-        server, port, metrics = await _serve(
-            AdmissionPolicy(max_in_flight=20, max_in_flight_renewals=5)
-        )
-        try:
-            first, renewals = await asyncio.gather(_burst(port, False, 60), _burst(port, True, 60))
-        finally:
-            await server.stop(None)
-        return first, renewals, metrics
+        async with _serving(AdmissionPolicy(max_in_flight=20, max_in_flight_renewals=5)) as ca:
+            first, renewals = await asyncio.gather(
+                _burst(ca.addr, False, 60), _burst(ca.addr, True, 60)
+            )
+        return first, renewals, ca.metrics
 
     first, renewals, metrics = asyncio.run(scenario())
     refused = [r for r in first + renewals if isinstance(r, grpc.aio.AioRpcError)]
@@ -292,22 +270,8 @@ def test_the_agent_client_honours_the_retry_hint_and_says_when_it_renews(tmp_pat
     authenticator = _ReviewLikeAuthenticator()
 
     async def scenario() -> tuple[CaMetrics, list[AgentMetrics]]:
-        server, port, metrics = await _serve(
-            AdmissionPolicy(max_in_flight=1, max_in_flight_renewals=1), authenticator, tmp_path
-        )
         clock = SystemClock()
         agent_metrics = [AgentMetrics(clock), AgentMetrics(clock)]
-        clients = [
-            CaClient(
-                f"localhost:{port}",
-                tmp_path / "root-cert.pem",
-                FileTokenProvider(tmp_path / "token"),
-                clock,
-                metrics=m,
-                max_attempts=5,
-            )
-            for m in agent_metrics
-        ]
 
         async def sign(client: CaClient, renewal: bool = False) -> None:
             key = generate_private_key()
@@ -316,14 +280,27 @@ def test_the_agent_client_honours_the_retry_hint_and_says_when_it_renews(tmp_pat
                 SigningRequest(csr, IDENTITY, key, timedelta(hours=1), renewal=renewal)
             )
 
-        try:
-            await asyncio.gather(*(sign(client) for client in clients))
-            await sign(clients[0], renewal=True)
-        finally:
-            for client in clients:
-                await client.close()
-            await server.stop(None)
-        return metrics, agent_metrics
+        async with _serving(
+            AdmissionPolicy(max_in_flight=1, max_in_flight_renewals=1), authenticator, tmp_path
+        ) as ca:
+            clients = [
+                CaClient(
+                    f"localhost:{ca.port}",
+                    tmp_path / "root-cert.pem",
+                    FileTokenProvider(tmp_path / "token"),
+                    clock,
+                    metrics=m,
+                    max_attempts=5,
+                )
+                for m in agent_metrics
+            ]
+            try:
+                await asyncio.gather(*(sign(client) for client in clients))
+                await sign(clients[0], renewal=True)
+            finally:
+                for client in clients:
+                    await client.close()
+        return ca.metrics, agent_metrics
 
     metrics, agent_metrics = asyncio.run(scenario())
     text = generate_latest(metrics.registry).decode()

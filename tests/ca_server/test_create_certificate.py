@@ -20,9 +20,9 @@ from certs import (
     load_certs,
     verify_chain,
 )
-from tests.ca_server.conftest import RsaIssuer
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
+from tests.support.token_issuer import RsaIssuer
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 

@@ -17,8 +17,8 @@ from ca_server.authn import AuthnRequest
 from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwksFile, JwksUrl, JwtAuthenticator, TrustedIssuer
 from meshca.clock import FakeClock
-from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
 from tests.support.jwks_http import serve_jwks
+from tests.support.token_issuer import K8S_ISSUER, k8s_claims
 
 START = datetime.now(UTC)
 

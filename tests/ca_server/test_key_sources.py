@@ -12,10 +12,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from ca_server.dev_issuer import ensure_dev_issuer
 from certs import SpiffeId, build_csr, generate_private_key, load_cert, load_certs, verify_chain
-from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.jwks_http import serve_jwks
+from tests.support.token_issuer import K8S_ISSUER, RsaIssuer
 
 pytestmark = pytest.mark.process  # every test runs a CA
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.ca_server.conftest import RsaIssuer
 from tests.ca_server.refusal_cases import CASES, Case, good_csr, good_token
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.metrics import sample_value
+from tests.support.token_issuer import RsaIssuer
 
 SMOKE = [
     next(case for case in CASES if case.family == family)

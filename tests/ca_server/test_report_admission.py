@@ -1,9 +1,10 @@
 """Agent reports under admission control: the lowest priority of the one policy.
 
-A real gRPC server with the real `CertificateService` and `AgentReportService` sharing one
-`Admission`, as `meshca ca` wires them. The authenticator holds the requests a test marks
-(`x-test-hold: 1`) until the test releases them, so "N requests in flight" is a state the test
-sets up and observes, not a race against a sleep."""
+A real gRPC server (the in-process CA, `tests/support/inprocess_ca.py`) with the real
+`CertificateService` and `AgentReportService` sharing one `Admission`, as `meshca ca` wires them.
+The authenticator holds the requests a test marks (`x-test-hold: 1`) until the test releases
+them, so "N requests in flight" is a state the test sets up and observes, not a race against a
+sleep."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import grpc
 import pytest
@@ -20,18 +20,16 @@ from prometheus_client import generate_latest
 
 from ca_server.admission import Admission
 from ca_server.authn import AuthenticatorChain, AuthnRequest, Caller
-from ca_server.authority.signer import LocalSigner
-from ca_server.config import AdmissionPolicy, TtlPolicy
+from ca_server.config import AdmissionPolicy
 from ca_server.errors import OverloadedError
 from ca_server.fleet.agent_reports import AgentReports
-from ca_server.impersonation import DenyImpersonation
 from ca_server.metrics import CaMetrics
 from ca_server.report_service import AgentReportService, add_report_service, no_taints
-from ca_server.service import CertificateService
 from ca_server.wire import RETRY_PUSHBACK_TRAILER
-from certs import KeySpec, SpiffeId, build_csr, generate_private_key, new_self_signed_authority
+from certs import SpiffeId, build_csr, generate_private_key
 from meshca.clock import SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2
+from tests.support.inprocess_ca import InProcessCa
 from tests.support.metrics import sample_value
 
 IDENTITY = SpiffeId("cluster.local", "default", "reporter")
@@ -127,46 +125,34 @@ class _Ca:
 
 @asynccontextmanager
 async def _ca() -> AsyncIterator[_Ca]:
-    clock = SystemClock()
-    authority = new_self_signed_authority(
-        KeySpec(), "cluster.local", now=clock.now(), lifetime=timedelta(days=1)
-    )
-    metrics = CaMetrics()
-    admission = Admission(POLICY, clock.monotonic)
+    admission = Admission(POLICY, SystemClock().monotonic)
     authenticator = _HeldAuthenticator()
-    authenticators = AuthenticatorChain([authenticator])
-    server = grpc.aio.server()
-    ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(
-        CertificateService(
-            authenticators=authenticators,
-            impersonation=DenyImpersonation(),
-            signer=LocalSigner(authority),
-            ttl_policy=TtlPolicy(),
-            metrics=metrics,
-            clock=clock,
-            admission=admission,
-        ),
-        server,
-    )
-    add_report_service(
-        AgentReportService(
-            authenticators=authenticators,
-            reports=AgentReports(),
-            tainted_since=no_taints,
-            metrics=metrics,
-            clock=clock,
-            admission=admission,
-        ),
-        server,
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield _Ca(admission, authenticator, metrics, channel)
-    finally:
-        authenticator.release.set()
-        await server.stop(None)
+
+    def add_report_service_to(ca: InProcessCa, server: grpc.aio.Server) -> None:
+        add_report_service(
+            AgentReportService(
+                authenticators=ca.authenticators,
+                reports=AgentReports(),
+                tainted_since=no_taints,
+                metrics=ca.metrics,
+                clock=ca.clock,
+                admission=admission,
+            ),
+            server,
+        )
+
+    async with InProcessCa(
+        authenticators=AuthenticatorChain([authenticator]),
+        admission=admission,
+        tls=False,
+        rpc_server="aio",
+        add_services=add_report_service_to,
+    ) as ca:
+        try:
+            async with grpc.aio.insecure_channel(ca.addr) as channel:
+                yield _Ca(admission, authenticator, ca.metrics, channel)
+        finally:
+            authenticator.release.set()
 
 
 async def _until(predicate: Callable[[], bool], what: str) -> None:

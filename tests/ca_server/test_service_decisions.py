@@ -39,8 +39,8 @@ from certs import (
 )
 from meshca.clock import FakeClock
 from meshca_proto import ca_pb2
-from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer
 from tests.ca_server.refusal_cases import CASES, SLEEP, Case, good_csr, good_token
+from tests.support.token_issuer import K8S_ISSUER, RsaIssuer
 
 POLICY = TtlPolicy(
     default=timedelta(hours=24), maximum=timedelta(days=90), minimum=timedelta(minutes=10)

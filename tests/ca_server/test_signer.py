@@ -18,7 +18,7 @@ from certs import (
     make_authority,
     new_self_signed_authority,
 )
-from tests.certs.helpers import Pki, make_pki
+from tests.support.pki_views import Pki, make_pki
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 NOW = datetime(2026, 12, 5, 7, 30, 15, 654321, tzinfo=UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.certs.helpers import Pki, make_pki
+from tests.support.pki_views import Pki, make_pki
 
 
 @pytest.fixture(scope="session")

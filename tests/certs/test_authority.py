@@ -17,7 +17,7 @@ from certs import (
     load_certs,
     make_authority,
 )
-from tests.certs.helpers import NOW, TRUST_DOMAIN, Pki, make_leaf
+from tests.support.pki_views import NOW, TRUST_DOMAIN, Pki, make_leaf
 
 
 def _self_signed(pki: Pki, *extra_roots: x509.Certificate) -> SigningAuthority:

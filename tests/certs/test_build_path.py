@@ -16,7 +16,7 @@ from certs import (
     build_path,
     generate_private_key,
 )
-from tests.certs.helpers import NOW, TRUST_DOMAIN, Pki, make_leaf, make_pki
+from tests.support.pki_views import NOW, TRUST_DOMAIN, Pki, make_leaf, make_pki
 
 
 def test_leaf_alone_under_a_root(pki: Pki) -> None:

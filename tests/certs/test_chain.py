@@ -13,7 +13,7 @@ from certs import (
     is_ca,
     verify_chain,
 )
-from tests.certs.helpers import NOW, TRUST_DOMAIN, Pki, make_leaf
+from tests.support.pki_views import NOW, TRUST_DOMAIN, Pki, make_leaf
 
 
 def test_root_to_leaf(pki: Pki) -> None:

@@ -23,8 +23,8 @@ from certs import (
 )
 from certs.csr import _signature_verifies, unexpected_extensions
 from certs.keys import public_key_bytes
-from tests.certs.helpers import IDENTITY
 from tests.support.hostile_csr import csr_with, pem_of, two_sans
+from tests.support.pki_views import IDENTITY
 
 _HEADER = "-----BEGIN CERTIFICATE REQUEST-----"
 _FOOTER = "-----END CERTIFICATE REQUEST-----"

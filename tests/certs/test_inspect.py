@@ -9,7 +9,7 @@ from certs import (
     describe_certificate,
     format_duration,
 )
-from tests.certs.helpers import IDENTITY, NOW, Pki, make_leaf
+from tests.support.pki_views import IDENTITY, NOW, Pki, make_leaf
 
 
 def test_describe_workload_leaf(pki: Pki) -> None:

@@ -17,7 +17,7 @@ from certs import (
     public_key_of,
 )
 from certs.keys import describe_key, public_key_bytes, signature_hash_for
-from tests.certs.helpers import NOW, Pki
+from tests.support.pki_views import NOW, Pki
 
 
 @pytest.mark.parametrize(

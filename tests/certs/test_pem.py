@@ -19,7 +19,7 @@ from certs import (
     load_certs,
     load_der_certs,
 )
-from tests.certs.helpers import Pki
+from tests.support.pki_views import Pki
 
 
 def test_cert_to_pem_round_trip(pki: Pki) -> None:

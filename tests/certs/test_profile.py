@@ -21,7 +21,7 @@ from certs import (
     random_serial,
 )
 from certs.keys import public_key_bytes
-from tests.certs.helpers import IDENTITY, NOW, TRUST_DOMAIN, Pki, make_leaf
+from tests.support.pki_views import IDENTITY, NOW, TRUST_DOMAIN, Pki, make_leaf
 
 
 def _ext(cert: x509.Certificate, cls: type[x509.ExtensionType]) -> x509.Extension:

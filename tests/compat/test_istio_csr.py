@@ -1,4 +1,4 @@
-"""The first CSR of Istio's agent, as it sends it (`tests/compat/istio_wire.py`): RSA-2048 by
+"""The first CSR of Istio's agent, as it sends it (`tests/support/istio_wire.py`): RSA-2048 by
 default or EC P-256 (`ECC_SIGNATURE_ALGORITHM=ECDSA`), a subject with an empty organization,
 one critical SAN holding only the URI, `CertSigner: ""` in the request metadata, `ClusterID`
 header, a 24 h `SECRET_TTL`, over the TLS port with its service-account token."""
@@ -12,7 +12,8 @@ from cryptography import x509
 
 from certs import SpiffeId, describe_certificate, load_certs, verify_chain
 from tests.compat.conftest import CompatCa
-from tests.compat.istio_wire import (
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.istio_wire import (
     CERT_SIGNER_METADATA,
     CLUSTER_ID_HEADER,
     SECRET_TTL_SECONDS,
@@ -20,7 +21,6 @@ from tests.compat.istio_wire import (
     istio_csr,
     istio_key,
 )
-from tests.support.ca_client import ca_stub, create_certificate
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 

@@ -1,6 +1,7 @@
 """Renewal over mTLS as Istio's agent does it (`PROV_CERT`, the CA's `--mtls-listen` port): the
 agent connects with the key and `cert-chain.pem` of its current certificate and sends a CSR,
-under each kind of CA an Istio mesh may bring (`tests/compat/conftest.py`).
+under each kind of CA an Istio mesh may bring (`tests/support/ca_kinds.py`, served by
+`tests/compat/conftest.py`).
 
 Each case names the Istio behaviour it reproduces. The token sent along is one the CA does not
 trust (signed by a foreign key), so only the client certificate can authenticate the renewal;
@@ -23,9 +24,11 @@ from certs import (
     load_certs,
     verify_chain,
 )
-from tests.ca_server.conftest import RsaIssuer
-from tests.compat.conftest import CompatCa, new_intermediate, new_root
-from tests.compat.istio_wire import (
+from tests.compat.conftest import CompatCa
+from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_kinds import new_intermediate, new_root
+from tests.support.inprocess_ca import refused
+from tests.support.istio_wire import (
     CERT_SIGNER_METADATA,
     CLUSTER_ID_HEADER,
     SECRET_TTL_SECONDS,
@@ -34,8 +37,7 @@ from tests.compat.istio_wire import (
     istio_key,
     key_pem,
 )
-from tests.hostile.conftest import refused
-from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.token_issuer import RsaIssuer
 
 SLEEP = SpiffeId("cluster.local", "default", "sleep")
 HTTPBIN = SpiffeId("cluster.local", "default", "httpbin")

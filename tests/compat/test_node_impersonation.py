@@ -9,10 +9,11 @@ from __future__ import annotations
 import grpc
 
 from certs import SpiffeId, describe_certificate, load_certs
-from tests.compat.istio_wire import CLUSTER_ID_HEADER, SECRET_TTL_SECONDS, istio_csr, istio_key
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, audit_lines, rpc_code
 from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.istio_wire import CLUSTER_ID_HEADER, SECRET_TTL_SECONDS, istio_csr, istio_key
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, assert_verifies, audit_lines, rpc_code
 
 NODE = "node-a"
 CART = SpiffeId("cluster.local", "shop", "cart")

@@ -20,10 +20,7 @@ import yaml
 
 from agent.config import add_agent_arguments
 from ca_server.kube.secret_root import SECRET_NAME
-from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC
-
-from . import prometheus_operator
-from .manifests import (
+from tests.support.deploy_manifests import (
     CLUSTER_SCOPED_KINDS,
     DEPLOY_DIR,
     KUSTOMIZATION,
@@ -35,7 +32,17 @@ from .manifests import (
     manifests,
     render,
 )
-from .rbac import Rule, Scope, authorized_name, granted_rules, is_allowed, required_rule
+from tests.support.deploy_rbac import (
+    Rule,
+    Scope,
+    authorized_name,
+    granted_rules,
+    is_allowed,
+    required_rule,
+)
+from tests.support.kube_api_calls import CA_RBAC, NODE_AGENT_RBAC
+
+from . import prometheus_operator
 
 # The oldest Kubernetes the manifests target: native sidecars (restartPolicy: Always on an init
 # container) and matchLabelKeys in topology spread constraints are on by default from 1.29/1.30.

@@ -16,8 +16,9 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.support.deploy_manifests import DEPLOY_DIR, find, manifests, patch_files, render
+
 from . import prometheus_operator
-from .manifests import DEPLOY_DIR, find, manifests, patch_files, render
 
 MONITORING = DEPLOY_DIR / "monitoring"
 ALERTS = MONITORING / "rules" / "alerts.yaml"

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from certs import SpiffeId, describe_certificate, load_certs, verify_chain
-from tests.ca_server.conftest import make_rsa_issuer
-from tests.compat.conftest import new_intermediate, new_root, write_cacerts
-from tests.compat.istio_wire import istio_cert_chain_pem, istio_csr, istio_key, key_pem
-from tests.k8s.conftest import audit_lines
 from tests.support.agent_process import AgentProcess
 from tests.support.ca_client import ca_stub, create_certificate
+from tests.support.ca_kinds import new_intermediate, new_root, write_cacerts
 from tests.support.ca_process import CaProcess
+from tests.support.istio_wire import istio_cert_chain_pem, istio_csr, istio_key, key_pem
+from tests.support.kube_mode import audit_lines
 from tests.support.processes import free_port, wait_for
+from tests.support.token_issuer import make_rsa_issuer
 
 pytestmark = pytest.mark.process  # every test runs a CA and an agent
 

@@ -30,9 +30,9 @@ with atheris.instrument_imports():
     from ca_server.request_decoding import decode_certificate_request
     from meshca.clock import SystemClock
     from meshca_proto import ca_pb2
-    from tests.ca_server.conftest import K8S_ISSUER, make_rsa_issuer
-    from tests.hostile.inprocess_ca import good_csr
-    from tests.hostile.parser_checks import check_csr
+    from tests.support.inprocess_ca import good_csr
+    from tests.support.parser_checks import check_csr
+    from tests.support.token_issuer import K8S_ISSUER, make_rsa_issuer
 
 
 def fuzz_ca_request(data: bytes) -> None:

@@ -9,8 +9,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from certs import build_csr, load_cert
-from tests.hostile.inprocess_ca import SLEEP, InProcessCa
 from tests.support.hostile_csr import compressed_point
+from tests.support.inprocess_ca import SLEEP, InProcessCa
 
 
 def _issue(ca: InProcessCa, csr: str) -> x509.Certificate:

@@ -10,9 +10,8 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from tests.hostile.conftest import refused
-from tests.hostile.inprocess_ca import InProcessCa
 from tests.support import hostile_csr as b
+from tests.support.inprocess_ca import InProcessCa, refused
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 DENIED = grpc.StatusCode.PERMISSION_DENIED

@@ -25,10 +25,9 @@ from ca_server.authn import AuthnRequest
 from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwksFile, JwtAuthenticator, TrustedIssuer
 from meshca.clock import SystemClock
-from tests.ca_server.conftest import K8S_ISSUER, k8s_claims
-from tests.hostile.conftest import refused
-from tests.hostile.inprocess_ca import KID, InProcessCa, good_csr
 from tests.hostile.loop_stall import longest_stall
+from tests.support.inprocess_ca import KID, InProcessCa, good_csr, refused
+from tests.support.token_issuer import K8S_ISSUER, k8s_claims
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED

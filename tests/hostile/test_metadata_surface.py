@@ -6,8 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.hostile.conftest import refused
-from tests.hostile.inprocess_ca import InProcessCa, good_csr
+from tests.support.inprocess_ca import InProcessCa, good_csr, refused
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 

@@ -40,10 +40,10 @@ from certs import CertsError, load_certs
 from meshca.clock import SystemClock
 from meshca.grpc_services import Undecodable
 from meshca_proto import ca_pb2
-from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer, k8s_claims, make_rsa_issuer
-from tests.hostile.inprocess_ca import good_csr
-from tests.hostile.parser_checks import check_csr
+from tests.support.inprocess_ca import good_csr
+from tests.support.parser_checks import check_csr
 from tests.support.pki import TestCa
+from tests.support.token_issuer import K8S_ISSUER, RsaIssuer, k8s_claims, make_rsa_issuer
 
 EXAMPLES = int(os.environ.get("MESHCA_HYPOTHESIS_EXAMPLES", "150"))
 BOUNDED = settings(

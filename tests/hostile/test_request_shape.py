@@ -10,8 +10,7 @@ import pytest
 
 from certs import SpiffeId, build_csr, generate_private_key, key_matches_certificate, load_cert
 from meshca_proto import ca_pb2
-from tests.hostile.conftest import refused
-from tests.hostile.inprocess_ca import SLEEP, InProcessCa, good_csr
+from tests.support.inprocess_ca import SLEEP, InProcessCa, good_csr, refused
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED

@@ -27,7 +27,7 @@ from ca_server.metrics import CaMetrics
 from ca_server.serving import cq_calls
 from meshca.clock import Clock, FakeClock, SystemClock
 from meshca_proto import ca_pb2, ca_pb2_grpc
-from tests.hostile.inprocess_ca import InProcessCa, good_csr
+from tests.support.inprocess_ca import InProcessCa, good_csr
 from tests.support.kube_api import Fault, KubeApiServer
 
 VALID = "valid-sleep-token"

@@ -15,9 +15,10 @@ from agent.trust_bundle import bundle_digest
 from ca_server.authority.slots import authority_id
 from ca_server.kube.replica_reports import report_name
 from certs import load_certs
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, issue, spiffe
 from tests.support.authority_cli import authority_rows, cluster_target, meshca_authority
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, issue, spiffe
 from tests.support.processes import wait_for
 from tests.support.status_cli import status_json
 

@@ -19,10 +19,11 @@ from ca_server.kube.replica_reports import report_name
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import SECRET_NAME
 from certs import load_cert, load_certs
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
 from tests.support.authority_cli import authority_rows, cluster_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, assert_verifies, issue, spiffe
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from certs import SpiffeId, build_csr, generate_private_key
-from tests.ca_server.conftest import K8S_ISSUER, RsaIssuer, make_rsa_issuer
-from tests.k8s.conftest import CaFactory, issue, spiffe
 from tests.support.ca_client import ca_stub, create_certificate
 from tests.support.ca_process import CaProcess
 from tests.support.jwks_http import serve_jwks
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_mode import CaFactory, issue, spiffe
+from tests.support.token_issuer import K8S_ISSUER, RsaIssuer, make_rsa_issuer
 
 DEBUG = {"PYTHONASYNCIODEBUG": "1"}
 CQ = ("--rpc-server", "completion-queue", "--no-root-configmaps")

@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 
 from certs import describe_certificate, load_cert
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, audit_lines, spiffe
 from tests.support.agent_process import node_agent_args
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, assert_verifies, audit_lines, spiffe
 from tests.support.processes import MeshcaProcess, free_port, http_status, http_text, wait_for
 from tests.support.sds_client import fetch_secrets, leaf_serial
 

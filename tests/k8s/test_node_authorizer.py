@@ -18,8 +18,9 @@ from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
 from ca_server.metrics import CaMetrics
 from certs import SpiffeId
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.processes import REPO_ROOT, wait_for
 
 STATUS_NAMES = "|".join(code.name for code in grpc.StatusCode)

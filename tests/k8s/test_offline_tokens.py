@@ -11,10 +11,11 @@ from typing import Any
 import grpc
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_api.issuer import DISCOVERY_PATH, JWKS_PATH
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.processes import wait_for
 
 OFFLINE = ("--no-root-configmaps", "--token-validation", "offline")

@@ -13,9 +13,9 @@ from ca_server.fleet.entries import REPUBLISH_EVERY
 from ca_server.fleet.leaf_ledger import LeafLedger
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
-from tests.k8s.conftest import CA_NAMESPACE
 from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
 
 
 def test_a_round_reads_leaves_and_agents_with_one_list_call(kube_api: KubeApiServer) -> None:

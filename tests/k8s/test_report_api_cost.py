@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 from meshca_proto import report_pb2
-from tests.k8s.conftest import CaFactory, issue, spiffe
 from tests.support.ca_client import report_channel, send_report
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_mode import CaFactory, issue, spiffe
 from tests.support.metrics import sample_value
 
 AGENTS = 20

@@ -15,10 +15,11 @@ import grpc
 from agent.trust_bundle import bundle_digest
 from certs import load_certs
 from meshca_proto import report_pb2
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory
 from tests.support.authority_cli import cluster_target, meshca_authority
 from tests.support.ca_client import report_channel, send_report
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory
 from tests.support.processes import wait_for
 
 PODS = 1000

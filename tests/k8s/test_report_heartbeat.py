@@ -18,9 +18,9 @@ from ca_server.fleet.leaf_ledger import LeafLedger
 from ca_server.fleet.report_shards import build_layout
 from ca_server.kube import replica_reports
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, report_name
-from tests.k8s.conftest import CA_NAMESPACE
 from tests.support.agent_reports import pod_caller
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
 
 OLD, NEW = "ab" * 32, "cd" * 32
 PODS = 600

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import Counter
 
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 

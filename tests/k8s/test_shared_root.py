@@ -25,8 +25,9 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, assert_verifies, issue, spiffe
 from tests.support.processes import wait_for
 
 

@@ -17,12 +17,13 @@ from ca_server.authority.slots import authority_id
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from certs import load_cert, load_certs
 from meshca.taint_notice import TAINT_NOTICE_NAME, decode_taint_notice, encode_taint_notice
-from tests.agent.test_trust_bundle_distribution import kubelet_project
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, audit_lines, spiffe
 from tests.k8s.test_node_agent_with_ca import NODE, _add_node_agent_pod
 from tests.support.agent_process import node_agent_args
 from tests.support.authority_cli import authority_rows, cluster_target, meshca_authority
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, audit_lines, spiffe
+from tests.support.kubelet_volume import kubelet_project
 from tests.support.processes import MeshcaProcess, free_port, wait_for
 
 WINDOW = 6.0

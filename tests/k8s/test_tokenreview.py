@@ -7,8 +7,8 @@ from pathlib import Path
 
 import grpc
 
-from tests.k8s.conftest import CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_mode import CaFactory, audit_lines, issue, rpc_code, spiffe
 from tests.support.metrics import sample_value
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from ca_server.kube.leader import DEFAULT_LEASE_NAME
 from ca_server.kube.secret_root import SECRET_NAME
-from tests.k8s.conftest import CA_NAMESPACE, CaFactory, assert_verifies, issue, spiffe
 from tests.support.kube_api import KubeApiServer
+from tests.support.kube_api_calls import CA_NAMESPACE
+from tests.support.kube_mode import CaFactory, assert_verifies, issue, spiffe
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.rbac import Rule, is_allowed, required_rule
-from tests.k8s.api_calls import CA_RBAC, contract_rules, describe
 from tests.support.ca_process import CaProcess
+from tests.support.deploy_rbac import Rule, is_allowed, required_rule
+from tests.support.kube_api_calls import CA_RBAC, contract_rules, describe
 from tests.support.real_kube import AppliedRbac, RealControlPlane, apply_deploy_rbac
 
 _names = itertools.count(1)
@@ -99,11 +99,11 @@ def api_calls(plane: RealControlPlane, account: Account) -> list[tuple[Rule, int
 def assert_calls_within_contract(
     plane: RealControlPlane, account: Account, contract: frozenset[Rule]
 ) -> set[Rule]:
-    """Every call `account` made is one tests/k8s/api_calls.py declares and the server allowed
-    it (deploy/'s RBAC sufficed); returns the rules used."""
+    """Every call `account` made is one tests/support/kube_api_calls.py declares and the server
+    allowed it (deploy/'s RBAC sufficed); returns the rules used."""
     calls = api_calls(plane, account)
     outside = {rule for rule, _ in calls if not is_allowed(set(contract), rule)}
-    assert not outside, f"API calls outside tests/k8s/api_calls.py: {describe(outside)}"
+    assert not outside, f"API calls outside tests/support/kube_api_calls.py: {describe(outside)}"
     refused = {rule for rule, code in calls if code == 403}
     assert not refused, f"refused by deploy/'s RBAC: {describe(refused)}"
     return contract_rules(contract, (rule for rule, _ in calls))

@@ -25,9 +25,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.k8s.conftest import issue, spiffe
 from tests.k8s_real.conftest import make_account, unique
 from tests.support.ca_process import CaProcess
+from tests.support.kube_mode import issue, spiffe
 from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane
 

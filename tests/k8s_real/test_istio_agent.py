@@ -19,11 +19,11 @@ from cryptography import x509
 
 from ca_server.authority.slots import authority_id
 from certs import describe_certificate, load_cert, load_certs
-from tests.k8s.conftest import assert_verifies, audit_lines, spiffe
 from tests.k8s_real.conftest import Account, RealCaFactory, unique
 from tests.support.authority_cli import authority_rows, cluster_target
 from tests.support.ca_process import CaProcess
 from tests.support.istio_agent import IstioAgent
+from tests.support.kube_mode import assert_verifies, audit_lines, spiffe
 from tests.support.processes import free_port, wait_for
 from tests.support.real_kube import RealControlPlane
 

@@ -5,8 +5,8 @@ that needs the rule must then fail loudly, its log (or the command's error) nami
 permission in the API server's own words (`cannot list resource "pods" in API group "" at the
 cluster scope`), and the API server's audit log must show that exactly this rule was refused.
 With every rule in place the same work succeeds with no refusal at all, and every rule of
-tests/k8s/api_calls.py (which deploy/ grants, tests/deploy/test_manifests.py) is used: nothing
-is granted that nobody needs.
+tests/support/kube_api_calls.py (which deploy/ grants, tests/deploy/test_manifests.py) is used:
+nothing is granted that nobody needs.
 
 Three pieces of work cover every rule: the CA's default mode (TokenReview, the authority
 Secret, root ConfigMaps under the Lease, its replica report, `meshca authority prepare` as the
@@ -33,12 +33,12 @@ from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
 from ca_server.kube.replica_reports import report_name
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import SECRET_NAME
-from tests.deploy.rbac import Rule
-from tests.k8s.api_calls import CA_RBAC, NODE_AGENT_RBAC, contract_rules, describe
-from tests.k8s.conftest import issue, spiffe
 from tests.k8s_real.conftest import Account, api_calls, make_account, unique
 from tests.support.authority_cli import cluster_target, meshca_authority
 from tests.support.ca_process import CaProcess
+from tests.support.deploy_rbac import Rule
+from tests.support.kube_api_calls import CA_RBAC, NODE_AGENT_RBAC, contract_rules, describe
+from tests.support.kube_mode import issue, spiffe
 from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from certs import describe_certificate, load_cert
-from tests.k8s.api_calls import NODE_AGENT_RBAC
-from tests.k8s.conftest import assert_verifies, audit_lines, spiffe
 from tests.k8s_real.conftest import (
     Account,
     RealCaFactory,
@@ -18,6 +16,8 @@ from tests.k8s_real.conftest import (
     unique,
 )
 from tests.support.agent_process import node_agent_args
+from tests.support.kube_api_calls import NODE_AGENT_RBAC
+from tests.support.kube_mode import assert_verifies, audit_lines, spiffe
 from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 

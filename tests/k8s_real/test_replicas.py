@@ -15,9 +15,9 @@ from kubernetes.client.exceptions import ApiException
 
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import SECRET_NAME, SECRET_TYPE
-from tests.k8s.conftest import assert_verifies, issue, spiffe
 from tests.k8s_real.conftest import Account, RealCaFactory, unique
 from tests.support.ca_process import CaProcess
+from tests.support.kube_mode import assert_verifies, issue, spiffe
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane

@@ -40,7 +40,8 @@ from .pki import ClusterFiles, write_cluster_pki
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Every request a ServiceAccount makes, at Metadata level (verb, resource, user agent, status):
-# what the tests check meshca's API calls against (tests/k8s/api_calls.py), on the real server.
+# what the tests check meshca's API calls against (tests/support/kube_api_calls.py), on the
+# real server.
 _AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",

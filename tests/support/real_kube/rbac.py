@@ -4,7 +4,7 @@ Each test gets its own namespace and ServiceAccount (RBAC objects are cluster-wi
 that removes a rule must not take it from the next test), so the Roles, ClusterRoles and
 bindings that `deploy/` grants `istio-system/meshca` (or `meshca-node-agent`) are applied
 renamed for that account: same rules, read from the YAML. `drop` takes out one flat rule
-(`tests.deploy.rbac.Rule`), the least-privilege tests' "all but this one".
+(`tests.support.deploy_rbac.Rule`), the least-privilege tests' "all but this one".
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from tests.deploy.manifests import Manifest, manifests
-from tests.deploy.rbac import RBAC_API_VERSION, Rule, Scope
+from tests.support.deploy_manifests import Manifest, manifests
+from tests.support.deploy_rbac import RBAC_API_VERSION, Rule, Scope
 from tests.support.processes import wait_for
 
 from .control_plane import RealControlPlane

@@ -1,5 +1,6 @@
-"""PKI views for the `certs` unit tests: the keys and certificates themselves, so those tests
-can call `certs` functions directly on them (built by `tests.support.pki.TestCa`)."""
+"""PKI views for the `certs` unit tests (and the signer's in tests/ca_server): the keys and
+certificates themselves, so those tests can call `certs` functions directly on them (built by
+`tests.support.pki.TestCa`)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from .manifests import DEPLOY_DIR, Manifest, manifests
+from tests.support.deploy_manifests import DEPLOY_DIR, Manifest, manifests
 
 Scope = Literal["namespace", "cluster"]
 RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
@@ -89,7 +89,9 @@ def granted_rules(namespace: str, service_account: str, root: Path = DEPLOY_DIR)
         if role is None:
             raise LookupError(f"{binding}: roleRef {ref['kind']}/{ref['name']} is not in deploy/")
         if role.doc.get("aggregationRule"):
-            raise UnsupportedRbac(f"{role}: aggregated roles are not modelled by tests/deploy")
+            raise UnsupportedRbac(
+                f"{role}: aggregated roles are not modelled by tests/support/deploy_rbac.py"
+            )
         scope: Scope = "cluster" if binding.kind == "ClusterRoleBinding" else "namespace"
         granted |= _expand(role.doc.get("rules") or [], scope, str(role))
     return granted

@@ -1,10 +1,11 @@
 """The Kubernetes permissions meshca's code needs — one contract for tests and `deploy/` RBAC.
 
-`CA_RBAC` and `NODE_AGENT_RBAC` are the rules (in `tests.deploy.rbac.Rule` form) that the CA and
-the node agent need for the API calls they make. Three checks keep code and manifests equal:
+`CA_RBAC` and `NODE_AGENT_RBAC` are the rules (in `tests.support.deploy_rbac.Rule` form) that
+the CA and the node agent need for the API calls they make. Three checks keep code and manifests
+equal:
 
 - every Kubernetes-mode test fails if the process under test made a call these rules do not
-  allow (`tests/k8s/conftest.py`, `tests/agent/test_node_identities.py`);
+  allow (`tests/support/kube_mode.py`, `tests/agent/test_node_identities.py`);
 - a full run of `tests/k8s` fails if some rule in `CA_RBAC` was never needed (granted but
   unused);
 - `tests/deploy/test_manifests.py` asserts `deploy/` grants exactly these rules.
@@ -15,7 +16,7 @@ namespace (a ClusterRole). A rule with a `name` allows that one object only (RBA
 `resourceNames`): the code touches the authority Secret by name alone, and lists and watches it
 with a `metadata.name` field selector, which the API server authorizes as that name.
 
-    python -m tests.k8s.api_calls   # prints the rules
+    python -m tests.support.kube_api_calls   # prints the rules
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import urllib.parse
 from collections.abc import Iterable
 
 from ca_server.kube.secret_root import SECRET_NAME
-from tests.deploy.rbac import Rule, authorized_name, granting_rule, required_rule
+from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, required_rule
 from tests.support.kube_api import RequestRecord
 
 CA_NAMESPACE = "istio-system"

@@ -8,7 +8,7 @@ import contextlib
 from ca_server.authz import authorize_csr
 from ca_server.errors import RequestError
 from certs import CertsError, load_csr
-from tests.hostile.inprocess_ca import SLEEP
+from tests.support.inprocess_ca import SLEEP
 
 
 def check_csr(data: bytes | str) -> None:
