@@ -1,6 +1,6 @@
 """`WithoutRetiredSeries`: the supervisor's view leaves out gauge series marked gone (NaN), and
 only those. The multiprocess half (a worker's file keeping a removed series) is shown with real
-workers in `tests/ca_server/test_workers.py`."""
+workers in `tests/ca_server/serving/test_workers.py`."""
 
 from __future__ import annotations
 

@@ -390,13 +390,13 @@ def test_forced_rotation_taint_and_revoke_under_traffic_with_no_failed_request(
     nothing).
     One CSR per agent within the window bounds the CA's issuance rate after the taint to the
     pacing chosen; with two agents the *spread* over the window is not shown here —
-    tests/ca_server/test_taint_resign_process.py shows it with six.
+    tests/ca_server/authority/test_taint_resign_process.py shows it with six.
 
     Then `revoke <old>`: the published bundle, every agent's SDS `ROOTCA` and both Envoys'
     `/certs` hold only the new root. 0 failed requests throughout, no restart, no SDS update
     rejected, and over the whole cycle each agent sent two CSRs: its first and the taint's
     re-sign — prepare, activate and revoke cost none. (The report's path to the same taint
-    is shown with six agents by tests/ca_server/test_taint_resign_process.py.)"""
+    is shown with six agents by tests/ca_server/authority/test_taint_resign_process.py.)"""
     ca = CaProcess(workdir / "ca", "--ca-reload-interval", "500ms")
     request.addfinalizer(ca.stop)
     ca.start()

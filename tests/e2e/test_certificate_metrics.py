@@ -4,7 +4,7 @@ Real `meshca ca` and `meshca agent` processes; each check scrapes `/metrics` and
 the certificate the agent has just written to its output directory (or was given as files):
 after a rotation, after a restore from disk while the CA is down, and after a file-mounted
 reload, the expiry series hold the new certificate's values. (A CA hot reload:
-tests/ca_server/test_authority_watch.py; a secret no longer served: tests/agent/
+tests/ca_server/authority/test_authority_watch.py; a secret no longer served: tests/agent/
 test_secret_status.py and the node-mode test in tests/agent/test_node_agent.py.)
 """
 

@@ -33,7 +33,7 @@ class CaProcess(MeshcaProcess):
 
     One worker unless `extra_args` say `--workers`: most tests are about what one CA process
     does (and a reload reaches all workers only within a poll interval, like replicas);
-    `tests/ca_server/test_workers.py` covers the supervisor and its workers.
+    `tests/ca_server/serving/test_workers.py` covers the supervisor and its workers.
     """
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None):

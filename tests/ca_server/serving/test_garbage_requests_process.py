@@ -6,7 +6,7 @@ anyone may call. Before, garbage to `Health/Check`, `Health/Watch` or `ServerRef
 logged an ERROR and an 8-9 line traceback per request, answered `UNKNOWN` (grpc.aio) or
 `INTERNAL` (completion-queue `Check`). Each server must answer the same status for the same
 garbage, log no traceback and no ERROR, say it once per peer (per minute: the time side is
-tests/ca_server/test_endpoints.py), and go on serving.
+tests/ca_server/serving/test_endpoints.py), and go on serving.
 """
 
 from __future__ import annotations

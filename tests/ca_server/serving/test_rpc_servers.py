@@ -229,7 +229,7 @@ def test_a_request_decoder_that_raises_is_unknown_and_logged_on_both(
     served, caplog: pytest.LogCaptureFixture
 ):
     """As grpc.aio answers it (the completion-queue server said INTERNAL). The CA's own services
-    decode leniently and never get here (tests/ca_server/test_endpoints.py)."""
+    decode leniently and never get here (tests/ca_server/serving/test_endpoints.py)."""
     address, *_ = served
     with (
         grpc.insecure_channel(address) as channel,
