@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.source_imports import base_of, imported_modules, within
+
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND_MODULES = ("meshca.cli", "meshca.__main__", "meshca.commands")
 
@@ -33,20 +35,6 @@ def module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
-
-
-def imported_modules(source: str) -> Iterator[str]:
-    """Every module `source` imports, at any depth (top level, functions, TYPE_CHECKING)."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
-
-
-def within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def forbidden(module: str) -> tuple[str, ...]:
@@ -472,17 +460,6 @@ def _module_of(path: str) -> tuple[str, bool]:
     return ".".join(parts), False
 
 
-def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
-    """The module a `from ... import` names, relative levels resolved against `module`."""
-    if node.level == 0:
-        return node.module
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    if node.level > len(package):
-        return None  # beyond the top-level package: Python refuses it too
-    base = package[: len(package) - node.level + 1]
-    return ".".join([*base, node.module] if node.module else base)
-
-
 def _imported(
     module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules: Collection[str]
 ) -> list[str]:
@@ -490,7 +467,7 @@ def _imported(
     → a.b.c when that is one of `modules`, else a.b (c is a name a.b defines)."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
-    base = _absolute(module, is_package, node)
+    base = base_of(node, module if is_package else module.rpartition(".")[0] or None)
     if base is None:
         return []
     return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]

@@ -20,13 +20,13 @@ def imported_modules(source: str, package: str | None = None) -> Iterator[str]:
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = _base_of(node, package)
+            base = base_of(node, package)
             if base is not None:
                 yield base
                 yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
-def _base_of(node: ast.ImportFrom, package: str | None) -> str | None:
+def base_of(node: ast.ImportFrom, package: str | None) -> str | None:
     """The module a `from ... import` names, its leading dots resolved against `package`."""
     if node.level == 0:
         return node.module
