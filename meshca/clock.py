@@ -59,6 +59,13 @@ class FakeClock:
         finally:
             self._sleepers = [(d, f) for d, f in self._sleepers if f is not future]
 
+    @property
+    def sleepers(self) -> int:
+        """How many coroutines are sleeping on this clock now: a test advances the clock once
+        the loop it drives is asleep, so the advance cannot fall between that loop's choosing
+        a deadline and its going to sleep on it (where it would wake only at the next one)."""
+        return sum(1 for _, future in self._sleepers if not future.done())
+
     def monotonic(self) -> float:
         """Seconds of fake time since the clock was made: moves only with `advance()`."""
         return (self._now - self._start).total_seconds()

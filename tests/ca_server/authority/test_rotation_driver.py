@@ -69,19 +69,26 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
         first = rotator.state.active.id
         task = asyncio.create_task(rotator.run())
 
-        async def at(minutes: float) -> None:
+        async def at(minutes: float, updated: Callable[[], bool] = lambda: True) -> None:
             """Moves the clock, then waits until the driver has applied and converged on
-            everything due (its steps run in worker threads)."""
+            everything due (its steps run in worker threads) and the round's gauge and ledger
+            updates are seen (`updated`): polled, not slept on, so a loaded machine only
+            waits longer. The clock moves only once the driver sleeps on it: moved during a
+            round, the driver would next wake a poll interval of fake time later, which never
+            comes."""
+            for _ in range(1000):
+                if clock.sleepers:
+                    break
+                await asyncio.sleep(0.01)
             clock.advance(START + timedelta(minutes=minutes) - clock.now())
-            for _ in range(500):
+            for _ in range(1000):
                 await asyncio.sleep(0.01)
                 stored = await asyncio.to_thread(store.read)
                 due = next_due(stored, policy)
                 settled = encode_state(stored) == encode_state(rotator.state)
-                if settled and due is not None and due > clock.now():
-                    await asyncio.sleep(0.05)  # the round's gauge and ledger updates
+                if settled and due is not None and due > clock.now() and updated():
                     return
-            raise AssertionError("the driver did not settle")
+            raise AssertionError(f"the driver did not settle at {minutes} min")
 
         def sign() -> str:
             """Signs one leaf as the service would; returns the ID of the authority that did."""
@@ -98,6 +105,14 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
         def gauges() -> str:
             return generate_latest(metrics.registry).decode()
 
+        def phase(authority: str, name: str) -> float | None:
+            labels = {"authority": authority, "phase": name}
+            return sample_value(gauges(), "meshca_ca_authority_phase", labels)
+
+        def live_leaves(authority: str) -> float | None:
+            labels = {"authority": authority}
+            return sample_value(gauges(), "meshca_ca_authority_live_leaves", labels)
+
         try:
             assert sign() == first
             await at(29.9)
@@ -107,23 +122,18 @@ def test_driver_on_a_fake_clock_runs_a_whole_cycle(tmp_path: Path):
             assert prepared is not None
             assert _published(tmp_path) == {first, prepared.id}
             assert sign() == first, "preparing does not change who signs"
-            await at(50)
+            await at(50, lambda: phase(first, "old") == 1)
             assert rotator.state.active.id == prepared.id and sign() == prepared.id
             assert _published(tmp_path) == {first, prepared.id}
-            assert (
-                sample_value(
-                    gauges(), "meshca_ca_authority_phase", {"authority": first, "phase": "old"}
-                )
-                == 1
-            )
-            await at(51)
+            assert phase(first, "old") == 1
+            await at(51, lambda: (live_leaves(first), live_leaves(prepared.id)) == (0, 1))
             text = gauges()
             assert sample_value(text, "meshca_ca_authority_live_leaves", {"authority": first}) == 0
             assert (
                 sample_value(text, "meshca_ca_authority_live_leaves", {"authority": prepared.id})
                 == 1
             )
-            await at(60)
+            await at(60, lambda: first not in gauges())
             # The first authority has expired and is dropped; the new one is at half its life,
             # so its successor is prepared in the same round.
             assert first not in _published(tmp_path) and prepared.id in _published(tmp_path)
