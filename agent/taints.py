@@ -52,11 +52,20 @@ MAX_KNOWN_TAINTS = 256
 """A CA holds a handful of authorities; the bound only keeps a misbehaving source finite."""
 
 
+MAX_TAINT_AGE = timedelta(days=3650)
+"""Older than any leaf or authority: a larger (or infinite, or not-a-number) age in a report
+answer counts as this, so a broken or hostile answer cannot overflow the agent's datetimes."""
+
+
 def taints_from_report(seconds_since: Mapping[str, float], now: datetime) -> dict[str, datetime]:
     """The report answer's taints (ID -> seconds since the taint, as the CA process sees it) as
-    times on this agent's clock: free of any skew between the two clocks."""
+    times on this agent's clock: free of any skew between the two clocks. An age below zero
+    counts as now, one that is not a finite number below `MAX_TAINT_AGE` as that age."""
+    limit = MAX_TAINT_AGE.total_seconds()
     return {
-        ident: now - timedelta(seconds=max(0.0, since)) for ident, since in seconds_since.items()
+        ident: now
+        - timedelta(seconds=since if 0.0 <= since <= limit else (0.0 if since < 0 else limit))
+        for ident, since in seconds_since.items()
     }
 
 

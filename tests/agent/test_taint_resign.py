@@ -13,13 +13,15 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.propagation import leaf_authority
 from agent.rotation import RotationPolicy
 from agent.scheduler import CertificateScheduler
 from agent.secrets import SecretCache
-from agent.taints import SOURCE_REPORT, taints_from_report
+from agent.taints import MAX_TAINT_AGE, SOURCE_REPORT, taints_from_report
 from ca_server.authority.slots import authority_id
 from certs import SpiffeId
 from meshca.clock import FakeClock
@@ -151,3 +153,13 @@ def test_a_renewal_already_due_sooner_is_not_postponed() -> None:
             assert state.due_at is not None and state.due_at <= due
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("since", [1e300, float("inf"), float("nan"), -float("inf"), -5.0])
+def test_a_report_age_no_clock_can_hold_is_clamped_not_raised(since: float):
+    """A broken or hostile CA's answer (an age past any datetime, infinite, not a number, or
+    negative) counts as the oldest age the agent keeps, or as now: before, an age past
+    `datetime.min` raised in the reporter at every period."""
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    (at,) = taints_from_report({"ab": since}, now).values()
+    assert at == (now if since < 0 else now - MAX_TAINT_AGE)
