@@ -68,6 +68,18 @@ def serves_sds(agent: AgentProcess) -> int:
     return leaf_serial(fetch_secrets(agent.sds_socket, ["default"])["default"])
 
 
+def _gets_in(agent: AgentProcess) -> bool:
+    """Whether a new SDS client is served now; refused (the cap still counts connections
+    being closed) is False, anything else an error."""
+    try:
+        serves_sds(agent)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+        return False
+    return True
+
+
 def serves_workload_api(path: Path) -> str:
     client = client_for(path)
     try:
@@ -186,7 +198,9 @@ def test_connections_past_the_cap_are_closed_and_served_clients_keep_being_serve
                 while rotated == watched:
                     rotated = watch.next(20).serial
                 wait_for(lambda: _fetch_serial(envoy) != fetched, 20, "the Envoy's rotation")
-        serves_sds(agent)  # the flood gone, a new client gets in
+        # The flood gone, a new client gets in: once the agent has seen those connections
+        # close (it counts them until grpc reads each close, seconds on a loaded machine).
+        wait_for(lambda: _gets_in(agent), 20, "a new SDS client after the flood")
         assert agent.running
     finally:
         watch.close()
