@@ -36,6 +36,7 @@ from ca_server.authority import (
     authority_driver_for,
     check_data_dir,
     data_dir_lock,
+    sweep_stale_temporaries,
 )
 from ca_server.config import CaConfig
 from ca_server.dev_issuer import ensure_dev_issuer
@@ -96,6 +97,10 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     role.prepare()
     check_data_dir(config.data_dir)  # before anything there is trusted or written
     ensure_dir(config.data_dir)
+    # In every mode: Kubernetes mode keeps its root bundle, taint notice and ledgers here too
+    # (local mode's state store sweeps again at its first write; a live writer's file is
+    # locked and spared).
+    sweep_stale_temporaries(config.data_dir)
     metrics = CaMetrics()
     kube = KubernetesMode(config, config.kube, metrics, clock) if config.kube is not None else None
     try:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ca_server.authority.agent_stragglers import agents_section, render_agents
-from ca_server.authority.data_dir_guard import check_data_dir
+from ca_server.authority.data_dir_guard import check_data_dir, sweep_stale_temporaries
 from ca_server.authority.driver_core import DriverSettings
 from ca_server.authority.fitness import (
     chain_problem,
@@ -117,6 +117,7 @@ __all__ = [
     "report_section",
     "show_document",
     "status_section",
+    "sweep_stale_temporaries",
 ]
 
 

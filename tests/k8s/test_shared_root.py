@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from ca_server.authority.slots import AuthorityState, Phase
 from ca_server.authority.state_store import SlotFactory
@@ -153,3 +154,22 @@ def test_losing_the_create_race_adopts_the_winners_root(kube_api: KubeApiServer)
     final = store().read()
     assert final.prepared is not None and len(final.slots) == 2
     assert kube_api.count("update", "secrets") >= 1
+
+
+def test_a_starting_ca_sweeps_what_a_killed_writer_left_in_its_data_dir(
+    tmp_path: Path, kube_ca: CaFactory
+):
+    """Kubernetes mode keeps its root bundle, taint notice and ledgers in `--data-dir` too, but
+    its state is the Secret, so the local state store's first-write sweep never ran there: a
+    `.root-cert.pem.*.tmp` a killed replica left stayed for good. Now every start sweeps, and
+    only `atomic_write`'s own temporary names."""
+    data_dir = tmp_path / "ca-0"
+    data_dir.mkdir(mode=0o700)
+    leftover = data_dir / ".root-cert.pem.k1lled0x.tmp"
+    leftover.write_bytes(b"half a bundle")
+    kept = data_dir / ".root-cert.pem.notes"
+    kept.write_bytes(b"not a temporary of meshca's")
+    ca = kube_ca("ca-0")
+    assert not leftover.exists()
+    assert kept.read_bytes() == b"not a temporary of meshca's"
+    assert "removed 1 temporary file(s) a killed meshca process left" in ca.log()
