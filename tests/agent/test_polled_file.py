@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from agent import polled_file
-from agent.polled_file import FileSignature, PolledFile
+from agent.polled_file import DEFAULT_RESYNC_INTERVAL, FileSignature, PolledFile
 from meshca.clock import SystemClock
 from meshca.safe_read import read_regular_file
 from tests.support.agent_wiring import until
@@ -48,9 +48,15 @@ class Follower:
         self.errors.append(reason)
 
 
-def follow(path: Path, scenario: Callable[[PolledFile, Follower], Awaitable[None]]) -> Follower:
-    """Runs `scenario` while `path` is followed (polled every 20 ms, settling for 10 ms)."""
-    follower = Follower()
+def follow(
+    path: Path,
+    scenario: Callable[[PolledFile, Follower], Awaitable[None]],
+    follower: Follower | None = None,
+    resync_interval: float = DEFAULT_RESYNC_INTERVAL,
+) -> Follower:
+    """Runs `scenario` while `path` is followed (polled every 20 ms, settling for 10 ms, read
+    again whole every `resync_interval`) by `follower` (a new `Follower` unless one is given)."""
+    follower = follower or Follower()
 
     async def main() -> None:
         polled = PolledFile(
@@ -60,6 +66,7 @@ def follow(path: Path, scenario: Callable[[PolledFile, Follower], Awaitable[None
             on_error=follower.failed,
             interval=0.02,
             settle=0.01,
+            resync_interval=resync_interval,
         )
         await polled.start()
         try:
@@ -251,32 +258,20 @@ def test_a_callback_that_raises_is_said_once_and_the_file_is_still_followed(
     path.write_bytes(b"bad at start")
     follower = BrokenFollower()
 
-    async def main() -> None:
-        polled = PolledFile(
-            path,
-            SystemClock(),
-            on_change=follower.changed,
-            on_error=follower.failed,
-            interval=0.02,
-            settle=0.01,
-            resync_interval=0.05,  # the same bad content re-read often: still said once
-        )
-        await polled.start()
-        try:
-            path.write_bytes(b"good")
-            await until(lambda: follower.contents[-1:] == [b"good"], timeout=5)
-            path.write_bytes(b"bad later")
-            await until(lambda: follower.contents[-1:] == [b"bad later"], timeout=5)
-            await asyncio.sleep(0.3)  # polls and resyncs of the same bad content
-            path.unlink()
-            await until(lambda: len(follower.errors) == 1, timeout=5)
-            path.write_bytes(b"good again")
-            await until(lambda: follower.contents[-1:] == [b"good again"], timeout=5)
-        finally:
-            await polled.stop()
+    async def scenario(_: PolledFile, __: Follower) -> None:
+        path.write_bytes(b"good")
+        await until(lambda: follower.contents[-1:] == [b"good"], timeout=5)
+        path.write_bytes(b"bad later")
+        await until(lambda: follower.contents[-1:] == [b"bad later"], timeout=5)
+        await asyncio.sleep(0.3)  # polls and resyncs of the same bad content
+        path.unlink()
+        await until(lambda: len(follower.errors) == 1, timeout=5)
+        path.write_bytes(b"good again")
+        await until(lambda: follower.contents[-1:] == [b"good again"], timeout=5)
 
     with caplog.at_level(logging.ERROR, logger="agent.polled_file"):
-        asyncio.run(main())
+        # the same bad content re-read often (resync): still said once
+        follow(path, scenario, follower, resync_interval=0.05)
     assert follower.contents == [b"bad at start", b"good", b"bad later", b"good again"]
     said = [r.getMessage() for r in caplog.records if r.name == "agent.polled_file"]
     assert said == [

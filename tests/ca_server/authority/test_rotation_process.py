@@ -4,9 +4,11 @@ CA SIGKILLed between prepare and activate resumes with the same prepared key."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -74,6 +76,24 @@ def renew_over_mtls(ca: CaProcess, mtls_port: int, key: Any, chain_pem: bytes) -
         client_chain_pem=chain_pem,
     ) as stub:
         return create_certificate(stub, build_csr(generate_private_key(), SLEEP))
+
+
+@contextlib.contextmanager
+def ca_with_an_mtls_port(tmp_path: Path) -> Iterator[tuple[CaProcess, int]]:
+    """A running local CA with an mTLS renewal port, reloading its state every 200 ms."""
+    mtls_port = free_port()
+    ca = CaProcess(
+        tmp_path / "data",
+        "--mtls-listen",
+        f"127.0.0.1:{mtls_port}",
+        "--ca-reload-interval",
+        "200ms",
+    )
+    ca.start()
+    try:
+        yield ca, mtls_port
+    finally:
+        ca.stop()
 
 
 @dataclass
@@ -229,16 +249,7 @@ def test_forced_rotation_and_taint_reach_a_running_ca(tmp_path: Path):
     """prepare + activate + taint through `meshca authority` while the CA runs: it signs with
     the new authority, and once the old one is tainted a client certificate it signed no longer
     authenticates a renewal over mTLS; revoke removes it from root-cert.pem."""
-    mtls_port = free_port()
-    ca = CaProcess(
-        tmp_path / "data",
-        "--mtls-listen",
-        f"127.0.0.1:{mtls_port}",
-        "--ca-reload-interval",
-        "200ms",
-    )
-    ca.start()
-    try:
+    with ca_with_an_mtls_port(tmp_path) as (ca, mtls_port):
         token = ca.mint_token("default", "sleep")
         old_key = generate_private_key()
         with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
@@ -288,8 +299,6 @@ def test_forced_rotation_and_taint_reach_a_running_ca(tmp_path: Path):
             a.get("reason") == "client-certificate-untrusted" or a.get("outcome") == "denied"
             for a in audit
         )
-    finally:
-        ca.stop()
 
 
 def test_a_tainted_authoritys_client_certificate_is_refused_naming_the_taint(tmp_path: Path):
@@ -297,16 +306,7 @@ def test_a_tainted_authoritys_client_certificate_is_refused_naming_the_taint(tmp
     before) saying which authority was tainted and when, and that a token gets a new
     certificate — whether the client sends its leaf alone or, as Istio's agent does, followed
     by its whole bundle. Before: "... a root this CA does not trust", as for any stranger."""
-    mtls_port = free_port()
-    ca = CaProcess(
-        tmp_path / "data",
-        "--mtls-listen",
-        f"127.0.0.1:{mtls_port}",
-        "--ca-reload-interval",
-        "200ms",
-    )
-    ca.start()
-    try:
+    with ca_with_an_mtls_port(tmp_path) as (ca, mtls_port):
         token = ca.mint_token("default", "sleep")
         old_key = generate_private_key()
         with ca_stub(ca.addr, ca.root_cert_path.read_bytes()) as stub:
@@ -337,5 +337,3 @@ def test_a_tainted_authoritys_client_certificate_is_refused_naming_the_taint(tmp
             assert f"signed by authority {old['id']}, which this CA tainted at {when}" in details
             assert "request a new certificate with the workload's token" in details
             assert "does not trust" not in details
-    finally:
-        ca.stop()
