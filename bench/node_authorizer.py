@@ -24,7 +24,6 @@ from typing import cast
 from ca_server.authn import Caller
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
-from ca_server.metrics import CaMetrics
 from certs import SpiffeId
 from meshca.pods import PodInfo
 from tests.support.kube_api import KubeApiServer
@@ -118,7 +117,7 @@ def main() -> int:
     sizes: list[int] = args.sizes
     with KubeApiServer() as server:
         seed(server, sizes)
-        cache = PodCache(server.api_client(), CaMetrics())
+        cache = PodCache(server.api_client())
         cache.start()
         try:
             if not cache.wait_synced(60):

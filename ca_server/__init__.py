@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ca_server.dev_issuer import DevIssuerMissing, load_dev_issuer
     from ca_server.errors import CaSetupError
     from ca_server.flags import add_ca_arguments, duration_argument
+    from ca_server.kube.supervisor_caches import SupervisorCaches
     from ca_server.server import run_ca
     from ca_server.serving.cpu_scheduling import apply_cpu_scheduling
     from ca_server.serving.cq_server import check_rpc_server
@@ -58,6 +59,7 @@ _EXPORTS = {
     "duration_argument": "ca_server.flags",
     "run_ca": "ca_server.server",
     "WorkerSupervisor": "ca_server.serving.workers",
+    "SupervisorCaches": "ca_server.kube.supervisor_caches",
     "default_worker_count": "ca_server.serving.workers",
     "worker_argv": "ca_server.serving.workers",
     "apply_cpu_scheduling": "ca_server.serving.cpu_scheduling",
@@ -71,6 +73,7 @@ _EXPORTS = {
 __all__ = [
     "CaSetupError",
     "DevIssuerMissing",
+    "SupervisorCaches",
     "WorkerSupervisor",
     "add_ca_arguments",
     "apply_cpu_scheduling",

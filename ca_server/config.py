@@ -90,9 +90,12 @@ class KubeConfig:
     trusted_node_accounts: tuple[tuple[str, str], ...] = ()
     # Names this replica in the leader Lease and in its API user agent.
     instance_id: str = "meshca"
-    # TokenReview calls per second (sustained) and burst, per CA process.
+    # TokenReview calls per second (sustained) and burst, per CA process; the pages of the
+    # cluster-wide caches' lists are paced at the same rate, in a bucket of their own.
     qps: float = 50.0
     burst: int = 100
+    # Objects per page of those lists: the transient memory of a list is one page's.
+    list_page_size: int = 500
     # HTTP connections kept per API server: the long-lived watches plus concurrent reviews.
     connection_pool_size: int = 16
     publish_root: bool = True
@@ -150,6 +153,12 @@ class WorkerRole:
         (`ca_server.serving.worker_status`): beside its ready file, in the supervisor's run
         directory."""
         return self.ready_file.with_name(f"debug-ca-{self.slot}.json")
+
+    @property
+    def cache_socket(self) -> Path:
+        """Where the supervisor answers lookups in its cluster-wide caches
+        (`ca_server.kube.cache_service`): in its run directory, beside the ready files."""
+        return self.ready_file.with_name("kube-caches.sock")
 
 
 @dataclass(frozen=True)
@@ -385,6 +394,7 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
         instance_id=instance_id,
         qps=args.kube_qps,
         burst=args.kube_burst,
+        list_page_size=args.kube_list_page_size,
         publish_root=args.root_configmaps,
     )
 

@@ -80,6 +80,16 @@ class DependencyUnavailableError(RequestError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class CacheSyncingError(DependencyUnavailableError):
+    """A cluster-wide cache the request needs (pods, ServiceAccounts) has not completed its
+    first list: refused at once with a retry hint (`grpc-retry-pushback-ms`), the cache's
+    progress in the message."""
+
+    def __init__(self, reason: str, message: str, *, retry_after_ms: int) -> None:
+        super().__init__(reason, message)
+        self.retry_after_ms = retry_after_ms
+
+
 class OverloadedError(RequestError):
     """Too many requests in flight: refused at once, with a hint of when to retry (gRPC retry
     pushback, `grpc-retry-pushback-ms`). Clients retry `UNAVAILABLE`."""

@@ -321,3 +321,10 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         "--kube-qps", type=_positive(float), default=50.0, help="TokenReview calls/second"
     )
     kube.add_argument("--kube-burst", type=_positive(int), default=100, help="TokenReview burst")
+    kube.add_argument(
+        "--kube-list-page-size",
+        type=_positive(int),
+        default=500,
+        help="pods and service accounts per page when the CA lists them (pages are paced at "
+        "--kube-qps in a bucket of their own)",
+    )

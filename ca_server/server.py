@@ -43,7 +43,9 @@ from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.fleet import AgentReports
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
+from ca_server.kube.caches import KubeCacheCollector, readiness_lines
 from ca_server.kube.mode import KubernetesMode
+from ca_server.kube.watched_cache import CacheProgress
 from ca_server.metrics import CaMetrics
 from ca_server.report_service import AgentReportService, add_report_service
 from ca_server.request_decoding import add_certificate_service
@@ -103,6 +105,8 @@ async def run_ca(config: CaConfig, clock: Clock | None = None) -> None:
     sweep_stale_temporaries(config.data_dir)
     metrics = CaMetrics()
     kube = KubernetesMode(config, config.kube, metrics, clock) if config.kube is not None else None
+    if kube is not None and kube.caches is not None and kube.caches.any:
+        metrics.registry.register(KubeCacheCollector(kube.caches.progress))
     try:
         await _serve(config, clock, metrics, kube, role)
     finally:
@@ -165,6 +169,10 @@ async def _serve(
         mtls = ServingTls(config, signer, clock, require_client_cert=True)
         add_listening_port(server, "--mtls-listen", config.mtls_listen, mtls.credentials())
     report = driver.report
+
+    def caches() -> list[CacheProgress]:
+        return kube.cache_progress() if kube is not None else []
+
     role.start(
         ServingView(
             authority=lambda: signer.authority,
@@ -174,6 +182,8 @@ async def _serve(
             readiness=readiness,
             started=started,
             clock=clock,
+            caches_synced=lambda: all(item.synced for item in caches()),
+            detail=lambda: readiness_lines(caches()),
         )
     )
     stop = asyncio.Event()

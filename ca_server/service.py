@@ -26,6 +26,7 @@ from ca_server.authz import authorize_csr
 from ca_server.config import AdmissionPolicy, TtlPolicy
 from ca_server.errors import (
     AuthenticationError,
+    CacheSyncingError,
     CaUnavailableError,
     InvalidRequestError,
     OverloadedError,
@@ -219,6 +220,9 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, str(error.retry_after_ms)),))
         else:
             self._metrics.sign_errors.labels(error.reason).inc()
+            if isinstance(error, CacheSyncingError):
+                hint = str(error.retry_after_ms)
+                context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, hint),))
         self._metrics.denials.labels(error.reason, error.code.name).inc()
         audit(
             "denied",

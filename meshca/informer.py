@@ -93,6 +93,9 @@ class Informer(Generic[V]):
         self._bookmarks = bookmarks
         self._backoff = backoff
         self._listing = False
+        # Why the last list or watch failed, until a list succeeds: what `/ready` shows while a
+        # cache cannot sync (RBAC, an unreachable API server).
+        self.last_error: str | None = None
         self.lists = 0  # full lists completed (1 + re-lists), for tests and logs
         self._transform = transform
         self._list_kwargs = dict(list_kwargs or {})
@@ -168,6 +171,7 @@ class Informer(Generic[V]):
                 if resource_version is None:  # stopped while listing
                     return
                 failures = 0
+                self.last_error = None
                 backoff = self._backoff(failures)
                 while not self._stopping.is_set():
                     resource_version = self._watch_from(resource_version)
@@ -178,16 +182,18 @@ class Informer(Generic[V]):
                     log.info("%s watch expired (410 Gone); listing again", self.resource)
                     self._on_restart("expired")
                     continue
+                self.last_error = api_error_text(exc)
                 log.warning(
                     "%s list/watch failed: %s; retrying in %.1fs",
                     self.resource,
-                    api_error_text(exc),
+                    self.last_error,
                     backoff,
                 )
                 self._on_restart("error")
             except (urllib3.exceptions.HTTPError, OSError, ValueError, KubeCredentialsError) as exc:
                 if self._stopping.is_set():
                     return
+                self.last_error = str(exc) or type(exc).__name__
                 log.warning(
                     "%s list/watch failed: %s; retrying in %.1fs", self.resource, exc, backoff
                 )
@@ -197,6 +203,7 @@ class Informer(Generic[V]):
                 # the thread: the cache would stay "synced" while silently going stale.
                 if self._stopping.is_set():
                     return
+                self.last_error = "an unexpected error (see the CA's log)"
                 log.exception(
                     "%s list/watch failed unexpectedly; retrying in %.1fs", self.resource, backoff
                 )

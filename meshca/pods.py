@@ -10,6 +10,7 @@ Both watch pods through `meshca.informer` with `pod_info` as the transform, inde
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ BY_NODE = "node"  # the informer index: node name -> pods scheduled there
 BY_UID = "uid"  # the informer index: pod UID -> that pod (the Workload API's attestor)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     namespace: str
     name: str
@@ -43,6 +44,29 @@ def pod_info(obj: Any) -> PodInfo:
         service_account=(spec.service_account_name if spec else None) or "default",
         node_name=(spec.node_name if spec else None) or None,
         phase=status.phase if status else None,
+    )
+
+
+def pod_info_from_json(obj: dict[str, Any]) -> PodInfo:
+    """`pod_info` of a pod as the API server sends it (a raw JSON object), for the CA's
+    cluster-wide cache (`meshca.paged_informer`). The strings a cluster repeats — namespace,
+    service account, node, phase — are interned, so 150,000 pods share a few thousand of them."""
+    metadata = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    namespace, name = metadata.get("namespace"), metadata.get("name")
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        raise ValueError("a pod without metadata.namespace and metadata.name")
+    account = spec.get("serviceAccountName") or "default"
+    node = spec.get("nodeName") or None
+    phase = status.get("phase") or None
+    return PodInfo(
+        namespace=sys.intern(namespace),
+        name=name,
+        uid=str(metadata.get("uid") or ""),
+        service_account=sys.intern(str(account)),
+        node_name=sys.intern(str(node)) if node else None,
+        phase=sys.intern(str(phase)) if phase else None,
     )
 
 

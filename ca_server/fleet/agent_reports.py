@@ -208,7 +208,9 @@ class AgentReports:
         cutoff = now.timestamp()
         with self._lock:
             items = list(self._agents.items())
-        gone = [key for key, entry in items if entry.until <= cutoff or not self._still_live(key)]
+        unexpired = [key for key, entry in items if entry.until > cutoff]
+        live = self._still_live(unexpired)
+        gone = [key for key, entry in items if entry.until <= cutoff or key not in live]
         with self._lock:
             for key in gone:
                 self._agents.pop(key, None)
@@ -221,11 +223,17 @@ class AgentReports:
                 self.changed = True
         return len(gone)
 
-    def _still_live(self, key: str) -> bool:
-        instance = Instance.from_key(key)
-        if instance is None or self.pods is None:
-            return True
-        return self.pods.verdict(instance).live is not False
+    def _still_live(self, keys: list[str]) -> set[str]:
+        """Those of `keys` whose pod is not known to be gone: one batch for the pod watch."""
+        if self.pods is None:
+            return set(keys)
+        instances = [(key, Instance.from_key(key)) for key in keys]
+        asked = [(key, instance) for key, instance in instances if instance is not None]
+        verdicts = self.pods.verdicts([instance for _, instance in asked])
+        gone = {
+            key for (key, _), verdict in zip(asked, verdicts, strict=True) if verdict.live is False
+        }
+        return {key for key in keys if key not in gone}
 
     def due(self, now: datetime) -> bool:
         """Whether a sink should publish now: something changed, or the last publication is

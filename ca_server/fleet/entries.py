@@ -131,6 +131,11 @@ class PodWatch(Protocol):
 
     def verdict(self, instance: Instance) -> PodVerdict: ...
 
+    def verdicts(self, instances: list[Instance]) -> list[PodVerdict]:
+        """`verdict` of each, in order: one call for a whole fleet (the pods may be another
+        process's cache, `ca_server.kube.cache_client`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class AgentEntry:

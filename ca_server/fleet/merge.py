@@ -149,10 +149,12 @@ def without_gone_pods(fleet: FleetReports, pods: PodWatch | None) -> FleetReport
     published them)."""
     if pods is None:
         return fleet
+    keyed = [(key, entry, Instance.from_key(key)) for key, entry in fleet.entries.items()]
+    verdicts = iter(pods.verdicts([instance for _, _, instance in keyed if instance is not None]))
     entries = {
         key: entry
-        for key, entry in fleet.entries.items()
-        if (instance := Instance.from_key(key)) is None or pods.verdict(instance).live is not False
+        for key, entry, instance in keyed
+        if instance is None or next(verdicts).live is not False
     }
     return dataclasses.replace(fleet, entries=entries)
 

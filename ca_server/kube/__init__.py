@@ -11,14 +11,17 @@ because the node agent watches pods with it too):
 - `secret_root`: the authority slots in Secret `istio-ca-secret` (an `AuthorityStateStore`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
-- `watched_cache`: the start, stop and wait every watch-backed cache below shares (one
-  `Informer` each).
+- `watched_cache`: the start, stop and progress every cluster-wide cache below shares (one
+  `meshca.paged_informer.PagedInformer` each: paginated raw-JSON lists, compact values).
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod
   cache also serves offline token validation.
 - `service_account_cache`: every ServiceAccount's uid, so offline validation refuses the tokens
   of a deleted account as TokenReview does.
 - `replica_reports`: one ConfigMap per CA replica with its leaf ledger and the agent reports it
   received, in shards; the replicas and `meshca authority show` sum them.
+- `caches`: which of those caches a replica needs, built together, and their gauges;
+  `supervisor_caches`: with `--workers N`, the supervisor holds them once for the replica and
+  `cache_service` answers its workers' lookups on a Unix socket, which `cache_client` asks.
 - `report_pods`: whether the pod an agent report is keyed on still exists (from the pod cache).
 - `mode`: composes all of the above for `ca_server.server`.
 
@@ -31,7 +34,8 @@ and, once they wait, on its asyncio event loop (`ca_server.serving.cq_server`); 
 - Long-lived work (watches, the Lease loop, the ConfigMap reconciler) runs in dedicated daemon
   threads. They share state with the loop only through small lock-protected caches whose
   critical sections are dictionary operations, and through `threading.Event` wake-ups, so a
-  lookup from the loop never waits on I/O.
+  lookup from the loop never waits on I/O. In a `--workers N` worker the caches are the
+  supervisor's: a request-path lookup (`PodLookup.fetch`) then runs in the thread pool too.
 - Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
 
 Every API call made here is listed in `tests/support/kube_api_calls.py`; deploy RBAC mirrors it:

@@ -19,6 +19,10 @@ What TokenReview accepts and this refuses: tokens bound to a Secret or Node rath
 and legacy Secret-based tokens. `docs/kubernetes.md` weighs this against TokenReview's API
 cost.
 
+Until both caches have completed their first list (a big cluster takes a while), tokens go to
+`until_synced` — TokenReview — instead of being refused: a CA that just started serves its
+cluster at TokenReview's pace rather than not at all.
+
 Only tokens of the local cluster are validated here: the pod informer knows only its pods. A
 request naming a remote cluster (`clusterid`) is left to TokenReview (`RemoteClustersOnly`).
 
@@ -31,10 +35,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ca_server.authn import Authenticator, AuthnRequest, Caller
-from ca_server.errors import AuthenticationError, DependencyUnavailableError
+from ca_server.errors import AuthenticationError
 from ca_server.jwt_authn import JwtAuthenticator
-from ca_server.kube.pod_cache import PodCache
-from ca_server.kube.service_account_cache import ServiceAccountCache
+from ca_server.kube.pod_cache import PodLookup
+from ca_server.kube.service_account_cache import AccountLookup
+from ca_server.kube.watched_cache import syncing_error
 
 
 class BoundTokenAuthenticator:
@@ -46,10 +51,12 @@ class BoundTokenAuthenticator:
     def __init__(
         self,
         verifier: JwtAuthenticator,
-        pods: PodCache,
-        accounts: ServiceAccountCache,
+        pods: PodLookup,
+        accounts: AccountLookup,
         cluster_id: str,
+        until_synced: Authenticator | None = None,
     ) -> None:
+        self._until_synced = until_synced
         self._verifier = verifier
         self._pods = pods
         self._accounts = accounts
@@ -60,14 +67,16 @@ class BoundTokenAuthenticator:
             return None
         if request.cluster_id not in (None, self._cluster_id):
             return None  # another cluster's token: its pods are not in this informer
+        if self._until_synced is not None and not (self._pods.synced and self._accounts.synced):
+            return await self._until_synced.authenticate(request)
         caller = await self._verifier.authenticate(request)
         if caller is None:
             return None
-        self._check_bound_pod(caller)
-        self._check_account(caller)
+        await self._check_bound_pod(caller)
+        await self._check_account(caller)
         return replace(caller, authenticator=self.name, extra={"cluster_id": self._cluster_id})
 
-    def _check_bound_pod(self, caller: Caller) -> None:
+    async def _check_bound_pod(self, caller: Caller) -> None:
         namespace, account = caller.identity.namespace, caller.identity.service_account
         if not caller.pod_name or not caller.pod_uid:
             raise AuthenticationError(
@@ -77,11 +86,11 @@ class BoundTokenAuthenticator:
                 "--token-validation tokenreview)",
             )
         if not self._pods.synced:
-            raise DependencyUnavailableError(
-                "pod-cache-not-synced", "the CA has not finished listing pods yet; retry shortly"
+            raise syncing_error(
+                self._pods.progress(), "pod-cache-not-synced", "offline token validation"
             )
         where = f"pod {namespace}/{caller.pod_name}"
-        pod = self._pods.get(namespace, caller.pod_name)
+        pod = await self._pods.fetch(namespace, caller.pod_name)
         if pod is None:
             raise AuthenticationError(
                 "token-pod-not-found",
@@ -106,15 +115,16 @@ class BoundTokenAuthenticator:
                 f"token is bound to {where}, which has finished (phase {pod.phase})",
             )
 
-    def _check_account(self, caller: Caller) -> None:
+    async def _check_account(self, caller: Caller) -> None:
         namespace, account = caller.identity.namespace, caller.identity.service_account
         if not self._accounts.synced:
-            raise DependencyUnavailableError(
+            raise syncing_error(
+                self._accounts.progress(),
                 "service-account-cache-not-synced",
-                "the CA has not finished listing service accounts yet; retry shortly",
+                "offline token validation",
             )
         where = f"service account {namespace}/{account}"
-        uid = self._accounts.uid(namespace, account)
+        uid = await self._accounts.fetch_uid(namespace, account)
         if uid is None:
             raise AuthenticationError(
                 "token-service-account-not-found",

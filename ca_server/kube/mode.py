@@ -9,8 +9,13 @@ against the issuer keys and the pod and ServiceAccount informers) and an `Impers
 (node authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication)
 between `start` and `stop`.
 
-Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (waiting for
-the first pod list, releasing the Lease) is pushed to a worker thread. The background parts run
+The cluster-wide caches (pods, ServiceAccounts: `ca_server.kube.caches`) are this process's own,
+or — in a worker of `meshca ca --workers N` — the supervisor's, asked over its Unix socket
+(`ca_server.kube.cache_client`). Nothing waits for them to sync: requests that need them answer
+`UNAVAILABLE` with a retry hint until they have, and offline validation falls back to TokenReview.
+
+Concurrency: `start`/`stop` are coroutines on the event loop; anything that blocks (reading the
+issuer's keys, releasing the Lease) is pushed to a worker thread. The background parts run
 in their own threads (see `ca_server.kube`).
 """
 
@@ -24,30 +29,30 @@ from datetime import datetime
 from ca_server.authn import Authenticator
 from ca_server.authority.state_store import SlotFactory
 from ca_server.config import CaConfig, KubeConfig
-from ca_server.errors import CaSetupError
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator, TrustedIssuer
 from ca_server.kube.bound_tokens import BoundTokenAuthenticator, RemoteClustersOnly
+from ca_server.kube.cache_client import RemoteKubeCaches
+from ca_server.kube.caches import LocalKubeCaches, cache_needs
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.issuer_keys import ClusterIssuerKeys
 from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
-from ca_server.kube.pod_cache import PodCache
+from ca_server.kube.pod_cache import PodLookup
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, ReplicaReportsWatch
 from ca_server.kube.report_pods import InformerPodWatch
 from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
-from ca_server.kube.service_account_cache import ServiceAccountCache
+from ca_server.kube.service_account_cache import AccountLookup
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
+from ca_server.kube.watched_cache import CacheProgress
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
 from meshca.clock import Clock
 from meshca.taint_notice import encode_taint_notice
 
 log = logging.getLogger(__name__)
-
-_SYNC_TIMEOUT = 30.0
 
 
 class KubernetesMode:
@@ -64,12 +69,20 @@ class KubernetesMode:
         self._issuer_keys = (
             ClusterIssuerKeys(self.clients.local, monotonic=clock.monotonic) if offline else None
         )
-        # The pod informer serves the node authorizer and offline token validation.
-        self._pods = (
-            PodCache(self.clients.local, metrics) if kube.trusted_node_accounts or offline else None
-        )
-        # Offline token validation also checks the token's ServiceAccount, as TokenReview does.
-        self._accounts = ServiceAccountCache(self.clients.local, metrics) if offline else None
+        # Pods serve the node authorizer and offline token validation, which also checks the
+        # token's ServiceAccount, as TokenReview does.
+        needs_pods, needs_accounts = cache_needs(kube)
+        self.caches: LocalKubeCaches | None = None
+        self._remote: RemoteKubeCaches | None = None
+        self._pods: PodLookup | None = None
+        self._accounts: AccountLookup | None = None
+        if config.worker is not None and (needs_pods or needs_accounts):
+            self._remote = remote = RemoteKubeCaches(config.worker.cache_socket)
+            self._pods = remote.pods if needs_pods else None
+            self._accounts = remote.accounts if needs_accounts else None
+        else:
+            self.caches = LocalKubeCaches(self.clients.local, needs_pods, needs_accounts, kube)
+            self._pods, self._accounts = self.caches.pods, self.caches.accounts
         self._elector: LeaseElector | None = None
         self._publisher: RootConfigMapPublisher | None = None
         # Every replica's reports, watched: the self-signed driver reads them every round.
@@ -143,7 +156,7 @@ class KubernetesMode:
             self._clock,
         )
         offline = BoundTokenAuthenticator(
-            verifier, self._pods, self._accounts, self.kube.cluster_id
+            verifier, self._pods, self._accounts, self.kube.cluster_id, until_synced=review
         )
         if not self.clients.remote:
             return [offline]
@@ -166,9 +179,10 @@ class KubernetesMode:
         authority: SigningAuthority,
         tainted_since: Callable[[], Mapping[str, datetime]] = dict,
     ) -> None:
-        """Starts the watches and the election; returns once the pod cache (and, for offline
-        token validation, the issuer's keys) are usable. `tainted_since` gives the taints the
-        root ConfigMaps carry beside the bundle (read at each change of the authority)."""
+        """Starts the watches and the election; returns once (for offline token validation)
+        the issuer's keys are read, without waiting for the caches to sync. `tainted_since`
+        gives the taints the root ConfigMaps carry beside the bundle (read at each change of
+        the authority)."""
         self._tainted_since = tainted_since
         if self._issuer_keys is not None:
             await asyncio.to_thread(self._issuer_keys.load)
@@ -179,24 +193,14 @@ class KubernetesMode:
             self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
             self._publisher.start()
             self._elector.start()
-        if self._accounts is not None:
-            self._accounts.start()
-        if self._pods is not None:
-            self._pods.start()
-            if not await asyncio.to_thread(self._pods.wait_synced, _SYNC_TIMEOUT):
-                raise CaSetupError(
-                    f"could not list pods within {_SYNC_TIMEOUT:.0f}s; the node authorizer "
-                    "and offline token validation need list/watch on pods (check the API server "
-                    "and the CA's RBAC)"
-                )
-        if self._accounts is not None and not await asyncio.to_thread(
-            self._accounts.wait_synced, _SYNC_TIMEOUT
-        ):
-            raise CaSetupError(
-                f"could not list service accounts within {_SYNC_TIMEOUT:.0f}s; offline token "
-                "validation needs list/watch on serviceaccounts (check the API server and the "
-                "CA's RBAC)"
-            )
+        if self.caches is not None:
+            self.caches.start()
+        if self._remote is not None:
+            self._remote.start(self._pods is not None, self._accounts is not None)
+
+    def cache_progress(self) -> list[CacheProgress]:
+        """The caches this process holds (none in a worker: the supervisor shows its own)."""
+        return self.caches.progress() if self.caches is not None else []
 
     def authority_changed(self, authority: SigningAuthority) -> None:
         """A new bundle or a new taint (the authority driver calls this at every change)."""
@@ -210,10 +214,10 @@ class KubernetesMode:
         self._replica_reports.stop()
         if self._publisher is not None:
             self._publisher.stop()
-        if self._pods is not None:
-            self._pods.stop()
-        if self._accounts is not None:
-            self._accounts.stop()
+        if self.caches is not None:
+            await asyncio.to_thread(self.caches.stop)
+        if self._remote is not None:
+            self._remote.stop()
         if self._secret_store is not None:
             self._secret_store.stop_watch()
         if self._elector is not None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ca_server.authn import Caller
-from ca_server.errors import AuthenticationError, DependencyUnavailableError
-from ca_server.kube.pod_cache import PodCache
+from ca_server.errors import AuthenticationError
+from ca_server.kube.pod_cache import PodLookup
+from ca_server.kube.watched_cache import syncing_error
 from certs import SpiffeId
 
 
@@ -33,7 +34,7 @@ class NodeAuthorizer:
     def __init__(
         self,
         trusted_accounts: Collection[tuple[str, str]],
-        pods: PodCache,
+        pods: PodLookup,
         trust_domain: str,
         cluster_id: str,
     ) -> None:
@@ -65,10 +66,8 @@ class NodeAuthorizer:
                 "(pod-bound) service-account token",
             )
         if not self._pods.synced:
-            raise DependencyUnavailableError(
-                "pod-cache-not-synced", "the CA has not finished listing pods yet; retry shortly"
-            )
-        pod = self._pods.get(who.namespace, caller.pod_name)
+            raise syncing_error(self._pods.progress(), "pod-cache-not-synced", "node impersonation")
+        pod = await self._pods.fetch(who.namespace, caller.pod_name)
         if pod is None:
             raise AuthenticationError(
                 "impersonation-caller-pod-not-found",
@@ -96,7 +95,8 @@ class NodeAuthorizer:
                 "impersonation-trust-domain",
                 f"{prefix}: this CA issues identities in trust domain {self._trust_domain}",
             )
-        if not self._pods.runs_on_node(pod.node_name, target.namespace, target.service_account):
+        on_node = self._pods.fetch_runs_on_node
+        if not await on_node(pod.node_name, target.namespace, target.service_account):
             raise AuthenticationError(
                 "impersonation-no-target-pod-on-node",
                 f"{prefix}: no live pod of service account "

@@ -66,6 +66,10 @@ class ServingView:
     readiness: SigningReadiness
     started: datetime
     clock: Clock
+    # Kubernetes mode's cluster-wide caches: whether they have synced (until then `/ready` is
+    # 503, though the CA serves what needs no cache), and their progress for `/ready`'s body.
+    caches_synced: Callable[[], bool] = lambda: True
+    detail: Callable[[], str] = lambda: ""
 
 
 class ServingRole(Protocol):
@@ -116,11 +120,17 @@ class SingleProcess:
         return _options(reuse_port=False)
 
     def readiness(self) -> tuple[int, str]:
-        """`/ready`: 200 once serving, while the signing chain is valid; else 503 and why."""
+        """`/ready`: 200 once serving, while the signing chain is valid and the cluster-wide
+        caches have synced; else 503 and why (the caches' progress below)."""
         if not self.ready or self._view is None:
             return 503, "starting\n"
         problem = self._view.readiness.problem()
-        return (503, f"not ready: {problem}\n") if problem else (200, "ready\n")
+        detail = self._view.detail()
+        if problem:
+            return 503, f"not ready: {problem}\n{detail}"
+        if not self._view.caches_synced():
+            return 503, f"syncing\n{detail}"
+        return 200, f"ready\n{detail}"
 
     def start(self, view: ServingView) -> None:
         self._view = view

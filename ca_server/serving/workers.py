@@ -18,6 +18,10 @@ What each side does:
   dying, and on SIGTERM/SIGINT stops them all (SIGTERM, then SIGKILL after the shutdown grace
   plus a margin). A worker that fails before any worker was ever ready is a configuration
   problem, not a crash: the supervisor stops and exits with its status.
+- In Kubernetes mode the supervisor holds the replica's one set of cluster-wide caches (pods,
+  ServiceAccounts: `ca_server.kube.supervisor_caches`) and answers the workers' lookups on a
+  Unix socket in its run directory, so a replica lists and watches them once whatever N, and
+  holds them once. Their progress is on `/ready`, their gauges on `/metrics`.
 - Port 0 means "pick one": the supervisor reserves a concrete port with a bound, non-listening
   `SO_REUSEPORT` socket and hands it to every worker, so they all share the same one.
 
@@ -42,8 +46,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import multiprocess
+from prometheus_client.registry import Collector
 
 from ca_server.config import CaConfig, WorkerRole
 from ca_server.metrics import aggregated_registry
@@ -185,6 +191,22 @@ class _Slot:
 WorkerCommand = Callable[[int, Path, Sequence[str]], list[str]]
 
 
+class SharedCaches(Protocol):
+    """What the supervisor holds for all its workers (`ca_server.kube.supervisor_caches`)."""
+
+    @property
+    def collector(self) -> Collector: ...
+
+    def start(self, socket_path: Path) -> None: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+    def readiness_lines(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
 class WorkerSupervisor:
     """Runs `count` workers until SIGTERM/SIGINT; returns the exit status for `meshca ca`.
 
@@ -200,7 +222,9 @@ class WorkerSupervisor:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        shared: SharedCaches | None = None,
     ) -> None:
+        self._shared = shared
         self._config = config
         self._count = count
         self._worker_command = worker_command
@@ -219,14 +243,18 @@ class WorkerSupervisor:
         return all(slot.ready() for slot in self._slots)
 
     def readiness(self) -> Response:
-        """`/ready`: 200 once every worker serves with a valid signing chain; else 503, why."""
+        """`/ready`: 200 once every worker serves with a valid signing chain and the shared
+        caches have synced; else 503, why. Below, the caches' progress."""
+        detail = self._shared.readiness_lines() if self._shared is not None else ""
         if not self.ready():
-            return text(503, "starting\n")
+            return text(503, f"starting\n{detail}")
         for slot in self._slots:
             reason = slot.not_ready_reason()
             if reason is not None:
-                return text(503, f"{reason}\n")
-        return text(200, "ready\n")
+                return text(503, f"{reason}\n{detail}")
+        if self._shared is not None and not self._shared.synced:
+            return text(503, f"syncing\n{detail}")
+        return text(200, f"ready\n{detail}")
 
     def debug_ca(self) -> Response:
         """The single CA's `/debug/ca` document over the live workers' published parts."""
@@ -243,7 +271,11 @@ class WorkerSupervisor:
         servers: list[StatusServer] = []
         try:
             overrides = self._resolved_listen_flags()
-            metrics = metrics_route(aggregated_registry(self._metrics_dir))
+            registry = aggregated_registry(self._metrics_dir)
+            if self._shared is not None:
+                registry.register(self._shared.collector)
+                self._shared.start(WorkerRole(0, self._slots[0].ready_file).cache_socket)
+            metrics = metrics_route(registry)
             servers.append(
                 StatusServer(
                     self._config.monitoring_listen,
@@ -266,6 +298,8 @@ class WorkerSupervisor:
         except BaseException:
             for server in servers:
                 server.stop()
+            if self._shared is not None:
+                self._shared.stop()
             self._cleanup()
             raise
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -289,6 +323,8 @@ class WorkerSupervisor:
             self._stop_all()
             for server in servers:
                 server.stop()
+            if self._shared is not None:
+                self._shared.stop()
             self._cleanup()
 
     def _resolved_listen_flags(self) -> list[str]:

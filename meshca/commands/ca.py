@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ca_server import (
         CaSetupError,
+        SupervisorCaches,
         WorkerSupervisor,
         apply_cpu_scheduling,
         check_data_dir,
@@ -56,7 +57,11 @@ def run(args: argparse.Namespace) -> int:
         # Workers run `meshca` with this process's own arguments (`meshca.cli.main` keeps them).
         argv = getattr(args, "argv", None) or sys.argv[1:]
         try:
-            return WorkerSupervisor(config, workers, worker_argv(argv)).run()
+            shared = SupervisorCaches.for_config(config)
+            return WorkerSupervisor(config, workers, worker_argv(argv), shared=shared).run()
+        except CaSetupError as exc:
+            print(f"meshca ca: cannot start: {exc}", file=sys.stderr)
+            return 2
         except ListenError as exc:
             print(f"meshca ca: {exc}", file=sys.stderr)
             return 1

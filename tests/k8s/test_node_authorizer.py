@@ -16,7 +16,6 @@ from ca_server.errors import RequestError
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodCache
-from ca_server.metrics import CaMetrics
 from certs import SpiffeId
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_api_calls import CA_NAMESPACE
@@ -113,7 +112,7 @@ def test_the_docs_give_the_status_a_refused_impersonation_gets() -> None:
     troubleshooting table (and docs/security.md's refusal table) said PERMISSION_DENIED."""
     untrusted = NodeAuthorizer(
         [(CA_NAMESPACE, "ztunnel")],
-        PodCache(kubernetes.client.ApiClient(), CaMetrics()),  # never started: not consulted
+        PodCache(kubernetes.client.ApiClient()),  # never started: not consulted
         "cluster.local",
         "Kubernetes",
     )

@@ -4,7 +4,6 @@ authorizer answers from in one lookup, follows the watch: pods arrive, finish, l
 from __future__ import annotations
 
 from ca_server.kube.pod_cache import PodCache
-from ca_server.metrics import CaMetrics
 from tests.support.kube_api import KubeApiServer
 from tests.support.processes import wait_for
 
@@ -15,7 +14,7 @@ def test_live_pods_index_follows_events(kube_api: KubeApiServer):
     kube_api.create_pod("shop", "cart-2", service_account="cart", node_name="n1")
     kube_api.create_pod("shop", "done-1", service_account="batch", node_name="n1", phase="Failed")
     kube_api.create_pod("shop", "pending-1", service_account="orders")
-    cache = PodCache(kube_api.api_client(), CaMetrics())
+    cache = PodCache(kube_api.api_client())
     cache.start()
     try:
         assert cache.wait_synced(5)

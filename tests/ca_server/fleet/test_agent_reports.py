@@ -150,6 +150,9 @@ class _Pods:
     def verdict(self, instance: Instance) -> PodVerdict:
         return PodVerdict((instance.pod, instance.uid) in self.live, "node-a")
 
+    def verdicts(self, instances: list[Instance]) -> list[PodVerdict]:
+        return [self.verdict(instance) for instance in instances]
+
 
 def test_a_gone_pod_stops_counting_at_once_and_records_nothing() -> None:
     pods = _Pods({("a", "1"), ("b", "2")})
