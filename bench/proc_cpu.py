@@ -13,7 +13,8 @@ from pathlib import Path
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _descendants(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its living descendants (parents before children)."""
     found = [pid]
     for parent in found:
         try:
@@ -27,7 +28,7 @@ def _descendants(pid: int) -> list[int]:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of `pid` and its living descendants."""
     total = 0
-    for each in _descendants(pid):
+    for each in process_tree(pid):
         try:
             stat = Path(f"/proc/{each}/stat").read_text()
         except OSError:
