@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.proc_cpu import cpu_seconds, process_tree
+from bench.proc_cpu import own_cpu_seconds, process_tree
 from bench.proc_memory import status_mib
 from tests.support.ca_process import CaProcess
 from tests.support.processes import http_status, http_text
@@ -54,8 +54,8 @@ class CaTree:
     ca: CaProcess
     spawned: float = field(default_factory=time.monotonic)
     peak_by_pid: dict[int, float] = field(default_factory=dict)
+    cpu_by_pid: dict[int, float] = field(default_factory=dict)
     pids_seen: set[int] = field(default_factory=set)
-    last_cpu: float = 0.0
 
     @property
     def pid(self) -> int:
@@ -63,9 +63,12 @@ class CaTree:
         return self.ca.proc.pid
 
     def sample(self) -> TreeSample:
-        """CPU and RSS of the living tree now; records each process's peak on the way."""
+        """RSS of the living tree now, and CPU of every process seen since the spawn (a worker
+        that died counts with its last sample: the supervisor reaping it would otherwise take
+        its CPU out of the tree); records each process's peak on the way."""
         rss = 0.0
         for pid in process_tree(self.pid):
+            cpu = own_cpu_seconds(pid)
             try:
                 vm_rss, _, vm_hwm = status_mib(pid)
             except (OSError, KeyError, IndexError):
@@ -73,9 +76,9 @@ class CaTree:
             self.pids_seen.add(pid)
             rss += vm_rss
             self.peak_by_pid[pid] = max(vm_hwm, self.peak_by_pid.get(pid, 0.0))
-        cpu = cpu_seconds(self.pid) if self.ca.running else self.last_cpu
-        self.last_cpu = cpu
-        return TreeSample(cpu, rss)
+            if cpu is not None:
+                self.cpu_by_pid[pid] = max(cpu, self.cpu_by_pid.get(pid, 0.0))
+        return TreeSample(sum(self.cpu_by_pid.values()), rss)
 
     @property
     def peak_mib(self) -> float:

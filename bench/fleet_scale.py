@@ -31,29 +31,20 @@ import argparse
 import shutil
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.audit_tally import AuditLog, describe
-from bench.ca_tree import CaTree, Readiness, wait_ready
+from bench.audit_tally import AuditLog
+from bench.ca_tree import CaTree, wait_ready
 from bench.fleet_cluster import Fleet, FleetShape
-from bench.token_load import Call, CsrBook, LoadResult, send_all
+from bench.fleet_report import CaRun, TokenRun, print_report, start_row, token_row
+from bench.token_load import Call, CertificateLoad, CsrBook
 from tests.support.ca_process import CaProcess
 from tests.support.real_kube import RealControlPlane, apply_deploy_rbac
 
 TRUSTED_NODE_ACCOUNT = "kube-system/ztunnel"
 LIFTED_QPS = "100000"
-START_KINDS = (
-    "list pods",
-    "list pods (continue)",
-    "watch pods",
-    "list serviceaccounts",
-    "list serviceaccounts (continue)",
-    "watch serviceaccounts",
-    "create tokenreviews",
-)
 
 
 @dataclass(frozen=True)
@@ -68,51 +59,6 @@ class Options:
     idle_seconds: float
     threads: int
     keep: bool
-
-
-@dataclass(frozen=True)
-class TokenRun:
-    mode: str
-    new: LoadResult
-    cached: LoadResult
-    reviews_new: int
-    reviews_cached: int
-    cpu_new: float  # CPU seconds of the tree over the round
-    cpu_cached: float
-
-    @property
-    def ms_per_new(self) -> float:
-        return self.cpu_new * 1000 / self.new.sent
-
-    @property
-    def ms_per_cached(self) -> float:
-        return self.cpu_cached * 1000 / self.cached.sent
-
-
-@dataclass
-class CaRun:
-    pods: int
-    workers: int
-    pod_cache: bool
-    ready: Readiness
-    rss_mib: float | None = None
-    peak_mib: float = 0.0
-    restarts: int = 0
-    start_calls: Counter[str] = field(default_factory=Counter)
-    events: int = 0
-    event_cpu: float | None = None  # CPU seconds over idle for `events` pod changes
-    tokens: TokenRun | None = None
-    died_after_ready: bool = False
-
-    @property
-    def label(self) -> str:
-        return "on" if self.pod_cache else "off"
-
-    @property
-    def cpu_per_thousand_events(self) -> float | None:
-        if self.event_cpu is None or self.events == 0:
-            return None
-        return self.event_cpu * 1000 / self.events
 
 
 class Bench:
@@ -231,133 +177,18 @@ class Bench:
         calls = self.calls()
         root = ca.root_cert_path.read_bytes()
         rounds = []
-        for _ in ("new", "cached"):
-            cpu = tree.sample().cpu_seconds
-            wall = time.time()
-            result = send_all(ca.addr, root, calls, self.options.concurrency)
-            cpu = tree.sample().cpu_seconds - cpu
-            time.sleep(0.3)
-            reviews = self.audit.tally(username, wall, time.time())["create tokenreviews"]
-            rounds.append((result, reviews, cpu))
+        with CertificateLoad(ca.addr, root, self.options.concurrency) as load:
+            for _ in ("new", "cached"):
+                cpu = tree.sample().cpu_seconds
+                wall = time.time()
+                result = load.send(calls)
+                cpu = tree.sample().cpu_seconds - cpu
+                time.sleep(0.3)
+                reviews = self.audit.tally(username, wall, time.time())["create tokenreviews"]
+                rounds.append((result, reviews, cpu))
         (new, reviews_new, cpu_new), (cached, reviews_cached, cpu_cached) = rounds
         mode = "offline" if offline else "tokenreview"
         return TokenRun(mode, new, cached, reviews_new, reviews_cached, cpu_new, cpu_cached)
-
-
-# -- report --------------------------------------------------------------------------------
-
-
-def _seconds(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1f} s"
-
-
-def _mib(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.0f} MiB"
-
-
-def _delta(value: float | None, base: float | None, unit: str = "MiB") -> str:
-    if value is None or base is None:
-        return "—"
-    return f"{value - base:+,.1f} s" if unit == "s" else f"{value - base:+,.0f} {unit}"
-
-
-def start_row(run: CaRun) -> str:
-    ready = run.ready
-    ready_text = _seconds(ready.seconds) if ready.seconds is not None else "**never**"
-    events = run.cpu_per_thousand_events
-    calls = run.start_calls
-    pod_calls = f"{calls['list pods']}/{calls['list pods (continue)']}/{calls['watch pods']}"
-    return (
-        f"| {run.pods:,} | {run.workers} | {run.label} | {ready_text} | "
-        f"{ready.cpu_seconds:.1f} s | {_mib(run.rss_mib)} | {_mib(run.peak_mib)} | "
-        f"{'—' if events is None else f'{events:.2f} s'} | {pod_calls} | "
-        f"{calls['create tokenreviews']} | {run.restarts}"
-        f"{' (died after ready)' if run.died_after_ready else ''} |"
-    )
-
-
-START_HEADER = (
-    "| pods | workers | pod cache | ready | CPU to ready | RSS after ready (Σ tree) | "
-    "peak to ready+events (Σ VmHWM: upper bound of the peak of the sum) | "
-    "CPU / 1,000 pod events | pod LIST starts/pages/WATCH at start | TokenReviews at start | "
-    "processes replaced |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
-)
-
-
-def comparisons(runs: Sequence[CaRun]) -> list[str]:
-    """Each cache-on run against the baseline of the same N and workers, and against its own
-    configuration at the smallest N."""
-    lines = []
-    by_key = {(r.pods, r.workers, r.pod_cache): r for r in runs}
-    smallest = min((r.pods for r in runs), default=0)
-    for run in runs:
-        if not run.pod_cache:
-            continue
-        base = by_key.get((run.pods, run.workers, False))
-        zero = by_key.get((smallest, run.workers, True))
-        parts = [f"{run.pods:,} pods, workers {run.workers}:"]
-        if base is not None:
-            parts.append(
-                f"vs cache off: RSS {_delta(run.rss_mib, base.rss_mib)}, "
-                f"peak {_delta(run.peak_mib, base.peak_mib)}, "
-                f"ready {_delta(run.ready.seconds, base.ready.seconds, 's')}"
-            )
-        if zero is not None and zero is not run:
-            parts.append(
-                f"vs {smallest:,} pods: RSS {_delta(run.rss_mib, zero.rss_mib)}, "
-                f"peak {_delta(run.peak_mib, zero.peak_mib)}"
-            )
-            if run.rss_mib is not None and zero.rss_mib is not None and run.pods > smallest:
-                per_pod = (run.rss_mib - zero.rss_mib) * 1024 * 1024 / (run.pods - smallest)
-                parts.append(f"({per_pod / 1024:,.1f} KiB per pod)")
-        lines.append(" ".join(parts))
-    return lines
-
-
-TOKEN_HEADER = (
-    "| pods | workers | validation | new tokens/s | cached/s | new ÷ cached | TokenReviews "
-    "new/cached | CPU ms per new token | per cached | failures |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
-)
-
-
-def token_row(run: CaRun) -> str | None:
-    t = run.tokens
-    if t is None:
-        return None
-    ratio = t.new.rate / t.cached.rate if t.cached.rate else 0.0
-    failures = sum(t.new.failures.values()) + sum(t.cached.failures.values())
-    example = next(iter((t.new.failures + t.cached.failures).most_common(1)), None)
-    return (
-        f"| {run.pods:,} | {run.workers} | {t.mode} | {t.new.rate:,.0f} | {t.cached.rate:,.0f} | "
-        f"{ratio:.2f} | {t.reviews_new}/{t.reviews_cached} | {t.ms_per_new:.2f} | "
-        f"{t.ms_per_cached:.2f} | {failures}{f' ({example[0]})' if example else ''} |"
-    )
-
-
-def print_report(runs: Sequence[CaRun]) -> None:
-    print("\n## Start-up and steady state\n")
-    print(START_HEADER)
-    for run in runs:
-        print(start_row(run))
-    never = [r for r in runs if r.ready.seconds is None]
-    for run in never:
-        print(f"- never ready ({run.pods:,} pods, workers {run.workers}): {run.ready.why_not}")
-    print()
-    for line in comparisons(runs):
-        print(f"- {line}")
-    print("\nAPI requests until ready (audit log):")
-    for run in runs:
-        print(
-            f"- {run.pods:,} pods, workers {run.workers}, cache {run.label}: "
-            f"{describe(run.start_calls)}"
-        )
-    rows = [row for row in map(token_row, runs) if row]
-    if rows:
-        print("\n## New-token throughput\n")
-        print(TOKEN_HEADER)
-        print("\n".join(rows))
 
 
 # -- main ----------------------------------------------------------------------------------

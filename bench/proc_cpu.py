@@ -25,14 +25,16 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def own_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` itself (not its children), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14 and 15)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of `pid` and its living descendants."""
-    total = 0
-    for each in process_tree(pid):
-        try:
-            stat = Path(f"/proc/{each}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / _TICKS
+    return sum(own_cpu_seconds(each) or 0.0 for each in process_tree(pid))

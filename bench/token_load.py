@@ -2,9 +2,10 @@
 
 Why several channels: `meshca ca --workers N` shares its port with `SO_REUSEPORT`, and the
 kernel spreads *connections*, so one channel would reach one worker. Each channel here has its
-own subchannel pool (its own TCP connection), and request `i` always goes over channel
-`i % channels`: sending the same list twice sends each token to the same worker both times, so
-the second round meets that worker's verified-token cache, as an agent renewing does.
+own subchannel pool (its own TCP connection), the channels stay open across rounds, and request
+`i` always goes over channel `i % channels`: sending the same list twice sends each token to
+the same worker both times, so the second round meets that worker's verified-token cache, as
+an agent renewing does.
 """
 
 from __future__ import annotations
@@ -54,48 +55,73 @@ class CsrBook:
         return self._csrs[key]
 
 
-async def _send(
-    addr: str, root_pem: bytes, calls: Sequence[Call], concurrency: int, channels: int
-) -> tuple[Counter[str], float]:
-    credentials = grpc.ssl_channel_credentials(root_pem)
-    options = [
-        ("grpc.ssl_target_name_override", "localhost"),
-        ("grpc.use_local_subchannel_pool", 1),
-    ]
-    opened = [grpc.aio.secure_channel(addr, credentials, options=options) for _ in range(channels)]
-    stubs = [ca_pb2_grpc.IstioCertificateServiceStub(channel) for channel in opened]
-    failures: Counter[str] = Counter()
-    next_index = 0
+class CertificateLoad:
+    """`channels` connections to the CA kept open across rounds: `send(calls)` once per round.
 
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < len(calls):
-            index = next_index
-            next_index += 1
-            call = calls[index]
-            try:
-                await stubs[index % channels].CreateCertificate(
-                    ca_pb2.IstioCertificateRequest(csr=call.csr),
-                    metadata=(("authorization", f"Bearer {call.token}"),),
-                    timeout=120,
-                )
-            except grpc.aio.AioRpcError as error:
-                failures[f"{error.code().name}: {(error.details() or '')[:120]}"] += 1
+    The connections must outlive a round: a reconnect may land on another worker, whose
+    token cache has never seen the token (a "cached" round that is not)."""
 
-    try:
-        await asyncio.wait_for(asyncio.gather(*(channel.channel_ready() for channel in opened)), 30)
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        seconds = time.perf_counter() - started
-    finally:
-        for channel in opened:
+    def __init__(
+        self, addr: str, root_pem: bytes, concurrency: int = 32, channels: int = 8
+    ) -> None:
+        self._addr = addr
+        self._root_pem = root_pem
+        self._concurrency = concurrency
+        self._count = channels
+        self._runner = asyncio.Runner()
+        self._channels: list[grpc.aio.Channel] = []
+
+    def __enter__(self) -> CertificateLoad:
+        self._runner.run(self._open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._runner.run(self._close())
+        finally:
+            self._runner.close()
+
+    async def _open(self) -> None:
+        credentials = grpc.ssl_channel_credentials(self._root_pem)
+        options = [
+            ("grpc.ssl_target_name_override", "localhost"),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._channels = [
+            grpc.aio.secure_channel(self._addr, credentials, options=options)
+            for _ in range(self._count)
+        ]
+        ready = asyncio.gather(*(channel.channel_ready() for channel in self._channels))
+        await asyncio.wait_for(ready, 30)
+
+    async def _close(self) -> None:
+        for channel in self._channels:
             await channel.close()
-    return failures, seconds
 
+    def send(self, calls: Sequence[Call]) -> LoadResult:
+        """Every call once, request `i` over channel `i % channels`."""
+        return self._runner.run(self._send(calls))
 
-def send_all(
-    addr: str, root_pem: bytes, calls: Sequence[Call], concurrency: int = 32, channels: int = 8
-) -> LoadResult:
-    """Every call once; wall time counted from the first request (channels already open)."""
-    failures, seconds = asyncio.run(_send(addr, root_pem, calls, concurrency, channels))
-    return LoadResult(len(calls), seconds, failures)
+    async def _send(self, calls: Sequence[Call]) -> LoadResult:
+        stubs = [ca_pb2_grpc.IstioCertificateServiceStub(channel) for channel in self._channels]
+        failures: Counter[str] = Counter()
+        next_index = 0
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < len(calls):
+                index = next_index
+                next_index += 1
+                call = calls[index]
+                try:
+                    await stubs[index % len(stubs)].CreateCertificate(
+                        ca_pb2.IstioCertificateRequest(csr=call.csr),
+                        metadata=(("authorization", f"Bearer {call.token}"),),
+                        timeout=120,
+                    )
+                except grpc.aio.AioRpcError as error:
+                    failures[f"{error.code().name}: {(error.details() or '')[:120]}"] += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(self._concurrency)))
+        return LoadResult(len(calls), time.perf_counter() - started, failures)

@@ -60,7 +60,7 @@ def test_the_pod_cache_gauges_are_read_per_worker_and_absent_when_not_exported()
 def test_a_tiny_fleet_run_measures_both_cas_and_counts_their_api_calls() -> None:
     flags = {
         "--pods": "30",
-        "--workers": "1",
+        "--workers": "2",
         "--tokens": "12",
         "--events": "10",
         "--namespaces": "3",
@@ -79,7 +79,8 @@ def test_a_tiny_fleet_run_measures_both_cas_and_counts_their_api_calls() -> None
         assert each.peak_mib >= each.rss_mib - 1
         assert each.restarts == 0
         assert each.events == 10
-    assert cache_on.start_calls["list pods"] == 1
+    # One pod list per replica after issue 30, one per worker before: the bench counts either.
+    assert 1 <= cache_on.start_calls["list pods"] <= 2
     assert cache_off.start_calls["list pods"] == 0
     assert cache_on.tokens is not None and cache_off.tokens is not None
     offline, review = cache_on.tokens, cache_off.tokens
@@ -87,4 +88,5 @@ def test_a_tiny_fleet_run_measures_both_cas_and_counts_their_api_calls() -> None
         assert not rounds.new.failures and not rounds.cached.failures
         assert rounds.new.sent == rounds.cached.sent == 12
     assert (offline.reviews_new, offline.reviews_cached) == (0, 0)
+    # Across two workers: the second round reaches the worker that reviewed each token.
     assert (review.reviews_new, review.reviews_cached) == (12, 0)
