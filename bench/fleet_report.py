@@ -81,6 +81,11 @@ def _delta(value: float | None, base: float | None, unit: str = "MiB") -> str:
     return f"{value - base:+,.1f} s" if unit == "s" else f"{value - base:+,.0f} {unit}"
 
 
+def _cache_size(ready: Readiness) -> str:
+    """What the CA says its pod cache holds at ready (`meshca_ca_kube_cache_objects`)."""
+    return "" if ready.pods_in_cache is None else f" (pod cache: {ready.pods_in_cache:,.0f})"
+
+
 def start_row(run: CaRun) -> str:
     ready = run.ready
     ready_text = _seconds(ready.seconds) if ready.seconds is not None else "**never**"
@@ -171,7 +176,7 @@ def print_report(runs: Sequence[CaRun]) -> None:
     for run in runs:
         print(
             f"- {run.pods:,} pods, workers {run.workers}, cache {run.label}: "
-            f"{describe(run.start_calls)}"
+            f"{describe(run.start_calls)}{_cache_size(run.ready)}"
         )
     rows = [row for row in map(token_row, runs) if row]
     if rows:
@@ -207,13 +212,16 @@ def targets(runs: Sequence[CaRun]) -> list[str]:
         if ready_limit is not None:
             seconds = run.ready.seconds
             ok = seconds is not None and seconds <= ready_limit
-            lines.append(f"{_verdict(ok)} {where} ready {_seconds(seconds)} ≤ {ready_limit:.0f} s")
+            shown = "never" if seconds is None else _seconds(seconds)
+            lines.append(f"{_verdict(ok)} {where} ready {shown} ≤ {ready_limit:.0f} s")
         zero = smallest.get(run.workers)
         allowance = _limit_for(run.pods, RSS_ALLOWANCE_MIB)
         if zero is not None and allowance is not None and zero.rss_mib is not None:
             ok = run.rss_mib is not None and run.rss_mib <= zero.rss_mib + allowance
             lines.append(
-                f"{_verdict(ok)} {where} RSS {_mib(run.rss_mib)} ≤ 0-pod {_mib(zero.rss_mib)} "
+                f"{_verdict(ok)} {where} RSS after ready "
+                f"{'never measured' if run.rss_mib is None else _mib(run.rss_mib)} "
+                f"≤ 0-pod {_mib(zero.rss_mib)} "
                 f"+ {allowance:.0f} MiB"
             )
             ok = run.peak_mib <= zero.peak_mib + PEAK_ALLOWANCE_MIB
