@@ -81,6 +81,10 @@ def _delta(value: float | None, base: float | None, unit: str = "MiB") -> str:
     return f"{value - base:+,.1f} s" if unit == "s" else f"{value - base:+,.0f} {unit}"
 
 
+def _ratio(value: float | None, base: float | None) -> str:
+    return "" if value is None or not base else f" ({value / base:.2f}x)"
+
+
 def _cache_size(ready: Readiness) -> str:
     """What the CA says its pod cache holds at ready (`meshca_ca_kube_cache_objects`)."""
     return "" if ready.pods_in_cache is None else f" (pod cache: {ready.pods_in_cache:,.0f})"
@@ -124,14 +128,19 @@ def comparisons(runs: Sequence[CaRun]) -> list[str]:
         parts = [f"{run.pods:,} pods, workers {run.workers}:"]
         if base is not None:
             parts.append(
-                f"vs cache off: RSS {_delta(run.rss_mib, base.rss_mib)}, "
-                f"peak {_delta(run.peak_mib, base.peak_mib)}, "
+                f"vs cache off: RSS {_delta(run.rss_mib, base.rss_mib)}"
+                f"{_ratio(run.rss_mib, base.rss_mib)}, "
+                f"peak {_delta(run.peak_mib, base.peak_mib)}"
+                f"{_ratio(run.peak_mib, base.peak_mib)}, "
                 f"ready {_delta(run.ready.seconds, base.ready.seconds, 's')}"
+                f"{_ratio(run.ready.seconds, base.ready.seconds)};"
             )
         if zero is not None and zero is not run:
             parts.append(
-                f"vs {smallest:,} pods: RSS {_delta(run.rss_mib, zero.rss_mib)}, "
+                f"vs {smallest:,} pods: RSS {_delta(run.rss_mib, zero.rss_mib)}"
+                f"{_ratio(run.rss_mib, zero.rss_mib)}, "
                 f"peak {_delta(run.peak_mib, zero.peak_mib)}"
+                f"{_ratio(run.peak_mib, zero.peak_mib)}"
             )
             if run.rss_mib is not None and zero.rss_mib is not None and run.pods > smallest:
                 per_pod = (run.rss_mib - zero.rss_mib) * 1024 * 1024 / (run.pods - smallest)
@@ -249,7 +258,7 @@ def targets(runs: Sequence[CaRun]) -> list[str]:
                 f"{_verdict(ok)} {where} new tokens {tokens.new.rate:,.0f}/s ≥ half of cached "
                 f"{tokens.cached.rate:,.0f}/s ({share:.2f}), TokenReviews {tokens.reviews_new}"
             )
-        elif run.pods >= 60_000:
+        elif run.pods >= 60_000 and run.ready.seconds is None:
             lines.append(f"FAIL {where} no new-token figures: the pod cache never became ready")
     for run in runs:
         if run.tokens is not None and run.tokens.mode == "tokenreview":

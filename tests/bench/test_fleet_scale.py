@@ -9,10 +9,13 @@ to the wrong CA or the wrong window fails here."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from bench.audit_tally import request_kind
-from bench.ca_tree import OBJECTS_METRIC, SYNCED_METRIC, pod_cache_gauge
+from bench.ca_tree import OBJECTS_METRIC, SYNCED_METRIC, Readiness, pod_cache_gauge
+from bench.fleet_report import CaRun, targets
 from bench.fleet_scale import parse_args, run
 
 
@@ -54,6 +57,24 @@ def test_the_pod_cache_gauges_are_read_per_worker_and_absent_when_not_exported()
     assert sorted(pod_cache_gauge(exposition, SYNCED_METRIC) or []) == [0.0, 1.0]
     assert pod_cache_gauge(exposition, OBJECTS_METRIC) == [1234.0]
     assert pod_cache_gauge("# TYPE other gauge\nother 1.0\n", SYNCED_METRIC) is None
+
+
+def _cache_run(pods: int, ready: float | None, rss: float | None, peak: float) -> CaRun:
+    one_each = Counter({"list pods": 1, "watch pods": 1} if ready is not None else {})
+    readiness = Readiness(ready, 1.0, "" if ready is not None else "exited")
+    return CaRun(pods, 2, True, readiness, rss, peak, start_calls=one_each)
+
+
+def test_issue_30_targets_compare_60000_pods_with_the_same_runs_0_pod_ca() -> None:
+    zero = _cache_run(0, 3.0, 312.0, 344.0)
+    within = _cache_run(60_000, 29.0, 312.0 + 64.0, 344.0 + 128.0)
+    assert all(line.startswith("PASS") for line in targets([zero, within]))
+    over = _cache_run(60_000, 31.0, 312.0 + 65.0, 344.0 + 129.0)
+    verdicts = [line.split()[0] for line in targets([zero, over])]
+    assert verdicts.count("FAIL") == 3 and verdicts.count("PASS") == 1  # one LIST + WATCH
+    never = targets([zero, _cache_run(60_000, None, None, 2459.0)])
+    assert all(line.startswith("FAIL") for line in never)
+    assert any("ready never" in line for line in never)
 
 
 @pytest.mark.process
