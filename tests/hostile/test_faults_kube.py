@@ -1,7 +1,8 @@
 """The Kubernetes API server misbehaving (injected with `tests.support.kube_api.faults`): slow,
 500/429 on list, 410 and cut watches, a restart mid-watch. The informer the CA (and the node
 agent) build on must end each episode with a cache equal to the server's objects, and keep
-following changes."""
+following changes — both the model-object `Informer` and the CA's raw-JSON, paginated
+`PagedInformer` (every test runs with each)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import kubernetes.client
 import pytest
 
 from meshca.informer import Informer
+from meshca.paged_informer import PagedInformer
 from tests.support.kube_api import Fault, KubeApiServer
 from tests.support.processes import wait_for
 
@@ -24,15 +26,24 @@ def kube_api(starts_processes: None) -> Iterator[KubeApiServer]:
 class Following:
     """A namespace informer plus the causes of its restarts."""
 
-    def __init__(self, kube_api: KubeApiServer) -> None:
+    def __init__(self, kube_api: KubeApiServer, paged: bool) -> None:
         core = kubernetes.client.CoreV1Api(kube_api.api_client())
         self.restarts: list[str] = []
-        self.informer: Informer[str] = Informer(
-            "namespaces",
-            core.list_namespace,
-            lambda ns: str(ns.metadata.name),
-            on_restart=self.restarts.append,
-        )
+        self.informer: Informer[str]
+        if paged:
+            self.informer = PagedInformer(
+                "namespaces",
+                core.list_namespace,
+                lambda ns: str(ns["metadata"]["name"]),
+                on_restart=self.restarts.append,
+            )
+        else:
+            self.informer = Informer(
+                "namespaces",
+                core.list_namespace,
+                lambda ns: str(ns.metadata.name),
+                on_restart=self.restarts.append,
+            )
 
     def names(self) -> set[str]:
         return {key[1] for key in self.informer.items()}
@@ -42,9 +53,9 @@ class Following:
         wait_for(lambda: self.names() == expected, timeout, f"namespaces {sorted(expected)}")
 
 
-@pytest.fixture
-def following(kube_api: KubeApiServer) -> Iterator[Following]:
-    watcher = Following(kube_api)
+@pytest.fixture(params=["informer", "paged"])
+def following(kube_api: KubeApiServer, request: pytest.FixtureRequest) -> Iterator[Following]:
+    watcher = Following(kube_api, paged=request.param == "paged")
     yield watcher
     watcher.informer.stop()
 
