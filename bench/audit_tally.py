@@ -24,7 +24,9 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Request:
     username: str
-    kind: str  # "list pods", "list pods (continue)", "watch pods", "create tokenreviews", ...
+    # "list pods", "list pods (continue)", "watch pods", "watch pods (initial state)" (a
+    # watch-list: the state streamed, then a bookmark), "create tokenreviews", ...
+    kind: str
     received: float  # seconds since the epoch
 
 
@@ -41,8 +43,11 @@ def request_kind(event: Mapping[str, object]) -> str:
     else:
         resource = uri.split("?")[0]
     query = uri.partition("?")[2]
-    continued = verb == "list" and any(p.startswith("continue=") for p in query.split("&"))
-    return f"{verb} {resource}{' (continue)' if continued else ''}"
+    params = query.split("&")
+    continued = verb == "list" and any(p.startswith("continue=") for p in params)
+    streamed = verb == "watch" and "sendInitialEvents=true" in params
+    suffix = " (continue)" if continued else " (initial state)" if streamed else ""
+    return f"{verb} {resource}{suffix}"
 
 
 def _timestamp(text: str) -> float:

@@ -96,6 +96,8 @@ class KubeConfig:
     burst: int = 100
     # Objects per page of those lists: the transient memory of a list is one page's.
     list_page_size: int = 500
+    # Stream those lists from the API server's watch cache (watch-list) rather than page them.
+    stream_lists: bool = True
     # HTTP connections kept per API server: the long-lived watches plus concurrent reviews.
     connection_pool_size: int = 16
     publish_root: bool = True
@@ -395,6 +397,7 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
         qps=args.kube_qps,
         burst=args.kube_burst,
         list_page_size=args.kube_list_page_size,
+        stream_lists=args.kube_stream_lists,
         publish_root=args.root_configmaps,
     )
 

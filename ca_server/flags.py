@@ -328,3 +328,10 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         help="pods and service accounts per page when the CA lists them (pages are paced at "
         "--kube-qps in a bucket of their own)",
     )
+    kube.add_argument(
+        "--kube-stream-lists",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stream the pod and service-account caches' state from the API server's watch "
+        "cache (watch-list; an API server without it is listed in pages anyway)",
+    )

@@ -6,11 +6,14 @@ costs what the CA cannot pay. One unpaginated list is one response of hundreds o
 deserialized through model classes (~500 µs and ~33 KB of transient memory per pod), and a
 re-list builds a second cache beside the first. Here:
 
-- **Lists are paginated** (`limit` + `continue`, `page_size` objects per request) and each page
-  is parsed with `json.loads` straight into the compact value `transform` makes of a plain
-  dict; the page is dropped before the next one is asked for, so the transient memory is one
-  page's, whatever the cluster's size. `listed` counts the objects received so far (the
-  progress `/ready` shows while the first list runs).
+- **The state is streamed** (watch-list: a watch with `sendInitialEvents`, served from the API
+  server's watch cache — no list response is built on either side, and etcd is not read), each
+  object parsed with `json.loads` straight into the compact value `transform` makes of a plain
+  dict. An API server that does not offer it (400/422) is listed **in pages** instead (`limit`
+  + `continue`, `page_size` objects per request, each page dropped before the next is asked
+  for). Either way the transient memory is one object's or one page's, whatever the cluster's
+  size, and `listed` counts the objects received so far (the progress `/ready` shows while the
+  first list runs).
 - **The watch is read raw**: one `json.loads` per event line, no model objects.
 - **A re-list (410 Gone, an error) updates the cache in place**: every listed object is upserted
   (an unchanged value keeps its old object), then what the list did not contain is removed. There
@@ -43,6 +46,24 @@ V = TypeVar("V")
 RawObject = dict[str, Any]
 
 DEFAULT_PAGE_SIZE = 500  # client-go's pager default
+# How long the API server may take to stream a whole state (it ends the watch then; an
+# unfinished state is streamed again). Events arrive continuously meanwhile, so the client's
+# read timeout still catches a dead connection.
+_STREAM_SECONDS = 600
+_PROGRESS_EVERY = 500
+# Answers of an API server that does not offer watch-list (too old, or the feature is off).
+_NO_WATCH_LIST = frozenset({400, 422})
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+def _initial_events_end(event: Any) -> str | None:
+    """The resource version of the bookmark that ends a watch-list's initial state, else None."""
+    if not isinstance(event, dict) or event.get("type") != "BOOKMARK":
+        return None
+    metadata = (event.get("object") or {}).get("metadata") or {}
+    if (metadata.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
+        return None
+    return str(metadata.get("resourceVersion") or "")
 
 
 def raw_key(obj: RawObject) -> Key:
@@ -74,12 +95,14 @@ class PagedInformer(Informer[V]):
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
         pace: Callable[[], float] = lambda: 0.0,
+        stream_lists: bool = True,
         counters: Mapping[str, Callable[[V], Hashable | None]] | None = None,
         **informer_kwargs: Any,
     ) -> None:
         super().__init__(resource, list_func, transform, **informer_kwargs)
         self._page_size = page_size
         self._pace = pace
+        self._stream_lists = stream_lists
         self._counters = dict(counters or {})
         self._counts: dict[str, dict[Hashable, int]] = {name: {} for name in self._counters}
         self._response: Any = None
@@ -106,6 +129,85 @@ class PagedInformer(Informer[V]):
     # -- the watcher thread ----------------------------------------------------------------
 
     def _relist(self) -> str | None:
+        """The whole state, streamed from the API server's watch cache (watch-list), or paged
+        when the server does not offer that; the cache is updated in place either way."""
+        if self._stream_lists:
+            try:
+                return self._stream_state()
+            except ApiException as exc:
+                if exc.status not in _NO_WATCH_LIST:
+                    raise
+                self._stream_lists = False
+                log.info(
+                    "%s: the API server does not stream lists (watch-list, HTTP %s); "
+                    "listing in pages of %d",
+                    self.resource,
+                    exc.status,
+                    self._page_size,
+                )
+        return self._paged_state()
+
+    def _stream_state(self) -> str | None:
+        """Watch-list (`sendInitialEvents`): every object as an ADDED event from the API
+        server's watch cache, then a bookmark marked `k8s.io/initial-events-end` carrying the
+        resource version to watch on from. One request, no list built on either side."""
+        assert self._list_func is not None
+        if self._stopping.wait(self._pace()):
+            return None
+        seen: set[Key] = set()
+        self.listed = 0
+        response = self._list_func(
+            **self._list_kwargs,
+            watch=True,
+            send_initial_events=True,
+            resource_version_match="NotOlderThan",
+            allow_watch_bookmarks=True,
+            timeout_seconds=_STREAM_SECONDS,
+            _preload_content=False,
+            _request_timeout=self._request_timeout,
+        )
+        self._response = response
+        try:
+            for line in iter_resp_lines(response):
+                if self._stopping.is_set():
+                    return None
+                if not line:
+                    continue
+                event = json.loads(line)
+                end = _initial_events_end(event)
+                if end is not None:
+                    self._sweep(seen)
+                    return end
+                if isinstance(event, dict) and event.get("type") == "ADDED":
+                    obj = event.get("object")
+                    if isinstance(obj, dict):
+                        key = raw_key(obj)
+                        with self._lock:
+                            seen.add(self._upsert(key, self._transform(obj)))
+                        self.listed += 1
+                        if self.listed % _PROGRESS_EVERY == 0:
+                            self._on_change()
+                        continue
+                # A change or an error before the initial state ended: apply it as a watch
+                # would (an ERROR raises: 410 and the like restart the list).
+                self._event(event, "")
+        finally:
+            self._response = None
+            response.release_conn()
+        if self._stopping.is_set():
+            return None
+        raise ValueError(f"{self.resource}: the watch-list stream ended before its initial state")
+
+    def _sweep(self, seen: set[Key]) -> None:
+        """After a whole state: drops what it did not contain, and says the cache is synced."""
+        with self._lock:
+            for key in [key for key in self._items if key not in seen]:
+                self._drop(key)
+        self.lists += 1
+        self._synced.set()
+        self._on_change()
+
+    def _paged_state(self) -> str | None:
         assert self._list_func is not None
         seen: set[Key] = set()
         token: str | None = None
@@ -126,12 +228,7 @@ class PagedInformer(Informer[V]):
             if token is None:
                 break
             self._on_change()  # progress for readers of `listed`
-        with self._lock:
-            for key in [key for key in self._items if key not in seen]:
-                self._drop(key)
-        self.lists += 1
-        self._synced.set()
-        self._on_change()
+        self._sweep(seen)
         return str(metadata.get("resourceVersion") or "")
 
     def _page(self, token: str | None) -> RawObject | None:

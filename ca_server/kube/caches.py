@@ -17,6 +17,7 @@ progress (objects listed so far) until every cache has synced; the gauges show i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import kubernetes.client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -47,11 +48,13 @@ class LocalKubeCaches:
         # Every page of both lists takes a token (client-go paces each request alike), from a
         # bucket of their own so a relist never delays a TokenReview.
         pages = AsyncTokenBucket(kube.qps, kube.burst, SystemClock())
-        size = kube.list_page_size
-        self.pods = PodCache(api, page_size=size, pace=pages.reserve) if pods else None
-        self.accounts = (
-            ServiceAccountCache(api, page_size=size, pace=pages.reserve) if accounts else None
-        )
+        listing: dict[str, Any] = {
+            "page_size": kube.list_page_size,
+            "pace": pages.reserve,
+            "stream_lists": kube.stream_lists,
+        }
+        self.pods = PodCache(api, **listing) if pods else None
+        self.accounts = ServiceAccountCache(api, **listing) if accounts else None
 
     @classmethod
     def for_config(cls, api: kubernetes.client.ApiClient, kube: KubeConfig) -> LocalKubeCaches:

@@ -72,6 +72,7 @@ class PodCache(WatchedCache[PodInfo]):
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
         pace: Callable[[], float] = lambda: 0.0,
+        stream_lists: bool = True,
     ) -> None:
         core = kubernetes.client.CoreV1Api(api)
         super().__init__(
@@ -81,6 +82,7 @@ class PodCache(WatchedCache[PodInfo]):
             counters={_LIVE_BY_NODE_ACCOUNT: _live_node_account},
             page_size=page_size,
             pace=pace,
+            stream_lists=stream_lists,
         )
 
     def get(self, namespace: str, name: str) -> PodInfo | None:

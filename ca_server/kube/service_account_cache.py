@@ -48,6 +48,7 @@ class ServiceAccountCache(WatchedCache[str]):
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
         pace: Callable[[], float] = lambda: 0.0,
+        stream_lists: bool = True,
     ) -> None:
         core = kubernetes.client.CoreV1Api(api)
         super().__init__(
@@ -56,6 +57,7 @@ class ServiceAccountCache(WatchedCache[str]):
             _account_uid,
             page_size=page_size,
             pace=pace,
+            stream_lists=stream_lists,
         )
 
     def uid(self, namespace: str, name: str) -> str | None:

@@ -52,6 +52,7 @@ class WatchedCache(Generic[V]):
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
         pace: Callable[[], float] = lambda: 0.0,
+        stream_lists: bool = True,
     ) -> None:
         # Bumped on every change the watch applies (and every page of a list), so a reader can
         # reuse what it derived from the cache while nothing changed.
@@ -65,6 +66,7 @@ class WatchedCache(Generic[V]):
             counters=counters,
             page_size=page_size,
             pace=pace,
+            stream_lists=stream_lists,
             on_restart=self._restarted,
             on_change=self._changed,
         )

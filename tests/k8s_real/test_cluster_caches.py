@@ -1,6 +1,6 @@
-"""The CA's cluster-wide caches (pods, ServiceAccounts) against the real API server: paginated
-lists, one list+watch per replica whatever `--workers`, and a CA that serves while they sync
-(issue 30, Done means 2 and 3).
+"""The CA's cluster-wide caches (pods, ServiceAccounts) against the real API server: the state
+streamed from the watch cache (watch-list) or paginated lists, one list+watch per replica
+whatever `--workers`, and a CA that serves while they sync (issue 30, Done means 2 and 3).
 
 What is counted comes from the API server's audit log, so a client that listed twice, or a
 worker that listed on its own, shows up however the CA describes itself.
@@ -29,11 +29,16 @@ AUDIENCE = "istio-ca"
 def _requests(
     plane: RealControlPlane, account: Account, resource: str
 ) -> list[tuple[str, dict[str, list[str]], str]]:
-    """(verb, query, user agent) of each request `account` made on `resource`."""
+    """(verb, query, user agent) of each request `account` made on `resource` (a watch that
+    ended has two audit events, ResponseStarted and ResponseComplete: counted once)."""
     username = f"system:serviceaccount:{account.namespace}:{account.name}"
     found = []
+    counted: set[str] = set()
     for event in plane.audit_events(username):
         ref = event.get("objectRef") or {}
+        if event.get("auditID") in counted:
+            continue
+        counted.add(event.get("auditID", ""))
         if ref.get("resource") == resource and not ref.get("name"):
             query = parse_qs(urlsplit(event["requestURI"]).query)
             found.append((event["verb"], query, event.get("userAgent", "")))
@@ -54,15 +59,16 @@ def _pods_in_cluster(plane: RealControlPlane) -> int:
     return len(plane.core.list_pod_for_all_namespaces().items)
 
 
-def test_a_paged_list_and_the_watch_keep_the_cache_equal_to_the_cluster(
-    control_plane: RealControlPlane,
+@pytest.mark.parametrize("stream", [True, False], ids=["watch-list", "pages"])
+def test_the_initial_state_and_the_watch_keep_the_cache_equal_to_the_cluster(
+    control_plane: RealControlPlane, stream: bool
 ):
-    shop = unique("paged")
+    shop = unique("state")
     control_plane.create_namespace(shop)
     control_plane.create_service_account(shop, "web")
     for index in range(7):
         control_plane.create_pod(shop, f"web-{index}", "web", f"node-{index % 2}")
-    cache = PodCache(control_plane.admin(), page_size=3)
+    cache = PodCache(control_plane.admin(), page_size=3, stream_lists=stream)
     cache.start()
     try:
         assert cache.wait_synced(30)
@@ -90,24 +96,14 @@ def test_a_paged_list_and_the_watch_keep_the_cache_equal_to_the_cluster(
 def test_workers_share_one_list_and_watch_of_pods_and_accounts(
     control_plane: RealControlPlane, ca_account: Account, real_ca: RealCaFactory
 ):
-    """`--workers 2`: the supervisor lists and watches pods and ServiceAccounts once (page by
-    page), the workers list nothing, and both workers validate pod-bound tokens offline with
-    the supervisor's cache."""
+    """`--workers 2`: the supervisor streams the state of pods and ServiceAccounts once
+    (watch-list: one watch with sendInitialEvents) and then watches them, the workers list and
+    watch nothing, and the workers validate pod-bound tokens offline with its cache."""
     shop = unique("shared")
     control_plane.create_namespace(shop)
     control_plane.create_service_account(shop, "cart")
     pods = [control_plane.create_pod(shop, f"cart-{i}", "cart", "node-a") for i in range(4)]
-    page = max(2, math.ceil(_pods_in_cluster(control_plane) / 3))  # at least three pages
-    ca = real_ca(
-        "ca-0",
-        "--workers",
-        "2",
-        "--no-root-configmaps",
-        "--token-validation",
-        "offline",
-        "--kube-list-page-size",
-        str(page),
-    )
+    ca = real_ca("ca-0", "--workers", "2", "--no-root-configmaps", "--token-validation", "offline")
     status, body = _ready(ca.monitoring_url)
     assert status == 200 and "pods cache: synced" in body, body
     # Enough requests, each on its own connection, that both workers answer some.
@@ -120,24 +116,23 @@ def test_workers_share_one_list_and_watch_of_pods_and_accounts(
 
     for resource in ("pods", "serviceaccounts"):
         calls = _requests(control_plane, ca_account, resource)
-        starts = [c for c in calls if c[0] == "list" and "continue" not in c[1]]
-        pages = [c for c in calls if c[0] == "list"]
-        watches = [c for c in calls if c[0] == "watch"]
-        assert len(starts) == 1, (resource, calls)
+        streams = [c for c in calls if c[0] == "watch" and c[1].get("sendInitialEvents")]
+        watches = [c for c in calls if c[0] == "watch" and not c[1].get("sendInitialEvents")]
+        assert len(streams) == 1, (resource, calls)
+        assert streams[0][1]["resourceVersionMatch"] == ["NotOlderThan"]
         assert len(watches) == 1, (resource, calls)
-        assert {c[2] for c in calls} == {starts[0][2]}, "one process lists and watches"
-        assert starts[0][2].endswith("/caches"), starts[0][2]
-        if resource == "pods":
-            assert len(pages) >= 3, calls
-            assert all(c[1].get("limit") == [str(page)] for c in pages)
+        assert not [c for c in calls if c[0] == "list"], (resource, calls)
+        assert {c[2] for c in calls} == {streams[0][2]}, "one process streams and watches"
+        assert streams[0][2].endswith("/caches"), streams[0][2]
 
 
 def test_a_syncing_ca_serves_tokenreview_says_how_far_it_got_and_then_impersonation(
     control_plane: RealControlPlane, ca_account: Account, real_ca: RealCaFactory
 ):
-    """A list paced at one page a second: while it runs, `/ready` is 503 with the pods listed so
-    far, a pod's token is served through TokenReview, and node impersonation is UNAVAILABLE
-    with a retry hint; once synced, impersonation is served."""
+    """A paged list (`--no-kube-stream-lists`) paced at one page a second: while it runs,
+    `/ready` is 503 with the pods listed so far, a pod's token is served through TokenReview,
+    and node impersonation is UNAVAILABLE with a retry hint; once synced, it is served. The
+    audit log shows the pages: a list start, then `continue` pages of the size asked for."""
     shop = unique("syncing")
     control_plane.create_namespace(shop)
     control_plane.create_service_account(shop, "cart")
@@ -158,6 +153,7 @@ def test_a_syncing_ca_serves_tokenreview_says_how_far_it_got_and_then_impersonat
         "1",
         "--kube-list-page-size",
         str(page),
+        "--no-kube-stream-lists",
         start=False,
     )
     ca.launch()
@@ -194,3 +190,6 @@ def test_a_syncing_ca_serves_tokenreview_says_how_far_it_got_and_then_impersonat
     assert issued[-1]["authenticator"] == "kubernetes-offline"
     progress = [int(b.split("pods cache: syncing, ")[1].split(" ")[0]) for b in seen]
     assert progress == sorted(progress), "the count only grows"
+    pages = [c for c in _requests(control_plane, ca_account, "pods") if c[0] == "list"]
+    assert len([c for c in pages if "continue" not in c[1]]) == 1, pages
+    assert len(pages) >= 3 and all(c[1]["limit"] == [str(page)] for c in pages), pages

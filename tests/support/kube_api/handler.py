@@ -231,6 +231,16 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                     user_agent=self.headers.get("User-Agent"),
                 )
             )
+            if verb == "watch" and "sendInitialEvents" in query:
+                # This server plays one without watch-list (the feature gate off, or older than
+                # 1.27), as kube-apiserver answers then; clients list in pages instead. The
+                # real API server's watch-list is exercised in tests/k8s_real.
+                raise errors.invalid(
+                    "ListOptions",
+                    "",
+                    "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch "
+                    "unless the WatchList feature gate is enabled",
+                )
             fault = self._apply_fault(verb, resource)
             if verb == "watch":
                 record.code = 200
