@@ -9,8 +9,11 @@ worker that listed on its own, shows up however the CA describes itself.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,6 +22,7 @@ import pytest
 
 from ca_server.kube.pod_cache import PodCache
 from tests.k8s_real.conftest import Account, RealCaFactory, unique
+from tests.support.ca_process import CaProcess
 from tests.support.kube_mode import audit_lines, issue, spiffe
 from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane
@@ -53,6 +57,21 @@ def _ready(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _issues(ca: CaProcess, token: str, identity: str) -> bool:
+    try:
+        return len(issue(ca, token, identity)) == 2
+    except grpc.RpcError:
+        return False
 
 
 def _pods_in_cluster(plane: RealControlPlane) -> int:
@@ -98,7 +117,8 @@ def test_workers_share_one_list_and_watch_of_pods_and_accounts(
 ):
     """`--workers 2`: the supervisor streams the state of pods and ServiceAccounts once
     (watch-list: one watch with sendInitialEvents) and then watches them, the workers list and
-    watch nothing, and the workers validate pod-bound tokens offline with its cache."""
+    watch nothing, and the workers validate pod-bound tokens offline with its cache — a worker
+    killed and restarted too, at once, without a list of its own."""
     shop = unique("shared")
     control_plane.create_namespace(shop)
     control_plane.create_service_account(shop, "cart")
@@ -110,8 +130,19 @@ def test_workers_share_one_list_and_watch_of_pods_and_accounts(
     for pod in pods * 3:
         token = control_plane.request_token(shop, "cart", audiences=(AUDIENCE,), pod=pod)
         assert len(issue(ca, token, spiffe(shop, "cart"))) == 2
+    worker = _children(ca.proc.pid if ca.proc else 0)[0]
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: worker not in _children(ca.proc.pid if ca.proc else 0), 10, "the kill")
+    wait_for(lambda: len(_children(ca.proc.pid if ca.proc else 0)) == 2, 30, "a new worker")
+    ca.wait_ready(60)
+    for pod in pods * 3:  # a new pod's token too: the restarted worker sees the latest state
+        token = control_plane.request_token(shop, "cart", audiences=(AUDIENCE,), pod=pod)
+        assert len(issue(ca, token, spiffe(shop, "cart"))) == 2
+    late = control_plane.create_pod(shop, "cart-late", "cart", "node-a")
+    token = control_plane.request_token(shop, "cart", audiences=(AUDIENCE,), pod=late)
+    wait_for(lambda: _issues(ca, token, spiffe(shop, "cart")), 10, "the new pod's certificate")
     issued = [line for line in audit_lines(ca) if line["outcome"] == "issued"]
-    assert len(issued) == len(pods) * 3
+    assert len(issued) == len(pods) * 6 + 1
     assert {line["authenticator"] for line in issued} == {"kubernetes-offline"}
 
     for resource in ("pods", "serviceaccounts"):
