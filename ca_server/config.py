@@ -35,6 +35,7 @@ TokenValidation = Literal["tokenreview", "offline"]
 TOKEN_VALIDATIONS: tuple[TokenValidation, ...] = ("tokenreview", "offline")
 _DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
 _SERVING_HOST = re.compile(rf"(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_REVISION = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # `--rpc-server`: which gRPC server runs the CA (`ca_server.serving.cq_server.rpc_server_for`).
@@ -103,6 +104,12 @@ class KubeConfig:
     publish_root: bool = True
     lease_duration: timedelta = timedelta(seconds=15)
     resync_interval: timedelta = timedelta(seconds=60)
+    # istiod's serving certificate in Secret istiod-tls (`ca_server.kube.istiod_tls`): on unless
+    # the mesh keeps no istiod; its namespace (None: the CA's), revisions and lifetime.
+    istiod_tls: bool = True
+    istiod_namespace: str | None = None
+    istiod_revisions: tuple[str, ...] = ()
+    istiod_tls_lifetime: timedelta = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -381,6 +388,13 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
         trusted = parse_account_list(accounts)
     except ValueError as exc:
         raise ConfigError(f"--trusted-node-accounts: {exc}") from exc
+    revisions = tuple(r for r in args.istiod_revisions.split(",") if r)
+    for revision in revisions:
+        if not _REVISION.fullmatch(revision):
+            raise ConfigError(
+                f"--istiod-revisions: {revision!r} is not a revision name (lower-case letters, "
+                "digits and '-', as in istiod-<revision>)"
+            )
     instance_id = (
         args.instance_id or environ.get("POD_NAME") or (f"{socket.gethostname()}-{os.getpid()}")
     )
@@ -399,6 +413,10 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
         list_page_size=args.kube_list_page_size,
         stream_lists=args.kube_stream_lists,
         publish_root=args.root_configmaps,
+        istiod_tls=args.istiod_tls,
+        istiod_namespace=args.istiod_namespace,
+        istiod_revisions=revisions,
+        istiod_tls_lifetime=args.istiod_tls_lifetime,
     )
 
 

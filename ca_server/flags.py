@@ -313,6 +313,31 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         help="publish ConfigMap istio-ca-root-cert in every namespace (Kubernetes mode only)",
     )
     kube.add_argument(
+        "--istiod-tls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="issue istiod's serving certificate into Secret istiod-tls (istiod with "
+        "ENABLE_CA_SERVER=false serves xDS over TLS only with it); --no-istiod-tls for a mesh "
+        "without istiod",
+    )
+    kube.add_argument(
+        "--istiod-namespace",
+        default=None,
+        help="istiod's namespace, where Secret istiod-tls goes (default: the CA's namespace)",
+    )
+    kube.add_argument(
+        "--istiod-revisions",
+        default="",
+        help="comma-separated istiod revisions: each adds istiod-<revision>.<ns>.svc to the "
+        "certificate's names",
+    )
+    kube.add_argument(
+        "--istiod-tls-lifetime",
+        type=duration_argument,
+        default="1h",
+        help="lifetime of istiod's serving certificate (renewed at 40%% of it)",
+    )
+    kube.add_argument(
         "--instance-id",
         default=None,
         help="this replica's name in the leader Lease and API user agent (default $POD_NAME)",

@@ -11,6 +11,7 @@ because the node agent watches pods with it too):
 - `secret_root`: the authority slots in Secret `istio-ca-secret` (an `AuthorityStateStore`).
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
+- `istiod_tls`: istiod's serving certificate in Secret `istiod-tls` (istiod with its CA off).
 - `watched_cache`: the start, stop and progress every cluster-wide cache below shares (one
   `meshca.paged_informer.PagedInformer` each: paginated raw-JSON lists, compact values).
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod
@@ -31,17 +32,19 @@ and, once they wait, on its asyncio event loop (`ca_server.serving.cq_server`); 
 - Request-path calls (TokenReview; issuer-key refreshes) run in the default thread pool via
   `asyncio.to_thread` (TokenReview after an `await` on the async token bucket); the loop never
   waits on a socket.
-- Long-lived work (watches, the Lease loop, the ConfigMap reconciler) runs in dedicated daemon
-  threads. They share state with the loop only through small lock-protected caches whose
-  critical sections are dictionary operations, and through `threading.Event` wake-ups, so a
-  lookup from the loop never waits on I/O. In a `--workers N` worker the caches are the
-  supervisor's: a request-path lookup (`PodLookup.fetch`) then runs in the thread pool too.
+- Long-lived work (watches, the Lease loop, the ConfigMap reconciler, the istiod-tls writer)
+  runs in dedicated daemon threads. They share state with the loop only through small
+  lock-protected caches whose critical sections are dictionary operations, and through
+  `threading.Event` wake-ups, so a lookup from the loop never waits on I/O. In a
+  `--workers N` worker the caches are the supervisor's: a request-path lookup
+  (`PodLookup.fetch`) then runs in the thread pool too.
 - Threads never touch the loop; the loop hands them data (a new root) by thread-safe setters.
 
 Every API call made here is listed in `tests/support/kube_api_calls.py`; deploy RBAC mirrors it:
 TokenReview create; in the CA's namespace, Secret `istio-ca-secret` by name only (get, update;
 list/watch with the field selector `metadata.name=istio-ca-secret`, so RBAC's `resourceNames`
-covers them) and Secrets create, Leases, ConfigMaps delete; ConfigMaps in all namespaces; Pods,
+covers them), in istiod's namespace Secret `istiod-tls` by name only (get, update), and
+Secrets create, Leases, ConfigMaps delete; ConfigMaps in all namespaces; Pods,
 Namespaces and ServiceAccounts list/watch; get on /.well-known/openid-configuration and
 /openid/v1/jwks. Touch no other Secret: the RBAC grants no other.
 """

@@ -36,6 +36,7 @@ from ca_server.kube.cache_client import RemoteKubeCaches
 from ca_server.kube.caches import LocalKubeCaches, cache_needs
 from ca_server.kube.clients import KubeClients
 from ca_server.kube.issuer_keys import ClusterIssuerKeys
+from ca_server.kube.istiod_tls import IstiodTlsPublisher, istiod_hosts
 from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodLookup
@@ -88,7 +89,8 @@ class KubernetesMode:
         # Every replica's reports, watched: the self-signed driver reads them every round.
         self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
-        if kube.publish_root:
+        self._istiod_tls: IstiodTlsPublisher | None = None
+        if kube.publish_root or kube.istiod_tls:
             self._elector = LeaseElector(
                 self.clients.local,
                 kube.namespace,
@@ -97,10 +99,22 @@ class KubernetesMode:
                 clock=clock,
                 on_change=self._leadership_changed,
             )
+        if kube.publish_root and self._elector is not None:
             self._publisher = RootConfigMapPublisher(
                 self.clients.local,
                 self._elector.is_leader,
                 metrics,
+                resync_interval=kube.resync_interval,
+            )
+        if kube.istiod_tls and self._elector is not None:
+            istiod_namespace = kube.istiod_namespace or kube.namespace
+            self._istiod_tls = IstiodTlsPublisher(
+                self.clients.local,
+                self._elector.is_leader,
+                istiod_namespace,
+                istiod_hosts(istiod_namespace, kube.istiod_revisions),
+                clock,
+                lifetime=kube.istiod_tls_lifetime,
                 resync_interval=kube.resync_interval,
             )
 
@@ -189,9 +203,13 @@ class KubernetesMode:
         self._replica_reports.start()  # until it has synced, readers list
         if self._secret_store is not None:
             self._secret_store.start_watch()
-        if self._publisher is not None and self._elector is not None:
+        if self._publisher is not None:
             self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
             self._publisher.start()
+        if self._istiod_tls is not None:
+            self._istiod_tls.set_authority(authority)
+            self._istiod_tls.start()
+        if self._elector is not None:
             self._elector.start()
         if self.caches is not None:
             self.caches.start()
@@ -206,6 +224,8 @@ class KubernetesMode:
         """A new bundle or a new taint (the authority driver calls this at every change)."""
         if self._publisher is not None:
             self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
+        if self._istiod_tls is not None:
+            self._istiod_tls.set_authority(authority)
 
     def _taint_notice(self) -> str:
         return encode_taint_notice(self._tainted_since())
@@ -214,6 +234,8 @@ class KubernetesMode:
         self._replica_reports.stop()
         if self._publisher is not None:
             self._publisher.stop()
+        if self._istiod_tls is not None:
+            self._istiod_tls.stop()
         if self.caches is not None:
             await asyncio.to_thread(self.caches.stop)
         if self._remote is not None:
@@ -228,3 +250,5 @@ class KubernetesMode:
         self._metrics.root_publisher_leader.set(1 if leading else 0)
         if leading and self._publisher is not None:
             self._publisher.kick()
+        if leading and self._istiod_tls is not None:
+            self._istiod_tls.kick()

@@ -22,7 +22,7 @@ def _children(pid: int) -> set[int]:
 
 def test_workers_are_replicas_sharing_the_secret_root(kube_api: KubeApiServer, kube_ca: CaFactory):
     kube_api.add_service_account_token("cart-token", "default", "cart", audiences=["istio-ca"])
-    ca = kube_ca("ca-0", "--workers", "2")
+    ca = kube_ca("ca-0", "--workers", "2", "--no-istiod-tls")  # the root's is the one Secret
     assert ca.proc is not None
     workers = _children(ca.proc.pid)
     assert len(workers) == 2

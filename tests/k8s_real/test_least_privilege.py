@@ -16,6 +16,7 @@ issuer's keys), and the node agent (pods on its node).
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ import kubernetes.config
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from ca_server.kube.istiod_tls import SECRET_NAME as ISTIOD_TLS_SECRET
 from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
 from ca_server.kube.replica_reports import report_name
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
@@ -110,7 +112,8 @@ class Work:
 def ca_default_mode(work: Work) -> Callable[[], bool]:
     """TokenReview, the authority Secret (read, create, watch; updated by `meshca authority
     prepare` run as the CA's account), root ConfigMaps (one stale copy to update) under the
-    Lease, and the replica report (a gone replica's spent one to delete)."""
+    Lease, the replica report (a gone replica's spent one to delete), and istiod's Secret
+    istiod-tls (created, then updated when `prepare` adds a root to its ca.crt)."""
     core = work.plane.core
     stale = unique("stale")
     work.plane.create_namespace(stale)
@@ -159,11 +162,19 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
             for lease in leases.items
         )
         published = (current.data or {}).get("root-cert.pem", "")
+        try:
+            istiod = core.read_namespaced_secret(ISTIOD_TLS_SECRET, work.account.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False
+        istiod_bundle = base64.b64decode((istiod.data or {}).get("ca.crt", "")).decode()
         return (
             issued
             and result.returncode == 0
             and renewed
             and published.startswith("-----BEGIN CERTIFICATE-----")
+            and istiod_bundle.count("BEGIN CERTIFICATE") == 2  # updated after `prepare`
         )
 
     return done

@@ -24,6 +24,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Iterable
 
+from ca_server.kube.istiod_tls import SECRET_NAME as ISTIOD_TLS_SECRET
 from ca_server.kube.secret_root import SECRET_NAME
 from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, required_rule
 from tests.support.kube_api import RequestRecord
@@ -45,6 +46,10 @@ CA_RBAC: frozenset[Rule] = frozenset(
             for verb in ("get", "list", "watch", "update")
         ),
         Rule("", "secrets", "create", "namespace"),
+        # istiod's serving certificate (Secret istiod-tls, istiod's namespace = the CA's in
+        # deploy/): read by name at each pass and updated on renewal or a bundle change; created
+        # with the create above.
+        *(Rule("", "secrets", verb, "namespace", ISTIOD_TLS_SECRET) for verb in ("get", "update")),
         # Per-replica reports (ConfigMaps meshca-ca-replica-*, CA namespace): written with the
         # cluster-wide configmaps rules below; a replica deletes the spent report of a gone one.
         Rule("", "configmaps", "delete", "namespace"),
