@@ -42,11 +42,15 @@ class GoBinary:
         return cache_dir() / f"{self.name}-{self.version}" / self.name
 
 
-# (binary name, module directory under tests/realbin, the main package's module path prefix)
+# (binary name, module directory under tests/realbin, the main package's module path prefix).
+# One module directory may give several binaries: its go.mod has one `tool` line per main
+# package (the one whose last path element is the binary's name), and they build in one `go build`.
 _BINARIES = (
     ("etcd", "etcd", "go.etcd.io/etcd/server/v3"),
     ("kube-apiserver", "kube", "k8s.io/kubernetes"),
     ("pilot-agent", "istio", "istio.io/istio"),
+    ("pilot-discovery", "istio", "istio.io/istio"),
+    ("helm", "helm", "helm.sh/helm/v4"),
 )
 
 
@@ -64,11 +68,25 @@ def cache_dir() -> pathlib.Path:
 def _read_module(name: str, directory: str, module: str) -> GoBinary:
     module_dir = _MODULES / directory
     text = (module_dir / "go.mod").read_text()
-    tool = re.search(r"^tool\s+(\S+)\s*$", text, re.MULTILINE)
+    tools = _tools(text)
+    if len(tools) > 1:  # several main packages: the binary is named as its package
+        tools = [t for t in tools if t.rsplit("/", 1)[-1] == name]
     pinned = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
-    if tool is None or pinned is None:
-        raise ValueError(f"{module_dir / 'go.mod'}: expected a `tool` line and a pin of {module}")
-    return GoBinary(name, module_dir, tool.group(1), module, pinned.group(1))
+    if len(tools) != 1 or pinned is None:
+        raise ValueError(
+            f"{module_dir / 'go.mod'}: expected a `tool` line (ending in /{name} if several) "
+            f"and a pin of {module}"
+        )
+    return GoBinary(name, module_dir, tools[0], module, pinned.group(1))
+
+
+def _tools(go_mod: str) -> list[str]:
+    """The packages a go.mod's `tool` directives name: `tool PKG` lines and `tool ( ... )`
+    blocks (what `go get -tool` writes once there are two)."""
+    found = re.findall(r"^tool\s+([^\s(]\S*)\s*$", go_mod, re.MULTILINE)
+    for block in re.findall(r"^tool\s*\((.*?)^\)", go_mod, re.MULTILINE | re.DOTALL):
+        found.extend(line.strip() for line in block.splitlines() if line.strip())
+    return found
 
 
 def binaries() -> dict[str, GoBinary]:
@@ -99,34 +117,49 @@ def _go() -> str:
     return found
 
 
-def build(wanted: GoBinary) -> float:
-    """Builds one binary into its cache directory (atomically: a half-built file never appears)."""
-    wanted.path.parent.mkdir(parents=True, exist_ok=True)
-    partial = wanted.path.with_name(wanted.name + ".partial")
+def build(wanted: list[GoBinary]) -> float:
+    """Builds binaries of one module with one `go build` (its packages compile once for all)
+    into their cache directories, atomically: a half-built file never appears."""
+    module_dir = wanted[0].module_dir
+    staging = cache_dir() / f".partial-{module_dir.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     started = time.monotonic()
-    command = ["nice", "-n", "15", _go(), "build", "-trimpath", "-o", str(partial), wanted.package]
+    packages = [b.package for b in wanted]
+    # One package: named by `-o` (etcd's main package path ends in /v3); several: by `go build`,
+    # after each package's last path element (the binary names _BINARIES gives them).
+    output = f"{staging}/{wanted[0].name}" if len(wanted) == 1 else f"{staging}/"
+    command = ["nice", "-n", "15", _go(), "build", "-trimpath", "-o", output, *packages]
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
-    result = subprocess.run(command, cwd=wanted.module_dir, env=env, check=False)
+    result = subprocess.run(command, cwd=module_dir, env=env, check=False)
     if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise SystemExit(f"building {wanted.name} {wanted.version} failed: {' '.join(command)}")
-    partial.replace(wanted.path)
+        shutil.rmtree(staging, ignore_errors=True)
+        names = ", ".join(f"{b.name} {b.version}" for b in wanted)
+        raise SystemExit(f"building {names} failed: {' '.join(command)}")
+    for each in wanted:
+        each.path.parent.mkdir(parents=True, exist_ok=True)
+        (staging / each.name).replace(each.path)
+    shutil.rmtree(staging, ignore_errors=True)
     return time.monotonic() - started
 
 
 def main() -> int:
     total = time.monotonic()
+    missing: dict[pathlib.Path, list[GoBinary]] = {}
     for wanted in binaries().values():
         if wanted.path.is_file():
             print(f"real-binaries: {wanted.name} {wanted.version} already built ({wanted.path})")
             continue
+        missing.setdefault(wanted.module_dir, []).append(wanted)
+    for group in missing.values():
+        names = " and ".join(b.name for b in group)
         print(
-            f"real-binaries: building {wanted.name} from {wanted.module}@{wanted.version} ...",
+            f"real-binaries: building {names} from {group[0].module}@{group[0].version} ...",
             flush=True,
         )
-        seconds = build(wanted)
+        seconds = build(group)
         print(
-            f"real-binaries: built {wanted.name} {wanted.version} in {seconds:.0f} s",
+            f"real-binaries: built {names} {group[0].version} in {seconds:.0f} s",
             flush=True,
         )
     print(f"real-binaries: ready in {time.monotonic() - total:.1f} s (cache {cache_dir()})")
