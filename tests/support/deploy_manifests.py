@@ -40,6 +40,8 @@ class Manifest:
 
 # Prometheus's own files (a rule file and promtool unit tests), not Kubernetes objects.
 PROMETHEUS_FILE_DIRS = (DEPLOY_DIR / "monitoring" / "rules", DEPLOY_DIR / "monitoring" / "tests")
+# The Helm chart: templates, not objects (tests/deploy/test_helm_chart.py renders them).
+HELM_DIR = DEPLOY_DIR / "helm"
 
 
 def yaml_files(root: Path = DEPLOY_DIR) -> list[Path]:
@@ -48,7 +50,7 @@ def yaml_files(root: Path = DEPLOY_DIR) -> list[Path]:
         for p in root.rglob("*")
         if p.suffix in (".yaml", ".yml")
         and p.is_file()
-        and not any(p.is_relative_to(d) for d in PROMETHEUS_FILE_DIRS)
+        and not any(p.is_relative_to(d) for d in (*PROMETHEUS_FILE_DIRS, HELM_DIR))
     )
 
 
