@@ -258,6 +258,35 @@ class RealControlPlane:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
+    def admin_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig for the cluster admin (its client certificate): for tools like helm."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "real",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority": str(self.files.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(self.files.admin_cert),
+                        "client-key": str(self.files.admin_key),
+                    },
+                }
+            ],
+            "contexts": [{"name": "real", "context": {"cluster": "real", "user": "admin"}}],
+            "current-context": "real",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
     def account_kubeconfig(self, path: Path, namespace: str, service_account: str) -> Path:
         """A kubeconfig for `namespace/service_account` (a 24 h token from TokenRequest)."""
         token = self.request_token(namespace, service_account, lifetime=86400)
