@@ -22,11 +22,23 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.envoy import EnvoyProcess, envoy_binary, server_bootstrap
 from tests.support.processes import free_port, stop_child, wait_for
 from tests.support.real_binaries import binary
+
+
+@dataclass(frozen=True)
+class IstiodAddress:
+    """Where the agent finds istiod: its TLS xDS address, the DNS name its certificate must
+    carry, and Istio's Envoy bootstrap template (from the same istio.io/istio module)."""
+
+    address: str
+    san: str
+    bootstrap_template: Path
+
 
 SDS_SOCKET = Path("var/run/secrets/workload-spiffe-uds/socket")
 TOKEN_PATH = Path("var/run/secrets/tokens/istio-token")
@@ -49,6 +61,7 @@ class IstioAgent:
         secret_ttl: str = "24h",
         prov_cert: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        istiod: IstiodAddress | None = None,
     ) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="ia-", dir="/tmp"))
         self.output_certs = self.workdir / "out"
@@ -74,7 +87,7 @@ class IstioAgent:
             admin_port=self.admin_port,
             listen_port=self.listen_port,
         )
-        proxy_config = {
+        proxy_config: dict[str, object] = {
             "binaryPath": envoy,
             "customConfigFile": str(self.envoy.bootstrap_path),
             "configPath": str(self.workdir / "etc"),
@@ -104,6 +117,22 @@ class IstioAgent:
             **({"PROV_CERT": str(prov_cert)} if prov_cert is not None else {}),
             **(extra_env or {}),
         }
+        if istiod is not None:
+            # Istio's own bootstrap and an istiod over TLS, verified against `ca_root` as the
+            # name istiod's certificate carries (the address is a loopback IP:port).
+            del proxy_config["customConfigFile"]
+            proxy_config.update(
+                discoveryAddress=istiod.address,
+                controlPlaneAuthPolicy="MUTUAL_TLS",
+                proxyBootstrapTemplatePath=str(istiod.bootstrap_template),
+                # Istio's bootstrap keeps only a few stats: add the ones the tests read.
+                proxyStatsMatcher={"inclusionPrefixes": ["sds.", "control_plane."]},
+            )
+            self.env.update(
+                PROXY_CONFIG=json.dumps(proxy_config),
+                ISTIOD_SAN=istiod.san,
+                XDS_ROOT_CA=str(ca_root),
+            )
         self.log_path = self.workdir / "pilot-agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
