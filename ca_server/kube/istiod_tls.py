@@ -253,10 +253,12 @@ class IstiodTlsPublisher:
         else:
             leaf_pem = cert_to_pem(x509.load_pem_x509_certificate(data[CERT_KEY].encode()))
             wanted = wanted_data(leaf_pem, data[KEY_KEY], authority)
-        if not self._write(current, wanted, decided):
-            return False
-        self._remember_due(wanted)
-        return True
+        written = self._write(current, wanted, decided)
+        if written is None:  # raced another writer: the kicked pass re-reads
+            return True
+        if written:
+            self._remember_due(wanted)
+        return written
 
     @property
     def _where(self) -> str:
@@ -272,7 +274,8 @@ class IstiodTlsPublisher:
         current: kubernetes.client.V1Secret | None,
         wanted: Mapping[str, str],
         decided: Plan,
-    ) -> bool:
+    ) -> bool | None:
+        """True once written, False on an error to retry, None on a conflict (409)."""
         meta = current.metadata if current is not None else None
         body = kubernetes.client.V1Secret(
             api_version="v1",
@@ -300,7 +303,7 @@ class IstiodTlsPublisher:
             if exc.status == _CONFLICT:
                 log.info("%s changed under us; will re-read", self._where)
                 self.kick()
-                return True
+                return None
             log.warning("could not write %s: %s", self._where, api_error_text(exc))
             return False
         except (urllib3.exceptions.HTTPError, OSError) as exc:
