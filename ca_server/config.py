@@ -35,7 +35,8 @@ TokenValidation = Literal["tokenreview", "offline"]
 TOKEN_VALIDATIONS: tuple[TokenValidation, ...] = ("tokenreview", "offline")
 _DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
 _SERVING_HOST = re.compile(rf"(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_REVISION = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_REVISION = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # also a namespace name (DNS label)
+_MIN_ISTIOD_TLS_LIFETIME = timedelta(seconds=10)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # `--rpc-server`: which gRPC server runs the CA (`ca_server.serving.cq_server.rpc_server_for`).
@@ -395,6 +396,14 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
                 f"--istiod-revisions: {revision!r} is not a revision name (lower-case letters, "
                 "digits and '-', as in istiod-<revision>)"
             )
+    if args.istiod_namespace is not None and not _REVISION.fullmatch(args.istiod_namespace):
+        raise ConfigError(f"--istiod-namespace: {args.istiod_namespace!r} is not a namespace name")
+    if args.istiod_tls_lifetime < _MIN_ISTIOD_TLS_LIFETIME:
+        raise ConfigError(
+            f"--istiod-tls-lifetime {format_duration(args.istiod_tls_lifetime)} is too short: "
+            f"at least {format_duration(_MIN_ISTIOD_TLS_LIFETIME)} (istiod's certificate is "
+            "re-issued at 40% of it)"
+        )
     instance_id = (
         args.instance_id or environ.get("POD_NAME") or (f"{socket.gethostname()}-{os.getpid()}")
     )

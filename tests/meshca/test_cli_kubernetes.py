@@ -43,6 +43,22 @@ def test_kubeconfig_turns_kubernetes_mode_on(monkeypatch: pytest.MonkeyPatch):
     assert kube.audiences == ("mesh",)
     assert kube.namespace == "istio-system" and kube.cluster_id == "Kubernetes"
     assert kube.token_review and kube.publish_root
+    assert kube.istiod_tls and kube.istiod_namespace is None and kube.istiod_revisions == ()
+    istiod = _config(
+        "--kubeconfig",
+        "/k",
+        "--istiod-namespace",
+        "istiod-ns",
+        "--istiod-revisions",
+        "canary,1-30",
+        "--istiod-tls-lifetime",
+        "2h",
+    ).kube
+    assert istiod is not None
+    assert (istiod.istiod_namespace, istiod.istiod_revisions) == ("istiod-ns", ("canary", "1-30"))
+    assert istiod.istiod_tls_lifetime.total_seconds() == 7200
+    off = _config("--kubeconfig", "/k", "--no-istiod-tls").kube
+    assert off is not None and not off.istiod_tls
     assert not config.trust_dev_issuer, "the dev issuer is never trusted by default in a cluster"
     assert _config("--kubeconfig", "/k", "--no-kubernetes").kube is None
 
@@ -55,6 +71,12 @@ def test_kubeconfig_turns_kubernetes_mode_on(monkeypatch: pytest.MonkeyPatch):
         ("--kubeconfig", "/k", "--kube-qps", "0"),
         ("--kubeconfig", "/k", "--kube-burst", "-1"),
         ("--kubeconfig", "/k", "--kube-qps", "fast"),
+        ("--kubeconfig", "/k", "--istiod-revisions", "Canary"),
+        ("--kubeconfig", "/k", "--istiod-revisions", "ok,a.b"),
+        ("--kubeconfig", "/k", "--istiod-revisions", "-x"),
+        ("--kubeconfig", "/k", "--istiod-namespace", "Istio_System"),
+        ("--kubeconfig", "/k", "--istiod-tls-lifetime", "1s"),
+        ("--kubeconfig", "/k", "--istiod-tls-lifetime", "soon"),
     ],
 )
 def test_malformed_kubernetes_flags_are_refused(args: tuple[str, ...]):
