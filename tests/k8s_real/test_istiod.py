@@ -159,6 +159,10 @@ def test_a_real_istiod_with_its_ca_off_serves_the_agent_and_follows_a_rotation(
             return outbound in json.dumps(dump())
 
         wait_for(has_cluster, 30, f"istiod's cluster {outbound} in Envoy", 0.5)
+        routes = [c for c in dump()["configs"] if c["@type"].endswith("RoutesConfigDump")]
+        assert f"echo.{app}.svc.cluster.local:8080" in json.dumps(routes), "istiod's route"
+        listeners = [c for c in dump()["configs"] if c["@type"].endswith("ListenersConfigDump")]
+        assert "0.0.0.0_8080" in json.dumps(listeners), "istiod's outbound listener"
         secrets = [c for c in dump()["configs"] if c["@type"].endswith("SecretsConfigDump")]
         names = {s["name"] for c in secrets for s in c.get("dynamic_active_secrets", [])}
         assert {"default", "ROOTCA"} <= names, names
