@@ -12,6 +12,7 @@ because the node agent watches pods with it too):
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
 - `istiod_tls`: istiod's serving certificate in Secret `istiod-tls` (istiod with its CA off).
+- `reconcile_loop`: the wake-or-resync loop those two leader-driven writers run.
 - `watched_cache`: the start, stop and progress every cluster-wide cache below shares (one
   `meshca.paged_informer.PagedInformer` each: paginated raw-JSON lists, compact values).
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod

@@ -40,6 +40,7 @@ import urllib3.exceptions
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
+from ca_server.kube.reconcile_loop import run_reconcile_loop
 from certs import (
     CLOCK_SKEW_BACKDATE,
     SigningAuthority,
@@ -64,7 +65,6 @@ ISTIOD_SERVICE_NAMES = ("istiod", "istiod-remote", "istio-pilot")
 LABELS = {"app.kubernetes.io/managed-by": "meshca"}
 RENEW_AT_SHARE_OF_LIFE = 0.4
 _REQUEST_TIMEOUT = (2.0, 5.0)
-_RETRY_AFTER_ERROR = 1.0
 _MIN_WAIT = 0.5  # between passes a due date sets: a certificate that is due at once (its
 # authority expires sooner than the lifetime) is not re-issued in a tight loop
 _NOT_FOUND, _CONFLICT = 404, 409
@@ -207,14 +207,7 @@ class IstiodTlsPublisher:
         return max(_MIN_WAIT, min(self._resync, until_due))
 
     def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait(self._wait_seconds())
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            if not self._reconcile_guarded():
-                self._stopping.wait(_RETRY_AFTER_ERROR)
-                self._wake.set()
+        run_reconcile_loop(self._stopping, self._wake, self._wait_seconds, self._reconcile_guarded)
 
     def _reconcile_guarded(self) -> bool:
         """`reconcile`, with anything unexpected logged and retried: the thread must outlive

@@ -38,6 +38,7 @@ import kubernetes.client
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from ca_server.kube.reconcile_loop import run_reconcile_loop
 from ca_server.metrics import CaMetrics
 from meshca.informer import Informer
 from meshca.kube_client import api_error_text
@@ -51,7 +52,6 @@ TAINTS_KEY = TAINT_NOTICE_NAME
 LABELS = {"istio.io/config": "true"}
 SKIPPED_NAMESPACES = frozenset({"kube-public", "kube-node-lease"})
 _REQUEST_TIMEOUT = (2.0, 5.0)
-_RETRY_AFTER_ERROR = 1.0
 
 
 @dataclass(frozen=True)
@@ -164,14 +164,9 @@ class RootConfigMapPublisher:
     # -- the reconciler thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait(self._resync)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            if not self._reconcile_guarded():
-                self._stopping.wait(_RETRY_AFTER_ERROR)
-                self._wake.set()
+        run_reconcile_loop(
+            self._stopping, self._wake, lambda: self._resync, self._reconcile_guarded
+        )
 
     def _reconcile_guarded(self) -> bool:
         """`reconcile`, with anything unexpected logged and retried: the thread must outlive

@@ -232,60 +232,21 @@ class RealControlPlane:
     def write_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> Path:
         """A kubeconfig that authenticates with `token` (a ServiceAccount's, see
         `account_token`)."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "real",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority-data": base64.b64encode(
-                            self.files.ca_cert.read_bytes()
-                        ).decode(),
-                    },
-                }
-            ],
-            "users": [{"name": "account", "user": {"token": token}}],
-            "contexts": [
-                {
-                    "name": "real",
-                    "context": {"cluster": "real", "user": "account", "namespace": namespace},
-                }
-            ],
-            "current-context": "real",
-        }
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+        ca_data = base64.b64encode(self.files.ca_cert.read_bytes()).decode()
+        cluster = {"server": self.url, "certificate-authority-data": ca_data}
+        context = {"cluster": "real", "user": "account", "namespace": namespace}
+        return _write_kubeconfig(path, cluster, ("account", {"token": token}), context)
 
     def admin_kubeconfig(self, path: Path) -> Path:
         """A kubeconfig for the cluster admin (its client certificate): for tools like helm."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "real",
-                    "cluster": {
-                        "server": self.url,
-                        "certificate-authority": str(self.files.ca_cert),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(self.files.admin_cert),
-                        "client-key": str(self.files.admin_key),
-                    },
-                }
-            ],
-            "contexts": [{"name": "real", "context": {"cluster": "real", "user": "admin"}}],
-            "current-context": "real",
+        cluster = {"server": self.url, "certificate-authority": str(self.files.ca_cert)}
+        user = {
+            "client-certificate": str(self.files.admin_cert),
+            "client-key": str(self.files.admin_key),
         }
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+        return _write_kubeconfig(
+            path, cluster, ("admin", user), {"cluster": "real", "user": "admin"}
+        )
 
     def account_kubeconfig(self, path: Path, namespace: str, service_account: str) -> Path:
         """A kubeconfig for `namespace/service_account` (a 24 h token from TokenRequest)."""
@@ -410,3 +371,18 @@ class RealControlPlane:
     @staticmethod
     def now() -> int:
         return int(time.time())
+
+
+def _write_kubeconfig(
+    path: Path, cluster: dict[str, str], user: tuple[str, dict[str, str]], context: dict[str, str]
+) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "real", "cluster": cluster}],
+        "users": [{"name": user[0], "user": user[1]}],
+        "contexts": [{"name": "real", "context": context}],
+        "current-context": "real",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
