@@ -24,6 +24,11 @@ def test_a_list_page_that_continues_is_counted_apart_from_a_list_start() -> None
     first = {"verb": "list", "objectRef": pods, "requestURI": "/api/v1/pods?limit=500"}
     later = {"verb": "list", "objectRef": pods, "requestURI": "/api/v1/pods?limit=500&continue=x"}
     watch = {"verb": "watch", "objectRef": pods, "requestURI": "/api/v1/pods?watch=true"}
+    stream = {
+        "verb": "watch",
+        "objectRef": pods,
+        "requestURI": "/api/v1/pods?resourceVersionMatch=NotOlderThan&sendInitialEvents=true",
+    }
     review = {
         "verb": "create",
         "objectRef": {"resource": "tokenreviews", "apiGroup": "authentication.k8s.io"},
@@ -35,10 +40,11 @@ def test_a_list_page_that_continues_is_counted_apart_from_a_list_start() -> None
         "requestURI": "/api/v1/namespaces/a/serviceaccounts/b/token",
     }
     jwks = {"verb": "get", "requestURI": "/openid/v1/jwks"}
-    assert [request_kind(e) for e in (first, later, watch, review, token, jwks)] == [
+    assert [request_kind(e) for e in (first, later, watch, stream, review, token, jwks)] == [
         "list pods",
         "list pods (continue)",
         "watch pods",
+        "watch pods (initial state)",
         "create tokenreviews",
         "create serviceaccounts/token",
         "get /openid/v1/jwks",
@@ -100,9 +106,11 @@ def test_a_tiny_fleet_run_measures_both_cas_and_counts_their_api_calls() -> None
         assert each.peak_mib >= each.rss_mib - 1
         assert each.restarts == 0
         assert each.events == 10
-    # One pod list per replica after issue 30, one per worker before: the bench counts either.
-    assert 1 <= cache_on.start_calls["list pods"] <= 2
-    assert cache_off.start_calls["list pods"] == 0
+    # One pod state request (a list, or since issue 30 a watch-list) per replica, one list per
+    # worker before: the bench counts either.
+    states = ("list pods", "watch pods (initial state)")
+    assert 1 <= sum(cache_on.start_calls[kind] for kind in states) <= 2
+    assert sum(cache_off.start_calls[kind] for kind in states) == 0
     assert cache_on.tokens is not None and cache_off.tokens is not None
     offline, review = cache_on.tokens, cache_off.tokens
     for rounds in (offline, review):

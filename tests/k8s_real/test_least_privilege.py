@@ -180,8 +180,8 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
     return done
 
 
-def ca_offline_validation(work: Work) -> Callable[[], bool]:
-    ca = work.ca("--no-root-configmaps", "--token-validation", "offline")
+def ca_offline_validation(work: Work, *flags: str) -> Callable[[], bool]:
+    ca = work.ca("--no-root-configmaps", "--token-validation", "offline", *flags)
     if not work.ready(ca):
         return lambda: False
     token, identity = work.workload_token()
@@ -191,6 +191,13 @@ def ca_offline_validation(work: Work) -> Callable[[], bool]:
         work.said.append(f"CreateCertificate: {error.code().name}: {error.details()}")
         return lambda: False
     return lambda: True
+
+
+def ca_offline_validation_paged(work: Work) -> Callable[[], bool]:
+    """Offline validation with the caches listed in pages, as against an API server without
+    watch-list: the only work that lists pods and ServiceAccounts (the default streams them,
+    which the API server authorizes as a watch)."""
+    return ca_offline_validation(work, "--no-kube-stream-lists")
 
 
 def node_agent(work: Work) -> Callable[[], bool]:
@@ -243,6 +250,11 @@ CA_WORK: dict[Rule, WorkFn] = {
         rule: ca_offline_validation
         for rule in CA_RBAC
         if rule.resource in ("pods", "serviceaccounts") or rule.resource.startswith("/")
+    },
+    **{
+        rule: ca_offline_validation_paged
+        for rule in CA_RBAC
+        if rule.resource in ("pods", "serviceaccounts") and rule.verb == "list"
     },
 }
 CASES = [
@@ -322,6 +334,7 @@ def test_with_every_rule_the_work_succeeds_and_every_rule_is_used(
     for name, account, work_fn in (
         ("default", "meshca", ca_default_mode),
         ("offline", "meshca", ca_offline_validation),
+        ("offline-paged", "meshca", ca_offline_validation_paged),
         ("node", "meshca-node-agent", node_agent),
     ):
         grant = make_account(control_plane, tmp_path / name, deploy_account=account)
