@@ -172,6 +172,19 @@ class WorkerRole:
 
 
 @dataclass(frozen=True)
+class JwtSvidConfig:
+    """JWT-SVIDs (`ca_server.jwt_svid`): the key every CA process shares, the tokens' life, and
+    the OIDC discovery endpoint (off unless `oidc_listen` is given)."""
+
+    token_ttl: timedelta = timedelta(minutes=5)
+    key_algorithm: str = "ES256"
+    key_lifetime: timedelta = timedelta(days=1)
+    jwks_max_age: timedelta = timedelta(minutes=5)
+    oidc_listen: str | None = None
+    oidc_issuer: str | None = None  # the tokens' `iss`; default http://<oidc_listen>
+
+
+@dataclass(frozen=True)
 class CaConfig:
     data_dir: Path
     listen: str = "127.0.0.1:15012"
@@ -205,6 +218,7 @@ class CaConfig:
     cpu_scheduling: str = "batch"  # `ca_server.serving.cpu_scheduling`
     rpc_server: str = "auto"  # RPC_SERVER_CHOICES, `ca_server.serving.cq_server`
     worker: WorkerRole | None = None
+    jwt: JwtSvidConfig = field(default_factory=JwtSvidConfig)
 
     def listen_addresses(self) -> list[tuple[str, str]]:
         """(flag, address) of every port this CA listens on."""
@@ -213,6 +227,7 @@ class CaConfig:
             "--mtls-listen": self.mtls_listen,
             "--monitoring-listen": self.monitoring_listen,
             "--debug-listen": self.debug_listen,
+            "--oidc-listen": self.jwt.oidc_listen,
         }
         return [(flag, address) for flag, address in addresses.items() if address is not None]
 
@@ -265,6 +280,7 @@ class CaConfig:
             cpu_scheduling=args.cpu_scheduling,
             rpc_server=args.rpc_server,
             worker=worker,
+            jwt=_jwt_svid(args),
         )
         if args.serving_host:
             config = replace(config, serving_hosts=tuple(args.serving_host))
@@ -300,6 +316,29 @@ class CaConfig:
                 f"{format_duration(config.root_prepare_cap)})"
             )
         return config
+
+
+def _jwt_svid(args: argparse.Namespace) -> JwtSvidConfig:
+    """The JWT-SVID flags, checked: the key must outlive six tokens (a rotation's lead)."""
+    jwt = JwtSvidConfig(
+        token_ttl=args.jwt_svid_ttl,
+        key_algorithm=args.jwt_key_algorithm,
+        key_lifetime=args.jwt_key_ttl,
+        jwks_max_age=args.jwks_max_age,
+        oidc_listen=args.oidc_listen,
+        oidc_issuer=args.oidc_issuer,
+    )
+    if jwt.token_ttl < timedelta(seconds=30):
+        raise ConfigError("--jwt-svid-ttl must be at least 30s, e.g. 5m")
+    if jwt.key_lifetime <= 6 * jwt.token_ttl:
+        raise ConfigError(
+            f"--jwt-key-ttl {format_duration(jwt.key_lifetime)} must be more than six times "
+            f"--jwt-svid-ttl {format_duration(jwt.token_ttl)}: a token signed just before a "
+            "rotation must fit in its key's remaining life"
+        )
+    if jwt.oidc_issuer is not None and jwt.oidc_listen is None:
+        raise ConfigError("--oidc-issuer names the discovery endpoint: give --oidc-listen too")
+    return jwt
 
 
 def _check_addresses(config: CaConfig) -> None:

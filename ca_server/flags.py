@@ -126,6 +126,7 @@ def add_ca_arguments(ca: argparse.ArgumentParser) -> None:
     ca.add_argument("--workload-cert-ttl", type=duration_argument, default="24h")
     ca.add_argument("--max-workload-cert-ttl", type=duration_argument, default="90d")
     ca.add_argument("--min-workload-cert-ttl", type=duration_argument, default="10m")
+    _add_jwt_svid_arguments(ca)
     ca.add_argument(
         "--root-key",
         type=_key_spec,
@@ -359,4 +360,46 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         default=True,
         help="stream the pod and service-account caches' state from the API server's watch "
         "cache (watch-list; an API server without it is listed in pages anyway)",
+    )
+
+
+def _add_jwt_svid_arguments(ca: argparse.ArgumentParser) -> None:
+    """JWT-SVIDs (docs/jwt-svid.md): their life, their signing key, the discovery endpoint."""
+    ca.add_argument(
+        "--jwt-svid-ttl",
+        type=duration_argument,
+        default="5m",
+        help="lifetime of each JWT-SVID (capped by its key's expiry)",
+    )
+    ca.add_argument(
+        "--jwt-key-algorithm",
+        choices=("ES256", "ES384", "RS256"),
+        default="ES256",
+        help="algorithm of a new JWT-SVID signing key (every SPIFFE client verifies these)",
+    )
+    ca.add_argument(
+        "--jwt-key-ttl",
+        type=duration_argument,
+        default="24h",
+        help="lifetime of each JWT-SVID signing key (prepared at 1/2, activated at 5/6)",
+    )
+    ca.add_argument(
+        "--jwks-max-age",
+        type=duration_argument,
+        default="5m",
+        help="how long relying parties may cache the JWKS (Cache-Control max-age); a new key "
+        "is published at least this long before it signs",
+    )
+    ca.add_argument(
+        "--oidc-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="HTTP address for OIDC discovery (/.well-known/openid-configuration, /keys); off "
+        "unless given",
+    )
+    ca.add_argument(
+        "--oidc-issuer",
+        default=None,
+        help="the JWT-SVIDs' `iss` and the discovery document's issuer (default "
+        "http://<--oidc-listen>)",
     )

@@ -43,6 +43,12 @@ from ca_server.dev_issuer import ensure_dev_issuer
 from ca_server.fleet import AgentReports
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator
+from ca_server.jwt_svid import (
+    JwtSvidService,
+    add_jwt_svid_service,
+    discovery_server,
+    jwt_authority_for,
+)
 from ca_server.kube.caches import KubeCacheCollector, readiness_lines
 from ca_server.kube.mode import KubernetesMode
 from ca_server.kube.watched_cache import CacheProgress
@@ -126,6 +132,11 @@ async def _serve(
     driver = authority_driver_for(config, metrics, clock, agent_reports, kube)
     await driver.start()
     signer = driver.signer
+    jwt_authority = jwt_authority_for(config, clock)
+    await jwt_authority.start()
+    oidc = (
+        discovery_server(config.jwt.oidc_listen, jwt_authority) if config.jwt.oidc_listen else None
+    )
     if kube is not None:
         await kube.start(signer.authority, driver.tainted_since)
 
@@ -152,6 +163,16 @@ async def _serve(
             metrics=metrics,
             clock=clock,
             admission=admission,
+        ),
+        server,
+    )
+    add_jwt_svid_service(
+        JwtSvidService(
+            authority=jwt_authority,
+            authenticators=service.authenticators,
+            impersonation=impersonation_policy_for(kube),
+            admission=admission,
+            trust_domain=config.trust_domain,
         ),
         server,
     )
@@ -204,6 +225,10 @@ async def _serve(
         driver.on_change = kube.authority_changed
     validity = asyncio.create_task(readiness.watch(config.plugged_ca_poll_interval))
     watcher = asyncio.create_task(driver.run())
+    jwt_keys = asyncio.create_task(jwt_authority.run())
+    if oidc is not None:
+        oidc.start()
+        log.info("OIDC discovery on %s (issuer %s)", oidc.url, jwt_authority.issuer)
     try:
         await stop.wait()
     finally:
@@ -211,6 +236,9 @@ async def _serve(
         await cancel_and_wait(validity)  # before the role stops saying ready: it may rewrite it
         await role.leaving()
         await cancel_and_wait(watcher)
+        await cancel_and_wait(jwt_keys)
+        if oidc is not None:
+            oidc.stop()
         await health.leaving()
         await server.stop(config.shutdown_grace.total_seconds())
         role.stop()

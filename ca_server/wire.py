@@ -4,6 +4,7 @@ names) are defined once in `meshca.wire`, the runtime both daemons import (the a
 import `ca_server`), and named here again for the CA; the ones only the CA sees are defined here.
 
 - `CERTIFICATE_SERVICE`: Istio's `istio.v1.auth.IstioCertificateService` (`ca_server.service`).
+- `JWT_SVID_SERVICE`: meshca's own `meshca.v1.JwtSvidService` (`ca_server.jwt_svid.service`).
 - `REPORT_SERVICE`: meshca's own `meshca.v1.AgentReportService` (`ca_server.report_service`).
 
 Istio's agents also send `CertSigner` request metadata (empty unless `ISTIO_META_CERT_SIGNER` is
@@ -28,6 +29,7 @@ __all__ = [
     "CA_TLS_NAME",
     "CERTIFICATE_SERVICE",
     "IMPERSONATED_IDENTITY",
+    "JWT_SVID_SERVICE",
     "LEAF_AUTHORITY_HEADER",
     "RENEWAL_HEADER",
     "REPORT_SERVICE",
@@ -39,3 +41,4 @@ __all__ = [
 # can use this module without loading protobuf.
 CERTIFICATE_SERVICE = "istio.v1.auth.IstioCertificateService"
 REPORT_SERVICE = "meshca.v1.AgentReportService"
+JWT_SVID_SERVICE = "meshca.v1.JwtSvidService"

@@ -86,8 +86,10 @@ class StatusServer:
         *,
         name: str = "status",
         flag: str = "--monitoring-listen",
+        headers: dict[str, str] | None = None,
     ) -> None:
         self._routes = dict(routes)
+        self._headers = [f"{name}: {value}" for name, value in (headers or {}).items()]
         self._name = name
         self._known = ", ".join(sorted(routes))
         self._sock = listening_socket(listen, flag)
@@ -216,6 +218,7 @@ class StatusServer:
             f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime())}",
             f"Content-Type: {content_type}",
             f"Content-Length: {len(body)}",
+            *(self._headers if status == 200 else []),
             *(["Connection: close"] if close else []),
         ]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))

@@ -9,7 +9,8 @@ out="${1:-$here}"
 python="${PYTHON:-python3}"
 "$python" -m grpc_tools.protoc -I "$here" \
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
-  "$here/meshca_proto/ca.proto" "$here/meshca_proto/report.proto"
+  "$here/meshca_proto/ca.proto" "$here/meshca_proto/report.proto" \
+  "$here/meshca_proto/jwt_svid.proto"
 # The SPIFFE Workload API: messages only. Its service is registered by hand under the
 # specification's unpackaged name (see the header of workload.proto and agent/workload/api.py).
 "$python" -m grpc_tools.protoc -I "$here" \

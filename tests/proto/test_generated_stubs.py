@@ -21,6 +21,9 @@ STUBS = [
     "report_pb2.py",
     "report_pb2_grpc.py",
     "report_pb2.pyi",
+    "jwt_svid_pb2.py",
+    "jwt_svid_pb2_grpc.py",
+    "jwt_svid_pb2.pyi",
     "workload_pb2.py",
     "workload_pb2.pyi",
 ]
