@@ -45,6 +45,8 @@ Module map:
   attestation (`workload.attestor`: peer credentials → cgroup → pod → identity;
   `workload.relay`: the public socket, taking `SO_PEERCRED`; `workload.peer_process`: the
   connecting process held by a pidfd or its start time, so what is read of its pid is its own).
+- `jwt_svids`: JWT-SVIDs for the Workload API's JWT profile: tokens from the CA cached per
+  identity and audience set, the JWT bundle kept current, validation against it;
 - `unix_socket`: the one rule for the paths of those sockets (SDS, Workload API, relay): a
   live socket is never taken over, a dead one is, and only the socket bound is removed.
 - `errors`: every error the agent raises on purpose, drawn once; `config`: flags and

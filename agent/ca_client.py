@@ -41,6 +41,7 @@ import random
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
@@ -77,7 +78,14 @@ from meshca.wire import (
     RENEWAL_HEADER,
     RETRY_PUSHBACK_TRAILER,
 )
-from meshca_proto import ca_pb2, ca_pb2_grpc, report_pb2, report_pb2_grpc
+from meshca_proto import (
+    ca_pb2,
+    ca_pb2_grpc,
+    jwt_svid_pb2,
+    jwt_svid_pb2_grpc,
+    report_pb2,
+    report_pb2_grpc,
+)
 
 __all__ = [
     "RETRYABLE_CODES",
@@ -275,6 +283,31 @@ class CaClient:
             raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
         self._metrics.record_reachability(answered=True)
         return {t.id: t.seconds_since_taint for t in response.tainted}
+
+    async def mint_jwt_svid(
+        self, audiences: Sequence[str], impersonate: SpiffeId | None
+    ) -> jwt_svid_pb2.MintJwtSvidResponse:
+        """One JWT-SVID (`meshca.v1.JwtSvidService/MintJwtSvid`) with the same credentials as
+        a CSR; `impersonate` (node mode) names the pod's identity. One attempt: the workload's
+        call is the retry. Raises `TokenError`, `CaRequestError` or `CaConnectionError`."""
+        message = jwt_svid_pb2.MintJwtSvidRequest(
+            audience=list(audiences), impersonated_identity=impersonate.uri if impersonate else ""
+        )
+        stub = jwt_svid_pb2_grpc.JwtSvidServiceStub(self._get_channel())
+        return await self._unary(stub.MintJwtSvid, message)
+
+    async def fetch_jwt_bundle(self) -> jwt_svid_pb2.JwtBundleResponse:
+        """The trust domain's JWT bundle and tainted key IDs (`FetchJwtBundle`)."""
+        stub = jwt_svid_pb2_grpc.JwtSvidServiceStub(self._get_channel())
+        return await self._unary(stub.FetchJwtBundle, jwt_svid_pb2.JwtBundleRequest())
+
+    async def _unary(self, method: Any, message: Any) -> Any:
+        metadata = self._metadata()
+        try:
+            return await method(message, metadata=metadata, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            retry_after = retry_pushback(exc.trailing_metadata())
+            raise CaRequestError(exc.code(), exc.details() or "", retry_after=retry_after) from None
 
     def _record(self, started: float, outcome: str, *, answered: bool) -> None:
         elapsed = self._clock.monotonic() - started

@@ -32,6 +32,7 @@ from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
 from agent.identity_source import IdentitySource
 from agent.identity_sources import identity_source_for
+from agent.jwt_svids import JwtCa
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport, new_agent_id
 from agent.reporter import PeriodicReporter
@@ -75,6 +76,12 @@ class CertificateSource(Protocol):
         places callers with it), else None."""
         ...
 
+    @property
+    def jwt_ca(self) -> JwtCa | None:
+        """Who signs JWT-SVIDs for the Workload API: the CA client, or None when the
+        certificates are file-mounted (no CA: the JWT profile is not served)."""
+        ...
+
 
 class CaCertificateSource:
     """Certificates from the CA: an identity source feeding the scheduler."""
@@ -97,6 +104,10 @@ class CaCertificateSource:
         self.root_file = root_file
         self.reporter = reporter
         self.taint_file = taint_file
+
+    @property
+    def jwt_ca(self) -> JwtCa:
+        return self.ca_client
 
     @property
     def pods(self) -> PodDirectory | None:

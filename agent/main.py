@@ -44,6 +44,7 @@ from agent.config import AgentConfig, ConfigError, add_agent_arguments
 from agent.errors import AgentFailed, SocketPathRefused
 from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.file_output import FileOutput
+from agent.jwt_svids import JwtSvidSource
 from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache
@@ -99,7 +100,9 @@ class Agent:
         self.certificates: CertificateSource = certificate_source_for(
             config, self.cache, clock, self.metrics, self.file_output
         )
-        self.workload_api = _workload_api_for(config, self.cache, self.certificates, self.metrics)
+        self.workload_api = _workload_api_for(
+            config, self.cache, self.certificates, self.metrics, clock
+        )
         # Readiness also says whether the loop is turning (a blocked loop serves nothing).
         self.heartbeat = LoopHeartbeat()
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -231,11 +234,15 @@ def _workload_api_for(
     cache: SecretCache,
     certificates: CertificateSource,
     metrics: AgentMetrics,
+    clock: Clock,
 ) -> WorkloadApiServer | None:
     """The Workload API server `config` asks for, if any: a pod agent serves its one identity on
     the socket itself; a node agent puts `agent.workload.relay` on the socket to attest callers."""
     if config.workload_api_socket is None:
         return None
+    # JWT-SVIDs need a CA to sign them: not served for file-mounted certificates.
+    jwt_ca = certificates.jwt_ca
+    jwt = JwtSvidSource(jwt_ca, clock) if jwt_ca is not None else None
     if not config.node_mode:
         return WorkloadApiServer(
             cache,
@@ -243,6 +250,8 @@ def _workload_api_for(
             trust_domain=config.trust_domain,
             metrics=metrics,
             socket_mode=config.workload_api_socket_mode,
+            jwt=jwt,
+            own_identity=config.identity,
         )
     from agent.workload.attestor import NodeAttestor, NodeCaller
     from agent.workload.relay import PeerRelay
@@ -266,6 +275,7 @@ def _workload_api_for(
         socket_mode=config.workload_api_socket_mode,
         max_streams_per_caller=MAX_WORKLOAD_API_STREAMS_PER_CALLER,
         relay=relay,
+        jwt=jwt,
     )
 
 

@@ -12,11 +12,12 @@ mode, who is asking.
                                    (`PeerCredentials`, `PeerProcess`, the relay's `Accepted`)
           attestor.NodeAttestor    process → cgroup → pod UID → the pod's identity
 
-Modules: `api` (the server, its refusals and metrics; it imports none of the others: a caller
-is a `CallerResolver`), `attestor` (node mode: peer credentials → cgroup → pod → identity),
-`relay` (node mode: the public socket, taking `SO_PEERCRED`), `peer_process` (node mode: what
-is read of a pid is the connecting process's own). The relay and the attestor meet only in
-`peer_process`'s types, below both; `agent.main` composes them.
+Modules: `api` (the server, its refusals and metrics; it imports none of the others but
+`jwt_profile`: a caller is a `CallerResolver`), `jwt_profile` (FetchJWTSVID, FetchJWTBundles,
+ValidateJWTSVID over `agent.jwt_svids`), `attestor` (node mode: peer credentials → cgroup →
+pod → identity), `relay` (node mode: the public socket, taking `SO_PEERCRED`), `peer_process`
+(node mode: what is read of a pid is the connecting process's own). The relay and the
+attestor meet only in `peer_process`'s types, below both; `agent.main` composes them.
 
 This facade exports what both modes use; node mode's parts are imported from their modules
 where node mode is composed (`agent.main`), so a pod agent never loads them. Concurrency: all

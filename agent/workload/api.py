@@ -14,7 +14,9 @@ What is served (messages: `meshca_proto/workload.proto`, the SPIFFE specificatio
   bundle (the served `ROOTCA`) as concatenated DER.
 - `FetchX509Bundles` (server stream): the bundle keyed by trust domain ID
   (`spiffe://<td>`), at once and on every change; a bundle change needs no new leaf.
-- `FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`: UNIMPLEMENTED, saying so.
+- `FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`: the JWT profile
+  (`agent.workload.jwt_profile`), when the agent has a CA to sign tokens (`jwt`); an agent
+  serving file-mounted certificates answers UNIMPLEMENTED, saying so.
 
 Every call must carry the metadata `workload.spiffe.io: true` (the specification's guard against
 a browser or SSRF relaying a request to the socket); without it: INVALID_ARGUMENT "security
@@ -51,6 +53,7 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 
 from agent.errors import CallerNotAttested
+from agent.jwt_svids import JwtSvidSource
 from agent.metrics import LabeledCounter
 from agent.secrets import (
     DEFAULT_RESOURCE,
@@ -61,7 +64,13 @@ from agent.secrets import (
     TlsSecret,
 )
 from agent.unix_socket import DEFAULT_MAX_CONNECTIONS, UnixSocketPath, grpc_connection_cap
-from certs import certs_to_der, describe_certificate, load_certs, load_private_key
+from agent.workload.jwt_profile import (
+    JwtRefusal,
+    bundles_response,
+    fetch_jwt_svid,
+    validate_jwt_svid,
+)
+from certs import SpiffeId, certs_to_der, describe_certificate, load_certs, load_private_key
 from meshca.grpc_services import Undecodable, add_service, lenient_decoder
 from meshca_proto import workload_pb2
 
@@ -74,23 +83,26 @@ ENCODING_MEMO = 4096  # names (identities + ROOTCA), beyond a large node's
 
 FETCH_X509_SVID = "FetchX509SVID"
 FETCH_X509_BUNDLES = "FetchX509Bundles"
-STREAM_RPCS = (FETCH_X509_SVID, FETCH_X509_BUNDLES)
+FETCH_JWT_BUNDLES = "FetchJWTBundles"
+STREAM_RPCS = (FETCH_X509_SVID, FETCH_X509_BUNDLES, FETCH_JWT_BUNDLES)
 
 REFUSED_NO_HEADER = "missing_security_header"
 REFUSED_NOT_ATTESTED = "caller_not_attested"
 REFUSED_UNDECODABLE = "undecodable_request"
 REFUSED_TOO_MANY_STREAMS = "too_many_streams"
 REFUSED_JWT = "jwt_not_served"
+REFUSED_JWT_REQUEST = "jwt_request_refused"
 REFUSAL_REASONS = (
     REFUSED_NO_HEADER,
     REFUSED_NOT_ATTESTED,
     REFUSED_UNDECODABLE,
     REFUSED_TOO_MANY_STREAMS,
     REFUSED_JWT,
+    REFUSED_JWT_REQUEST,
 )
 JWT_NOT_SERVED = (
-    "this meshca agent serves X.509-SVIDs only: JWT-SVIDs are not issued, so there is no "
-    "JWT-SVID, JWT bundle or JWT validation here (docs/workload-api.md)"
+    "this meshca agent serves file-mounted X.509-SVIDs: it has no CA to sign JWT-SVIDs, so "
+    "there is no JWT-SVID, JWT bundle or JWT validation here (docs/workload-api.md)"
 )
 
 
@@ -340,18 +352,43 @@ class _Servicer:
         except _Refused as refusal:
             await self._refuse(context, refusal)
 
-    async def _jwt(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def _jwt_source(self, request: Any, context: grpc.aio.ServicerContext) -> JwtSvidSource:
+        self._check(request, context)
+        if self._server.jwt is None:
+            raise _Refused(REFUSED_JWT, grpc.StatusCode.UNIMPLEMENTED, JWT_NOT_SERVED)
+        return self._server.jwt
+
+    async def FetchJWTSVID(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            self._check(request, context)
+            source = self._jwt_source(request, context)
+            name = self._resource(context)
+            own = self._server.own_identity
+            return await fetch_jwt_svid(source, request, name, own)
         except _Refused as refusal:
             await self._refuse(context, refusal)
-        await self._refuse(
-            context, _Refused(REFUSED_JWT, grpc.StatusCode.UNIMPLEMENTED, JWT_NOT_SERVED)
-        )
+        except JwtRefusal as exc:
+            await self._refuse(context, _Refused(REFUSED_JWT_REQUEST, exc.code, exc.message))
 
-    FetchJWTSVID = _jwt
-    FetchJWTBundles = _jwt
-    ValidateJWTSVID = _jwt
+    async def ValidateJWTSVID(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            source = self._jwt_source(request, context)
+            self._resource(context)  # only callers it can place, as for the bundles
+            return validate_jwt_svid(source, request)
+        except _Refused as refusal:
+            await self._refuse(context, refusal)
+        except JwtRefusal as exc:
+            await self._refuse(context, _Refused(REFUSED_JWT_REQUEST, exc.code, exc.message))
+
+    async def FetchJWTBundles(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        try:
+            source = self._jwt_source(request, context)
+            name = self._resource(context)
+            with self._server.stream(FETCH_JWT_BUNDLES, name):
+                async for bundle in source.bundles():
+                    await context.write(bundles_response(bundle))
+                    self._server.count_response(FETCH_JWT_BUNDLES)
+        except _Refused as refusal:
+            await self._refuse(context, refusal)
 
 
 def _handlers(servicer: _Servicer) -> dict[str, grpc.RpcMethodHandler]:
@@ -421,8 +458,13 @@ class WorkloadApiServer:
         max_streams_per_caller: int | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         relay: Listener | None = None,
+        jwt: JwtSvidSource | None = None,
+        own_identity: SpiffeId | None = None,
     ) -> None:
         self.cache = cache
+        self.jwt = jwt  # JWT-SVIDs from the CA; None: the JWT profile is not served
+        self.own_identity = own_identity  # pod mode: the agent's identity (JWT `spiffe_id`)
+        self._jwt_task: asyncio.Task[None] | None = None
         self.socket_path = Path(socket_path)
         self._socket = UnixSocketPath(self.socket_path, "Workload API socket")
         self.trust_domain_id = f"spiffe://{trust_domain}"
@@ -521,6 +563,8 @@ class WorkloadApiServer:
             raise OSError(f"could not listen on {address}")
         await server.start()
         self._server = server
+        if self.jwt is not None:
+            self._jwt_task = asyncio.create_task(self.jwt.run())
         if self.relay is None:
             self._socket.claim(self.socket_mode)
         else:
@@ -538,6 +582,11 @@ class WorkloadApiServer:
         server, self._server = self._server, None
         if server is None:
             return
+        task, self._jwt_task = self._jwt_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         try:
             if self.relay is not None:
                 await self.relay.stop()
