@@ -265,8 +265,8 @@ def test_the_ca_package_root_exports_what_it_declares():
 # -- the CA's facades ------------------------------------------------------------------------
 #
 #     meshca/commands/   may import from ca_server only: the package root `ca_server`,
-#                        `ca_server.authority` and `ca_server.fleet` (the facades) and
-#                        `ca_server.config`
+#                        `ca_server.authority`, `ca_server.fleet` and `ca_server.jwt_svid`
+#                        (the facades) and `ca_server.config`
 #     ca_server/authority/<module>   private to the package: the rest of the product reaches it
 #                        through `ca_server.authority` only, except `ca_server.kube`, which
 #                        implements the package's store and publication protocols in the cluster
@@ -277,7 +277,13 @@ def test_the_ca_package_root_exports_what_it_declares():
 #
 # Tests and benches may import anything (they test the parts).
 
-COMMAND_FACADES = ("ca_server", "ca_server.authority", "ca_server.fleet", "ca_server.config")
+COMMAND_FACADES = (
+    "ca_server",
+    "ca_server.authority",
+    "ca_server.fleet",
+    "ca_server.config",
+    "ca_server.jwt_svid",
+)
 AUTHORITY = "ca_server.authority"
 FLEET = "ca_server.fleet"
 KUBE_MAY_IMPLEMENT = tuple(f"{AUTHORITY}.{name}" for name in ("slots", "state_store"))

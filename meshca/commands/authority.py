@@ -1,5 +1,6 @@
-"""`meshca authority show|prepare|activate|taint|revoke [ID] [-o json]` — the operator's hands on
-the CA's authority slots, through the same shared state the CA processes watch.
+"""`meshca authority show|prepare|activate|taint|revoke [ID] [-o json] [--jwt]` — the operator's
+hands on the CA's authority slots (with `--jwt`: its JWT-SVID signing keys,
+`meshca.commands.authority_jwt`), through the same shared state the CA processes watch.
 
 Every change is one store transaction (the data directory's lock, or the Secret's
 resourceVersion), audited on stderr, and reaches every running CA process within its poll
@@ -79,12 +80,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--force",
         action="store_true",
         help="revoke: even while reporting agents still serve leaves the authority signed, or "
-        "when their reports cannot be read (those leaves stop verifying)",
+        "when their reports cannot be read (those leaves stop verifying); activate --jwt: "
+        "before the key was published for --jwks-max-age",
+    )
+    parser.add_argument(
+        "--jwt",
+        action="store_true",
+        help="the JWT-SVID signing keys instead of the X.509 authorities (ID: a key's kid)",
+    )
+    parser.add_argument(
+        "--jwks-max-age",
+        default="5m",
+        help="activate --jwt: the CA's --jwks-max-age (how long relying parties cache the JWKS)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging("WARNING", audit_stream=sys.stderr)
+    if args.jwt:
+        from meshca.commands.authority_jwt import run_jwt
+
+        return run_jwt(args)
     name = f"meshca authority {args.verb}"
     try:
         spec = KeySpec.parse(args.root_key)

@@ -15,6 +15,7 @@ import hmac
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -32,6 +33,7 @@ from ca_server.authority import Phase
 from ca_server.jwt_svid import JwtKeyFactory, LocalJwtKeyStore
 from meshca.clock import SystemClock
 from tests.support.agent_process import AgentProcess
+from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.processes import free_port, wait_for
 
@@ -265,3 +267,58 @@ def test_without_the_security_header_nothing_is_served(mesh: tuple[Mesh, AgentPr
     with channel, pytest.raises(grpc.RpcError) as refused:
         stub.FetchJWTSVID(workload_pb2.JWTSVIDRequest(audience=["x"]), timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def validate(m: Mesh, token: str, audience: str) -> grpc.StatusCode:
+    channel, stub = raw_stub(m)
+    request = workload_pb2.ValidateJWTSVIDRequest(audience=audience, svid=token)
+    with channel:
+        try:
+            stub.ValidateJWTSVID(request, metadata=HEADER, timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+def jwt_cli(m: Mesh, *args: str) -> subprocess.CompletedProcess[str]:
+    return meshca_authority(data_dir_target(m.ca.data_dir), *args, "--jwt", "--jwks-max-age", "30s")
+
+
+def test_an_operator_rotation_activate_taint_revoke(mesh: tuple[Mesh, AgentProcess]):
+    """Through `meshca authority … --jwt`: an early activation is refused (relying parties may
+    not have the key yet), a forced one switches signing; a token of the old key still validates
+    until its key is revoked; a taint makes the agent drop its cached token at once."""
+    m, _agent = mesh
+    if m.store().read().prepared is None:
+        assert jwt_cli(m, "prepare").returncode == 0
+    with m.client() as client:
+        old = client.fetch_jwt_svid({"rotation"}).token
+    old_kid = jwt.get_unverified_header(old)["kid"]
+    early = jwt_cli(m, "activate")
+    assert early.returncode == 3 and "--jwks-max-age" in early.stderr, early.stderr
+    assert jwt_cli(m, "activate", "--force").returncode == 0
+    new_kid = m.store().read().active.kid
+    assert new_kid != old_kid
+    with m.client() as client:
+        assert client.fetch_jwt_svid({"rotation"}).token == old  # not tainted: still cached
+    assert validate(m, old, "rotation") == grpc.StatusCode.OK
+
+    tainted = jwt_cli(m, "taint", old_kid)
+    assert tainted.returncode == 0, tainted.stderr
+
+    def fetched_kid() -> str:
+        with m.client() as client:
+            return str(jwt.get_unverified_header(client.fetch_jwt_svid({"rotation"}).token)["kid"])
+
+    wait_for(lambda: fetched_kid() == new_kid, 20, "the agent dropping the tainted key's token")
+    assert validate(m, old, "rotation") == grpc.StatusCode.OK  # tainted, still published
+    assert jwt_cli(m, "revoke", old_kid).returncode == 0
+    wait_for(
+        lambda: validate(m, old, "rotation") == grpc.StatusCode.INVALID_ARGUMENT,
+        20,
+        "the revoked key leaving the agent's bundle",
+    )
+    with pytest.raises(jwt.PyJWTError):
+        relying_party_claims(m, old, "rotation")
+    shown = json.loads(jwt_cli(m, "show", "-o", "json").stdout)["jwt_keys"]
+    assert [(k["kid"], k["phase"]) for k in shown] == [(new_kid, "active")]

@@ -1,0 +1,120 @@
+"""`meshca authority show|prepare|activate|taint|revoke [KID] --jwt --data-dir D` — the same verbs
+on the JWT-SVID signing keys (`ca_server.jwt_svid`), in the same data directory the CA processes
+share (`jwt-authority.json`, under the data directory's lock).
+
+The rules are the X.509 authority's (only a prepared key activates, only an old one is tainted,
+only a tainted one is revoked) plus the one relying parties need: `activate` refuses a key
+published for less than `--jwks-max-age` (the CA's; they may still hold a JWKS without it) unless
+`--force`. A taint reaches the agents within their bundle poll: they drop the tokens it signed.
+Kubernetes mode (`--kubeconfig`) keeps the JWT keys in the data directory too for now, so this
+command needs `--data-dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+
+from ca_server.authority import AuthorityCommandError, CaSetupError, Phase
+from ca_server.jwt_svid import JWT_STATE_FILE, JwtKeyFactory, JwtKeyState, LocalJwtKeyStore
+from meshca.clock import SystemClock
+from meshca.durations import parse_duration
+from meshca.logs import audit
+
+
+def run_jwt(args: argparse.Namespace) -> int:
+    name = f"meshca authority {args.verb} --jwt"
+    if args.data_dir is None:
+        print(f"{name}: the JWT-SVID keys live in the CA's --data-dir; give it", file=sys.stderr)
+        return 2
+    if not (args.data_dir / JWT_STATE_FILE).exists():
+        print(
+            f"{name}: no JWT-SVID keys in {args.data_dir} yet (a CA creates them at its first "
+            "start)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        max_age = parse_duration(args.jwks_max_age)
+    except ValueError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    # The factory only makes a first key, which the file's existence rules out here.
+    unused = JwtKeyFactory("ES256", timedelta(days=1))
+    store = LocalJwtKeyStore(args.data_dir, unused, SystemClock())
+    try:
+        state = store.read() if args.verb == "show" else _change(args, store, max_age, name)
+    except AuthorityCommandError as exc:
+        print(f"{name}: refused: {exc}", file=sys.stderr)
+        return 3
+    except CaSetupError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    print(_render(state, args.output))
+    return 0
+
+
+def _change(
+    args: argparse.Namespace, store: LocalJwtKeyStore, max_age: timedelta, name: str
+) -> JwtKeyState:
+    now = datetime.now(UTC)
+    before: list[JwtKeyState] = []
+
+    def change(state: JwtKeyState) -> JwtKeyState:
+        before[:] = [state]
+        if args.verb == "prepare":
+            active = state.active
+            maker = JwtKeyFactory(active.algorithm, active.lifetime)
+            return state.prepare(lambda: maker.new(now, Phase.PREPARED), now, "operator")
+        if args.verb == "activate":
+            target = state.find(args.id) if args.id else state.prepared
+            if target is not None and target.phase is Phase.PREPARED and not args.force:
+                published = now - target.created_at
+                if published < max_age:
+                    raise AuthorityCommandError(
+                        f"JWT key {target.kid} has been published for {published}, less than "
+                        f"--jwks-max-age {max_age}: relying parties may still hold a JWKS "
+                        "without it; wait, or pass --force"
+                    )
+            return state.activate(args.id, now, "operator")
+        if args.id is None:
+            raise AuthorityCommandError(f"`{name}` needs the key's kid (see `show --jwt`)")
+        if args.verb == "taint":
+            return state.taint(args.id, now)
+        return state.revoke(args.id, now)
+
+    state = store.transact(change)
+    seen = set(before[0].history) if before else set()
+    for event in state.history:
+        if event not in seen:
+            audit("jwt-key", outcome=event.event, kid=event.kid, by="meshca authority")
+    return state
+
+
+def _rows(state: JwtKeyState) -> list[dict[str, object]]:
+    return [
+        {
+            "kid": key.kid,
+            "algorithm": key.algorithm,
+            "phase": key.phase.value,
+            "tainted": key.tainted,
+            "created_at": key.created_at.isoformat(),
+            "expires_at": key.not_after.isoformat(),
+        }
+        for key in state.ranked()
+    ]
+
+
+def _render(state: JwtKeyState, output: str) -> str:
+    rows = _rows(state)
+    if output == "json":
+        return json.dumps({"jwt_keys": rows}, indent=1)
+    lines = [f"{'KID':<44} {'ALG':<6} {'PHASE':<9} {'TAINTED':<8} EXPIRES"]
+    lines += [
+        f"{r['kid']!s:<44} {r['algorithm']!s:<6} {r['phase']!s:<9} "
+        f"{'yes' if r['tainted'] else 'no':<8} {r['expires_at']}"
+        for r in rows
+    ]
+    return "\n".join(lines)
