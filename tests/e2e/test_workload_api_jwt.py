@@ -1,5 +1,6 @@
 """The Workload API's JWT profile on a real `meshca agent` (sidecar mode) against a real
-`meshca ca`, driven by the real PyPI `spiffe` client (py-spiffe's `WorkloadApiClient`), and a
+`meshca ca`, driven by the real PyPI `spiffe` client (py-spiffe's `WorkloadApiClient`) and by
+go-spiffe v2 (a tiny program built from the Go module proxy, tests/realbin/gospiffe), and a
 relying party outside the mesh (pyjwt) that knows only the CA's OIDC discovery URL.
 
 Hostile cases go through the same socket: another SPIFFE ID, no or a 1 MB audience, and tokens a
@@ -36,6 +37,7 @@ from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.processes import free_port, wait_for
+from tests.support.real_binaries import binary
 
 pytestmark = pytest.mark.process
 
@@ -322,3 +324,20 @@ def test_an_operator_rotation_activate_taint_revoke(mesh: tuple[Mesh, AgentProce
         relying_party_claims(m, old, "rotation")
     shown = json.loads(jwt_cli(m, "show", "-o", "json").stdout)["jwt_keys"]
     assert [(k["kid"], k["phase"]) for k in shown] == [(new_kid, "active")]
+
+
+def test_go_spiffe_fetches_and_validates_its_own_jwt_svid(mesh: tuple[Mesh, AgentProcess]):
+    """go-spiffe v2 (tests/realbin/gospiffe): FetchJWTSVID, FetchJWTBundles, its own offline
+    jwtsvid.ParseAndValidate and the Workload API's ValidateJWTSVID; then a relying party."""
+    m, agent = mesh
+    result = subprocess.run(
+        [str(binary("go-spiffe-jwt")), str(m.socket), "go-audience"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["spiffe_id"] == seen["offline_id"] == seen["validated_id"] == agent.identity
+    assert seen["audience"] == ["go-audience"] and seen["bundles"] == 1
+    assert relying_party_claims(m, seen["token"], "go-audience")["sub"] == agent.identity

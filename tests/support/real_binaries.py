@@ -51,6 +51,7 @@ _BINARIES = (
     ("pilot-agent", "istio", "istio.io/istio"),
     ("pilot-discovery", "istio", "istio.io/istio"),
     ("helm", "helm", "helm.sh/helm/v4"),
+    ("go-spiffe-jwt", "gospiffe", "github.com/spiffe/go-spiffe/v2"),
 )
 
 
