@@ -132,7 +132,9 @@ async def _serve(
     driver = authority_driver_for(config, metrics, clock, agent_reports, kube)
     await driver.start()
     signer = driver.signer
-    jwt_authority = jwt_authority_for(config, clock)
+    jwt_authority = jwt_authority_for(
+        config, clock, kube.clients.local if kube is not None else None
+    )
     await jwt_authority.start()
     oidc = (
         discovery_server(config.jwt.oidc_listen, jwt_authority) if config.jwt.oidc_listen else None

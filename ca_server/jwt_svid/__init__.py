@@ -4,7 +4,8 @@ discovery for relying parties outside the mesh (docs/jwt-svid.md).
     JwtAuthority (driver)        the keys in slots, as the X.509 authority's: prepared /
     │                            active / old, tainted; one set for every worker and replica
     ├── keys                     the pure rules (phases, schedule, the JWKS-age activation rule)
-    ├── store                    `jwt-authority.json` in `--data-dir`, under its lock
+    ├── store                    `jwt-authority.json` in `--data-dir`, under its lock;
+    │                            `kube_store`: Secret `meshca-jwt-keys` (Kubernetes mode)
     ├── minting                  one token's claims: `sub` authenticated, `aud` bounded
     ├── service                  `meshca.v1.JwtSvidService` (MintJwtSvid, FetchJwtBundle)
     └── discovery                `/.well-known/openid-configuration` and `/keys`
@@ -17,12 +18,22 @@ Concurrency: see `driver` (one coroutine on the CA's loop; store I/O in worker t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 from ca_server.config import CaConfig
 from ca_server.jwt_svid.discovery import discovery_server
 from ca_server.jwt_svid.driver import JwtAuthority
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState
 from ca_server.jwt_svid.service import JwtSvidService, add_jwt_svid_service
-from ca_server.jwt_svid.store import JWT_STATE_FILE, JwtKeyFactory, LocalJwtKeyStore
+from ca_server.jwt_svid.store import (
+    JWT_STATE_FILE,
+    JwtKeyFactory,
+    JwtKeyStore,
+    LocalJwtKeyStore,
+)
 from meshca.clock import Clock
 
 __all__ = [
@@ -32,18 +43,32 @@ __all__ = [
     "JwtKeyFactory",
     "JwtKeyPolicy",
     "JwtKeyState",
+    "JwtKeyStore",
     "JwtSvidService",
     "LocalJwtKeyStore",
     "add_jwt_svid_service",
+    "cluster_jwt_key_store",
     "discovery_server",
     "jwt_authority_for",
 ]
 
 
-def jwt_authority_for(config: CaConfig, clock: Clock) -> JwtAuthority:
-    """The JWT authority `config` asks for, its keys in `--data-dir` (not started)."""
+def jwt_authority_for(
+    config: CaConfig, clock: Clock, cluster_api: Any | None = None
+) -> JwtAuthority:
+    """The JWT authority `config` asks for (not started): its keys in Secret
+    `meshca-jwt-keys` of the CA's namespace when `cluster_api` (a Kubernetes `ApiClient`) is
+    given, else in `--data-dir`."""
     jwt = config.jwt
     factory = JwtKeyFactory(jwt.key_algorithm, jwt.key_lifetime)
+    store: JwtKeyStore
+    if cluster_api is not None and config.kube is not None:
+        # Imported here: the Kubernetes client loads only in Kubernetes mode.
+        from ca_server.jwt_svid.kube_store import KubeJwtKeyStore
+
+        store = KubeJwtKeyStore(cluster_api, config.kube.namespace, factory, clock)
+    else:
+        store = LocalJwtKeyStore(config.data_dir, factory, clock)
     policy = JwtKeyPolicy(
         lifetime=jwt.key_lifetime,
         max_token_ttl=jwt.token_ttl,
@@ -51,10 +76,32 @@ def jwt_authority_for(config: CaConfig, clock: Clock) -> JwtAuthority:
         automatic=config.root_rotation,
     )
     return JwtAuthority(
-        LocalJwtKeyStore(config.data_dir, factory, clock),
+        store,
         factory,
         policy,
         clock,
         poll_interval=config.plugged_ca_poll_interval.total_seconds(),
         issuer=jwt.oidc_issuer,
     )
+
+
+@contextlib.contextmanager
+def cluster_jwt_key_store(
+    kubeconfig: Path | None, namespace: str, factory: JwtKeyFactory, clock: Clock, agent: str
+) -> Iterator[Any]:
+    """The keys in Secret `meshca-jwt-keys` of `namespace` in the cluster of `kubeconfig`, for
+    `meshca authority --jwt` (`agent` names it to the API server). Raises `CaSetupError` for
+    unusable cluster credentials."""
+    # Imported here: the Kubernetes client loads only for `--kubeconfig`.
+    from ca_server.errors import CaSetupError
+    from ca_server.jwt_svid.kube_store import KubeJwtKeyStore
+    from meshca.kube_client import KubeCredentialsError, build_api_client
+
+    try:
+        api = build_api_client(kubeconfig, pool_size=2, user_agent=agent)
+    except KubeCredentialsError as exc:
+        raise CaSetupError(str(exc)) from None
+    try:
+        yield KubeJwtKeyStore(api, namespace, factory, clock)
+    finally:
+        api.close()

@@ -21,7 +21,7 @@ from datetime import timedelta
 from ca_server.authority import Phase
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState, scheduled_step
 from ca_server.jwt_svid.minting import MintedToken, mint_jwt_svid
-from ca_server.jwt_svid.store import JwtKeyFactory, LocalJwtKeyStore
+from ca_server.jwt_svid.store import JwtKeyFactory, JwtKeyStore
 from certs import SpiffeId
 from certs.jwk import jwks_document
 from meshca.clock import Clock
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class JwtAuthority:
     def __init__(
         self,
-        store: LocalJwtKeyStore,
+        store: JwtKeyStore,
         factory: JwtKeyFactory,
         policy: JwtKeyPolicy,
         clock: Clock,

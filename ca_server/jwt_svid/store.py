@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ca_server.authority import Phase, data_dir_lock
 from ca_server.errors import CaSetupError
@@ -32,6 +32,27 @@ JWT_STATE_FILE = "jwt-authority.json"
 FORMAT_VERSION = 1
 
 JwtStateChange = Callable[[JwtKeyState], JwtKeyState | None]
+
+
+class JwtKeyStore(Protocol):
+    """Where the keys are shared: `--data-dir` (`LocalJwtKeyStore`) or, in Kubernetes mode, a
+    Secret (`kube_store.KubeJwtKeyStore`). Blocking: called from worker threads."""
+
+    @property
+    def description(self) -> str: ...
+
+    def read(self) -> JwtKeyState:
+        """The current keys (creating the first one if there is none yet)."""
+        ...
+
+    def transact(self, change: JwtStateChange) -> JwtKeyState:
+        """Applies `change` atomically with respect to every other writer (`None`: nothing to
+        do); returns the state after it."""
+        ...
+
+    def fingerprint(self) -> str:
+        """Changes whenever the stored keys change."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,28 @@ The rules are the X.509 authority's (only a prepared key activates, only an old 
 only a tainted one is revoked) plus the one relying parties need: `activate` refuses a key
 published for less than `--jwks-max-age` (the CA's; they may still hold a JWKS without it) unless
 `--force`. A taint reaches the agents within their bundle poll: they drop the tokens it signed.
-Kubernetes mode (`--kubeconfig`) keeps the JWT keys in the data directory too for now, so this
-command needs `--data-dir`.
+With `--kubeconfig` (Kubernetes mode) the keys are in Secret `meshca-jwt-keys` of
+`--namespace`, changed with the resourceVersion read (as the CA replicas change it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from ca_server.authority import AuthorityCommandError, CaSetupError, Phase
-from ca_server.jwt_svid import JWT_STATE_FILE, JwtKeyFactory, JwtKeyState, LocalJwtKeyStore
+from ca_server.jwt_svid import (
+    JWT_STATE_FILE,
+    JwtKeyFactory,
+    JwtKeyState,
+    JwtKeyStore,
+    LocalJwtKeyStore,
+    cluster_jwt_key_store,
+)
 from meshca.clock import SystemClock
 from meshca.durations import parse_duration
 from meshca.logs import audit
@@ -26,26 +35,20 @@ from meshca.logs import audit
 
 def run_jwt(args: argparse.Namespace) -> int:
     name = f"meshca authority {args.verb} --jwt"
-    if args.data_dir is None:
-        print(f"{name}: the JWT-SVID keys live in the CA's --data-dir; give it", file=sys.stderr)
-        return 2
-    if not (args.data_dir / JWT_STATE_FILE).exists():
-        print(
-            f"{name}: no JWT-SVID keys in {args.data_dir} yet (a CA creates them at its first "
-            "start)",
-            file=sys.stderr,
-        )
-        return 2
     try:
         max_age = parse_duration(args.jwks_max_age)
     except ValueError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    # The factory only makes a first key, which the file's existence rules out here.
-    unused = JwtKeyFactory("ES256", timedelta(days=1))
-    store = LocalJwtKeyStore(args.data_dir, unused, SystemClock())
     try:
-        state = store.read() if args.verb == "show" else _change(args, store, max_age, name)
+        with _open_store(args) as store:
+            if store is None:
+                print(
+                    f"{name}: no JWT-SVID keys there yet (a CA creates them at its first start)",
+                    file=sys.stderr,
+                )
+                return 2
+            state = store.read() if args.verb == "show" else _change(args, store, max_age, name)
     except AuthorityCommandError as exc:
         print(f"{name}: refused: {exc}", file=sys.stderr)
         return 3
@@ -56,8 +59,24 @@ def run_jwt(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _open_store(args: argparse.Namespace) -> Iterator[JwtKeyStore | None]:
+    """The keys' store named by `--data-dir` or `--kubeconfig`; None when it holds no keys (a
+    command never creates the first key: a CA does)."""
+    # The factory only makes a first key, which the existence check rules out here.
+    unused = JwtKeyFactory("ES256", timedelta(days=1))
+    if args.data_dir is not None:
+        exists = (args.data_dir / JWT_STATE_FILE).exists()
+        yield LocalJwtKeyStore(args.data_dir, unused, SystemClock()) if exists else None
+        return
+    with cluster_jwt_key_store(
+        args.kubeconfig, args.namespace, unused, SystemClock(), "meshca-authority"
+    ) as store:
+        yield store if store.exists() else None
+
+
 def _change(
-    args: argparse.Namespace, store: LocalJwtKeyStore, max_age: timedelta, name: str
+    args: argparse.Namespace, store: JwtKeyStore, max_age: timedelta, name: str
 ) -> JwtKeyState:
     now = datetime.now(UTC)
     before: list[JwtKeyState] = []

@@ -1,6 +1,7 @@
 """Done means 2: replicas started at the same instant share one root through Secret
 `istio-ca-secret`, both issue chains that verify against it, and a changed Secret is picked up
-by every replica and reaches the root ConfigMaps."""
+by every replica and reaches the root ConfigMaps. They share one JWT-SVID key too, through Secret
+`meshca-jwt-keys` (issue 32: one JWKS for the trust domain, never one per replica)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
+import jwt
+
 from ca_server.authority.slots import AuthorityState, Phase
 from ca_server.authority.state_store import SlotFactory
+from ca_server.jwt_svid.kube_store import JWT_SECRET_NAME
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import (
     SECRET_NAME,
@@ -26,6 +31,8 @@ from certs import (
     private_key_to_pem,
 )
 from meshca.clock import FakeClock
+from meshca_proto import jwt_svid_pb2, jwt_svid_pb2_grpc
+from tests.support.ca_process import CaProcess
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_api_calls import CA_NAMESPACE
 from tests.support.kube_mode import CaFactory, assert_verifies, issue, spiffe
@@ -46,6 +53,19 @@ def _secret_root(kube_api: KubeApiServer) -> bytes:
     return base64.b64decode(secret["data"]["root-cert.pem"])
 
 
+def _jwt_kid(ca: CaProcess, token: str) -> str:
+    """The `kid` of a JWT-SVID `ca` signs for the caller of `token`."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca.root_cert_path.read_bytes())
+    options = [("grpc.ssl_target_name_override", "localhost")]
+    with grpc.secure_channel(ca.addr, credentials, options=options) as channel:
+        answer = jwt_svid_pb2_grpc.JwtSvidServiceStub(channel).MintJwtSvid(
+            jwt_svid_pb2.MintJwtSvidRequest(audience=["x"]),
+            metadata=[("authorization", f"Bearer {token}")],
+            timeout=10,
+        )
+    return str(jwt.get_unverified_header(answer.token)["kid"])
+
+
 def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_ca: CaFactory):
     kube_api.add_service_account_token("cart-token", "default", "cart", audiences=["istio-ca"])
     # --no-istiod-tls: the only Secret (and Secret create) counted below is the root's.
@@ -59,13 +79,17 @@ def test_replicas_started_together_share_one_root(kube_api: KubeApiServer, kube_
         ca.wait_ready()
 
     root = _secret_root(kube_api)
-    assert 1 <= kube_api.count("create", "secrets") <= 2
-    assert len(kube_api.list("secrets", namespace=CA_NAMESPACE)) == 1
+    assert 2 <= kube_api.count("create", "secrets") <= 4  # the root's and the JWT keys'
+    secrets = kube_api.list("secrets", namespace=CA_NAMESPACE)
+    assert sorted(s["metadata"]["name"] for s in secrets) == sorted([JWT_SECRET_NAME, SECRET_NAME])
+    kids = set()
     for ca in replicas:
         assert ca.root_cert_path.read_bytes() == root
         chain = issue(ca, "cart-token", spiffe("default", "cart"))
         assert chain[-1].encode() == root
         assert_verifies(chain, root)
+        kids.add(_jwt_kid(ca, "cart-token"))
+    assert len(kids) == 1
 
     # An operator replaces the root the Istio way (ca-cert.pem, ca-key.pem, root-cert.pem): every
     # replica adopts it and the ConfigMaps follow.

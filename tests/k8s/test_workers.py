@@ -29,7 +29,8 @@ def test_workers_are_replicas_sharing_the_secret_root(kube_api: KubeApiServer, k
 
     secret = kube_api.get("secrets", SECRET_NAME, namespace=CA_NAMESPACE)
     root = base64.b64decode(secret["data"]["root-cert.pem"])
-    assert len(kube_api.list("secrets", namespace=CA_NAMESPACE)) == 1
+    secrets = kube_api.list("secrets", namespace=CA_NAMESPACE)  # the root's and the JWT keys'
+    assert sorted(s["metadata"]["name"] for s in secrets) == ["istio-ca-secret", "meshca-jwt-keys"]
     for _ in range(16):  # a new connection each time: the kernel picks a worker per connection
         chain = issue(ca, "cart-token", spiffe("default", "cart"))
         assert chain[-1].encode() == root

@@ -111,7 +111,8 @@ class Work:
 
 def ca_default_mode(work: Work) -> Callable[[], bool]:
     """TokenReview, the authority Secret (read, create, watch; updated by `meshca authority
-    prepare` run as the CA's account), root ConfigMaps (one stale copy to update) under the
+    prepare` run as the CA's account), the JWT-SVID keys' Secret (read, create; updated by
+    `meshca authority prepare --jwt`), root ConfigMaps (one stale copy to update) under the
     Lease, the replica report (a gone replica's spent one to delete), and istiod's Secret
     istiod-tls (created, then updated when `prepare` adds a root to its ca.crt)."""
     core = work.plane.core
@@ -145,6 +146,12 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
         cluster_target(work.account.kubeconfig, work.account.namespace), "prepare"
     )
     work.said.append(f"meshca authority prepare (exit {result.returncode}): {result.stderr}")
+    jwt_result = meshca_authority(
+        cluster_target(work.account.kubeconfig, work.account.namespace), "prepare", "--jwt"
+    )
+    work.said.append(
+        f"meshca authority prepare --jwt (exit {jwt_result.returncode}): {jwt_result.stderr}"
+    )
 
     def done() -> bool:
         """Everything the CA does in this mode has happened (with all rules in place)."""
@@ -172,6 +179,7 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
         return (
             issued
             and result.returncode == 0
+            and jwt_result.returncode == 0
             and renewed
             and published.startswith("-----BEGIN CERTIFICATE-----")
             and istiod_bundle.count("BEGIN CERTIFICATE") == 2  # updated after `prepare`

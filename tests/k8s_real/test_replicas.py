@@ -87,8 +87,10 @@ def test_two_replicas_race_to_one_root_secret(
     for ca in replicas:
         ca.wait_ready()
 
-    secrets = control_plane.core.list_namespaced_secret(ca_account.namespace).items
-    assert [s.metadata.name for s in secrets] == [SECRET_NAME]
+    listed = control_plane.core.list_namespaced_secret(ca_account.namespace).items
+    # The root's Secret and the JWT-SVID keys' (one key for every replica too).
+    assert sorted(s.metadata.name for s in listed) == sorted([SECRET_NAME, "meshca-jwt-keys"])
+    secrets = [s for s in listed if s.metadata.name == SECRET_NAME]
     assert secrets[0].type == SECRET_TYPE
     root = base64.b64decode(secrets[0].data["root-cert.pem"])
     creates = [
@@ -96,8 +98,9 @@ def test_two_replicas_race_to_one_root_secret(
         for e in control_plane.audit_events(f"system:serviceaccount:{ca_account.namespace}:meshca")
         if e["verb"] == "create" and (e.get("objectRef") or {}).get("resource") == "secrets"
     ]
-    # One create won; a replica that also tried got the real server's 409 and adopted it.
-    assert [e["responseStatus"]["code"] for e in creates].count(201) == 1
+    # One create of each Secret won; a replica that also tried got the real server's 409 and
+    # adopted the winner's.
+    assert [e["responseStatus"]["code"] for e in creates].count(201) == 2
     assert all(e["responseStatus"]["code"] in (201, 409) for e in creates)
     for ca in replicas:
         assert ca.root_cert_path.read_bytes() == root

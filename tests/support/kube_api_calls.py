@@ -25,6 +25,7 @@ import urllib.parse
 from collections.abc import Iterable
 
 from ca_server.kube.istiod_tls import SECRET_NAME as ISTIOD_TLS_SECRET
+from ca_server.jwt_svid.kube_store import JWT_SECRET_NAME
 from ca_server.kube.secret_root import SECRET_NAME
 from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, required_rule
 from tests.support.kube_api import RequestRecord
@@ -50,6 +51,9 @@ CA_RBAC: frozenset[Rule] = frozenset(
         # deploy/): read by name at each pass and updated on renewal or a bundle change; created
         # with the create above.
         *(Rule("", "secrets", verb, "namespace", ISTIOD_TLS_SECRET) for verb in ("get", "update")),
+        # JWT-SVID keys (Secret meshca-jwt-keys, CA namespace): read each poll, updated on each
+        # rotation step; that one Secret only.
+        *(Rule("", "secrets", verb, "namespace", JWT_SECRET_NAME) for verb in ("get", "update")),
         # Per-replica reports (ConfigMaps meshca-ca-replica-*, CA namespace): written with the
         # cluster-wide configmaps rules below; a replica deletes the spent report of a gone one.
         Rule("", "configmaps", "delete", "namespace"),

@@ -11,7 +11,9 @@ by digest only. `--try-as` adds the attempts a workload could make to get anothe
 SVID: metadata naming it, a request carrying it in a field, the JWT call naming it;
 `--private` adds a connection straight to the gRPC server's private socket. `--hold N` instead
 opens N `FetchX509SVID` streams, reports each (`{"how": "hold", ...}`), prints `holding` and
-keeps them open until stdin closes.
+keeps them open until stdin closes. `--jwt AUDIENCE` instead fetches a JWT-SVID with py-spiffe
+and validates it through the Workload API: `{"how": "jwt", "spiffe_id": ..., "validated": ...,
+"token": ...}`.
 """
 
 from __future__ import annotations
@@ -63,11 +65,15 @@ def main() -> int:
     parser.add_argument("--try-as")
     parser.add_argument("--private")
     parser.add_argument("--hold", type=int, default=0)
+    parser.add_argument("--jwt")
     args = parser.parse_args()
     print(f"ready {os.getpid()}", flush=True)
     sys.stdin.readline()
     if args.hold:  # nothing else first: every stream it held would count against it
         hold(f"unix:{args.socket}", args.hold)
+        return 0
+    if args.jwt:
+        print(json.dumps(jwt_svid(args.socket, args.jwt)), flush=True)
         return 0
     results = []
     try:
@@ -110,6 +116,22 @@ def main() -> int:
     for result in results:
         print(json.dumps(result), flush=True)
     return 0
+
+
+def jwt_svid(socket: str, audience: str) -> dict[str, Any]:
+    """py-spiffe's JWT calls: a JWT-SVID for `audience`, validated through the Workload API."""
+    try:
+        with WorkloadApiClient(f"unix:{socket}") as client:
+            svid = client.fetch_jwt_svid({audience})
+            checked = client.validate_jwt_svid(svid.token, audience)
+    except Exception as exc:  # the client wraps grpc errors: report its text
+        return {"how": "jwt", "error": type(exc).__name__, "details": str(exc)}
+    return {
+        "how": "jwt",
+        "spiffe_id": str(svid.spiffe_id),
+        "validated": str(checked.spiffe_id),
+        "token": svid.token,
+    }
 
 
 def hold(target: str, count: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
+from agent.jwt_svids import JwtSvidSource
 from agent.metrics import AgentMetrics
 from agent.secrets import Secret, SecretCache, TlsSecret
 from agent.unix_socket import DEFAULT_MAX_CONNECTIONS
@@ -136,11 +137,13 @@ def node_server(
     max_streams_per_caller: int | None = None,
     pidfd_option: int | None = None,
     before_inspect: Callable[[PeerProcess], None] | None = None,
+    jwt: JwtSvidSource | None = None,
 ) -> Iterator[Hosted]:
     """A node agent's Workload API: each of `issued` published under its SPIFFE ID, callers
     attested through the relay against `pods` and the files under `proc_root`. `pidfd_option`
     replaces the relay's `SO_PEERPIDFD` (one the kernel does not know: the start-time way);
-    `before_inspect` runs on the loop after the relay took a caller, before it is inspected."""
+    `before_inspect` runs on the loop after the relay took a caller, before it is inspected.
+    `jwt`: the JWT-SVIDs it serves (none: the JWT profile answers UNIMPLEMENTED)."""
     cache = SecretCache()
     metrics = AgentMetrics(SystemClock())
 
@@ -163,6 +166,7 @@ def node_server(
         socket_mode=0o666,
         max_streams_per_caller=max_streams_per_caller,
         relay=relay,
+        jwt=jwt,
     )
     with _hosted(server, cache, metrics) as hosted:
         hosted.publish(ca.root_secret())

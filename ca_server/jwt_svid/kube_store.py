@@ -1,0 +1,157 @@
+"""The JWT-SVID keys shared by every CA replica in Kubernetes mode: Secret `meshca-jwt-keys`.
+
+One key, `jwt-authority.json`, holding what `store.encode_jwt_state` writes to the data
+directory. Writes are optimistic, as the X.509 slots' Secret (`ca_server.kube.secret_root`):
+read, change, then create (one create wins; the losers get 409 and retry on the winner's
+Secret) or replace with the resourceVersion read (a racing writer gets 409 and retries), so
+replicas starting together create ONE first key and perform a scheduled step once.
+
+A separate Secret from `istio-ca-secret`, so a plugged-in CA (which has no `istio-ca-secret`)
+still has JWT-SVIDs and nothing that reads Istio's Secret sees a key it does not know. RBAC:
+`get` and `update` on this one name, `create` on secrets (deploy/base/rbac.yaml).
+
+`fingerprint` reads the Secret's resourceVersion (one GET per poll of the driver, in a worker
+thread). The last state read or written is kept: a deleted Secret is re-created from it, so
+deleting it cannot silently rotate the trust domain's JWT key.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+import kubernetes.client
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from ca_server.errors import CaSetupError
+from ca_server.jwt_svid.keys import JwtKeyState
+from ca_server.jwt_svid.store import (
+    JWT_STATE_FILE,
+    JwtKeyFactory,
+    JwtStateChange,
+    decode_jwt_state,
+    encode_jwt_state,
+)
+from meshca.clock import Clock
+from meshca.kube_client import api_error_text
+
+log = logging.getLogger(__name__)
+
+JWT_SECRET_NAME = "meshca-jwt-keys"
+_REQUEST_TIMEOUT = (3.0, 10.0)
+_NOT_FOUND, _CONFLICT = 404, 409
+_ATTEMPTS = 10
+
+
+class KubeJwtKeyStore:
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        namespace: str,
+        factory: JwtKeyFactory,
+        clock: Clock,
+    ) -> None:
+        self._core = kubernetes.client.CoreV1Api(api)
+        self.namespace = namespace
+        self._factory = factory
+        self._clock = clock
+        self._last: JwtKeyState | None = None
+
+    @property
+    def description(self) -> str:
+        return f"JWT-SVID keys in Secret {self.namespace}/{JWT_SECRET_NAME}"
+
+    def read(self) -> JwtKeyState:
+        return self.transact(lambda state: None)
+
+    def exists(self) -> bool:
+        """Whether the Secret exists (`meshca authority --jwt` never creates the first key)."""
+        return self._get() is not None
+
+    def fingerprint(self) -> str:
+        secret = self._get()
+        return "<absent>" if secret is None else str(secret.metadata.resource_version)
+
+    def transact(self, change: JwtStateChange) -> JwtKeyState:
+        for _ in range(_ATTEMPTS):
+            secret = self._get()
+            if secret is None:
+                current = self._last or self._factory.first_state(self._clock.now())
+                must_write = True
+            else:
+                current, must_write = self._decode(secret), False
+            updated = change(current)
+            if updated is None and not must_write:
+                self._last = current
+                return current
+            final = updated or current
+            if self._write(secret, final):
+                self._last = final
+                return final
+        raise CaSetupError(
+            f"{self.description} kept changing under {_ATTEMPTS} attempts to update it; retry"
+        )
+
+    def _decode(self, secret: Any) -> JwtKeyState:
+        where = f"Secret {self.namespace}/{JWT_SECRET_NAME}"
+        encoded = (secret.data or {}).get(JWT_STATE_FILE)
+        if not encoded:
+            raise CaSetupError(f"{where} lacks {JWT_STATE_FILE}; delete it to start afresh")
+        try:
+            text = base64.b64decode(encoded)
+        except ValueError as exc:
+            raise CaSetupError(f"{where} holds data that is not base64: {exc}") from None
+        return decode_jwt_state(text, where)
+
+    def _write(self, secret: Any, state: JwtKeyState) -> bool:
+        """Creates or replaces the Secret; False when another writer got there first."""
+        encoded = base64.b64encode(encode_jwt_state(state).encode()).decode()
+        data: dict[str, str | bytes] = {JWT_STATE_FILE: encoded}
+        metadata = kubernetes.client.V1ObjectMeta(name=JWT_SECRET_NAME, namespace=self.namespace)
+        if secret is not None:
+            metadata = secret.metadata
+        body = kubernetes.client.V1Secret(
+            api_version="v1", kind="Secret", metadata=metadata, type="Opaque", data=data
+        )
+        try:
+            if secret is None:
+                self._core.create_namespaced_secret(
+                    self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
+                )
+                log.info("created %s", self.description)
+            else:
+                self._core.replace_namespaced_secret(
+                    JWT_SECRET_NAME, self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
+                )
+        except ApiException as exc:
+            if exc.status in (_CONFLICT, _NOT_FOUND):
+                log.info("%s changed concurrently (HTTP %s); re-reading", self.description,
+                         exc.status)  # fmt: skip
+                return False
+            raise CaSetupError(self._api_failure("write", exc)) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CaSetupError(f"cannot write {self.description}: {exc}") from exc
+        return True
+
+    def _get(self) -> Any:
+        try:
+            return self._core.read_namespaced_secret(
+                JWT_SECRET_NAME, self.namespace, _request_timeout=_REQUEST_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status == _NOT_FOUND:
+                return None
+            raise CaSetupError(self._api_failure("read", exc)) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CaSetupError(f"cannot read {self.description}: {exc}") from exc
+
+    def _api_failure(self, verb: str, exc: ApiException) -> str:
+        hint = ""
+        if exc.status in (401, 403):
+            hint = (
+                f"; grant the CA's service account get/update on Secret {JWT_SECRET_NAME} and "
+                f"create on secrets in {self.namespace} (deploy/base/rbac.yaml)"
+            )
+        return f"cannot {verb} {self.description}: {api_error_text(exc)}{hint}"
