@@ -183,6 +183,13 @@ class JwtSvidConfig:
     oidc_listen: str | None = None
     oidc_issuer: str | None = None  # the tokens' `iss`; default http://<oidc_listen>
 
+    @property
+    def issuer(self) -> str | None:
+        """The tokens' `iss` and the discovery document's `issuer` (None: no `iss`)."""
+        if self.oidc_issuer:
+            return self.oidc_issuer.rstrip("/")
+        return f"http://{self.oidc_listen}" if self.oidc_listen else None
+
 
 @dataclass(frozen=True)
 class CaConfig:
@@ -325,8 +332,8 @@ def _jwt_svid(args: argparse.Namespace) -> JwtSvidConfig:
         key_algorithm=args.jwt_key_algorithm,
         key_lifetime=args.jwt_key_ttl,
         jwks_max_age=args.jwks_max_age,
-        oidc_listen=args.oidc_listen,
-        oidc_issuer=args.oidc_issuer,
+        oidc_listen=args.oidc_listen or None,  # "": a worker (its supervisor serves discovery)
+        oidc_issuer=args.oidc_issuer or None,
     )
     if jwt.token_ttl < timedelta(seconds=30):
         raise ConfigError("--jwt-svid-ttl must be at least 30s, e.g. 5m")
@@ -336,8 +343,6 @@ def _jwt_svid(args: argparse.Namespace) -> JwtSvidConfig:
             f"--jwt-svid-ttl {format_duration(jwt.token_ttl)}: a token signed just before a "
             "rotation must fit in its key's remaining life"
         )
-    if jwt.oidc_issuer is not None and jwt.oidc_listen is None:
-        raise ConfigError("--oidc-issuer names the discovery endpoint: give --oidc-listen too")
     return jwt
 
 

@@ -137,7 +137,9 @@ async def _serve(
     )
     await jwt_authority.start()
     oidc = (
-        discovery_server(config.jwt.oidc_listen, jwt_authority) if config.jwt.oidc_listen else None
+        discovery_server(config.jwt.oidc_listen, jwt_authority, config.jwt.jwks_max_age)
+        if config.jwt.oidc_listen  # a worker's is "": its supervisor serves discovery
+        else None
     )
     if kube is not None:
         await kube.start(signer.authority, driver.tainted_since)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ca_server.config import CaConfig
-from ca_server.jwt_svid.discovery import discovery_server
+from ca_server.jwt_svid.discovery import StoredJwks, discovery_server
 from ca_server.jwt_svid.driver import JwtAuthority
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState
 from ca_server.jwt_svid.service import JwtSvidService, add_jwt_svid_service
@@ -46,29 +46,47 @@ __all__ = [
     "JwtKeyStore",
     "JwtSvidService",
     "LocalJwtKeyStore",
+    "StoredJwks",
     "add_jwt_svid_service",
     "cluster_jwt_key_store",
     "discovery_server",
     "jwt_authority_for",
+    "stored_jwks_for",
 ]
+
+
+def _store_for(config: CaConfig, clock: Clock, cluster_api: Any | None) -> JwtKeyStore:
+    """Secret `meshca-jwt-keys` of the CA's namespace when `cluster_api` (a Kubernetes
+    `ApiClient`) is given, else `--data-dir`."""
+    factory = JwtKeyFactory(config.jwt.key_algorithm, config.jwt.key_lifetime)
+    if cluster_api is not None and config.kube is not None:
+        # Imported here: the Kubernetes client loads only in Kubernetes mode.
+        from ca_server.jwt_svid.kube_store import KubeJwtKeyStore
+
+        return KubeJwtKeyStore(cluster_api, config.kube.namespace, factory, clock)
+    return LocalJwtKeyStore(config.data_dir, factory, clock)
+
+
+def stored_jwks_for(config: CaConfig, clock: Clock) -> StoredJwks:
+    """What `meshca ca --workers N`'s supervisor serves on `--oidc-listen`: the keys its
+    workers share, read from the same store (its own API client in Kubernetes mode)."""
+    api = None
+    if config.kube is not None:
+        from meshca.kube_client import build_api_client
+
+        agent = f"meshca-ca/{config.kube.instance_id}-supervisor"
+        api = build_api_client(config.kube.kubeconfig, pool_size=2, user_agent=agent)
+    store = _store_for(config, clock, api)
+    return StoredJwks(store, config.jwt.issuer, config.plugged_ca_poll_interval.total_seconds())
 
 
 def jwt_authority_for(
     config: CaConfig, clock: Clock, cluster_api: Any | None = None
 ) -> JwtAuthority:
-    """The JWT authority `config` asks for (not started): its keys in Secret
-    `meshca-jwt-keys` of the CA's namespace when `cluster_api` (a Kubernetes `ApiClient`) is
-    given, else in `--data-dir`."""
+    """The JWT authority `config` asks for (not started), its keys where `_store_for` says."""
     jwt = config.jwt
     factory = JwtKeyFactory(jwt.key_algorithm, jwt.key_lifetime)
-    store: JwtKeyStore
-    if cluster_api is not None and config.kube is not None:
-        # Imported here: the Kubernetes client loads only in Kubernetes mode.
-        from ca_server.jwt_svid.kube_store import KubeJwtKeyStore
-
-        store = KubeJwtKeyStore(cluster_api, config.kube.namespace, factory, clock)
-    else:
-        store = LocalJwtKeyStore(config.data_dir, factory, clock)
+    store = _store_for(config, clock, cluster_api)
     policy = JwtKeyPolicy(
         lifetime=jwt.key_lifetime,
         max_token_ttl=jwt.token_ttl,
@@ -81,7 +99,7 @@ def jwt_authority_for(
         policy,
         clock,
         poll_interval=config.plugged_ca_poll_interval.total_seconds(),
-        issuer=jwt.oidc_issuer,
+        issuer=jwt.issuer,
     )
 
 

@@ -3,33 +3,54 @@
 Off unless `--oidc-listen` is given; then served on that address only (never on the gRPC or
 monitoring ports) by the bounded HTTP server every daemon uses (`meshca.status_http`):
 
-- `/.well-known/openid-configuration`: `issuer` (equal to every token's `iss`), `jwks_uri`,
-  `id_token_signing_alg_values_supported`, `response_types_supported`, `subject_types_supported`;
+- `/.well-known/openid-configuration`: `issuer` (equal to every token's `iss`: `--oidc-issuer`,
+  default `http://<--oidc-listen>`), `jwks_uri`, `id_token_signing_alg_values_supported`,
+  `response_types_supported`, `subject_types_supported`;
 - `/keys`: the JWKS, every key in a slot (prepared, active, old, tainted; gone once revoked or
   dropped), with `use: "sig"` (the SPIFFE bundle's `jwt-svid` is for SPIFFE clients; OIDC
   libraries look for `sig`).
 
 Both answer with `Cache-Control: public, max-age=<--jwks-max-age>`; the driver activates a
 prepared key only once it has been published that long (`keys.JwtKeyPolicy`), so a relying
-party that honours the header has the new key before the first token it signs. Handlers read
-the authority's published bytes, which the event loop replaces atomically.
+party that honours the header has the new key before the first token it signs.
+
+Who serves it: a single CA process from its running `JwtAuthority`; under `meshca ca --workers
+N` the supervisor (one port for the group), from the shared store (`StoredJwks`, re-read at most
+every `refresh` seconds when asked), while the workers sign with the same keys.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Protocol
 
-from ca_server.jwt_svid.driver import JwtAuthority
-from certs.jwk import JWT_ALGORITHMS
+from ca_server.jwt_svid.keys import JwtKeyState
+from ca_server.jwt_svid.store import JwtKeyStore
+from certs.jwk import JWT_ALGORITHMS, jwks_document
 from meshca.status_http import Response, StatusServer
 
 DISCOVERY_PATH = "/.well-known/openid-configuration"
 JWKS_PATH = "/keys"
 
 
-def default_issuer(listen_url: str) -> str:
-    return listen_url.rstrip("/")
+class PublishedJwks(Protocol):
+    """What the discovery server reads: the JWKS for relying parties and the issuer."""
+
+    @property
+    def oidc_jwks(self) -> bytes: ...
+
+    @property
+    def issuer(self) -> str | None: ...
+
+
+def oidc_jwks_of(state: JwtKeyState) -> bytes:
+    """The keys for OIDC relying parties: `use: "sig"`, what their libraries look for (pyjwt's
+    `PyJWKClient` skips any other `use`), no SPIFFE members."""
+    return jwks_document({**key, "use": "sig"} for key in state.published())
 
 
 def discovery_document(issuer: str) -> dict[str, object]:
@@ -46,21 +67,41 @@ def _document_route(issuer: Callable[[], str]) -> Callable[[], Response]:
     return lambda: (200, "application/json", json.dumps(discovery_document(issuer())).encode())
 
 
-def discovery_server(listen: str, authority: JwtAuthority) -> StatusServer:
-    """Bound at once (a busy address fails here, naming `--oidc-listen`); `start()` serves.
-    Without `--oidc-issuer` the issuer is this server's URL, and the authority's tokens carry
-    it as `iss` from now on."""
-    max_age = int(authority.max_age.total_seconds())
-    server = StatusServer(
+def discovery_server(listen: str, published: PublishedJwks, max_age: timedelta) -> StatusServer:
+    """Bound at once (a busy address fails here, naming `--oidc-listen`); `start()` serves."""
+    return StatusServer(
         listen,
         {
-            DISCOVERY_PATH: _document_route(lambda: authority.issuer or ""),
-            JWKS_PATH: lambda: (200, "application/json", authority.oidc_jwks),
+            DISCOVERY_PATH: _document_route(lambda: published.issuer or ""),
+            JWKS_PATH: lambda: (200, "application/json", published.oidc_jwks),
         },
         name="oidc",
         flag="--oidc-listen",
-        headers={"Cache-Control": f"public, max-age={max_age}"},
+        headers={"Cache-Control": f"public, max-age={int(max_age.total_seconds())}"},
     )
-    if authority.issuer is None:  # the tokens' `iss` must be what the document says
-        authority.issuer = default_issuer(server.url)
-    return server
+
+
+class StoredJwks:
+    """The JWKS as the shared store holds it, for a process that does not sign (the workers'
+    supervisor): re-read when asked and `refresh` seconds have passed (a store read is cheap:
+    a file, or one GET of the Secret). Thread-safe: the HTTP handlers run on a pool."""
+
+    def __init__(self, store: JwtKeyStore, issuer: str | None, refresh: float) -> None:
+        self._store = store
+        self.issuer = issuer
+        self._refresh = refresh
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._fingerprint = ""
+        self._jwks = b""
+
+    @property
+    def oidc_jwks(self) -> bytes:
+        with self._lock:
+            if time.monotonic() - self._read_at >= self._refresh:
+                fingerprint = self._store.fingerprint()
+                if fingerprint != self._fingerprint or not self._jwks:
+                    self._jwks = oidc_jwks_of(self._store.read())
+                    self._fingerprint = fingerprint
+                self._read_at = time.monotonic()
+            return self._jwks

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ca_server.authority import Phase
+from ca_server.jwt_svid.discovery import oidc_jwks_of
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState, scheduled_step
 from ca_server.jwt_svid.minting import MintedToken, mint_jwt_svid
 from ca_server.jwt_svid.store import JwtKeyFactory, JwtKeyStore
@@ -68,8 +69,7 @@ class JwtAuthority:
 
     @property
     def oidc_jwks(self) -> bytes:
-        """The same keys for OIDC relying parties: `use: "sig"`, what their libraries look
-        for (pyjwt's `PyJWKClient` skips any other `use`), no SPIFFE members."""
+        """The same keys for OIDC relying parties (`discovery.oidc_jwks_of`)."""
         return self._oidc_jwks
 
     @property
@@ -99,7 +99,7 @@ class JwtAuthority:
         if changed:
             refresh = max(1, int(self.policy.jwks_max_age.total_seconds()))
             self._jwks = jwks_document(state.published(), refresh_hint=refresh)
-            self._oidc_jwks = jwks_document({**k, "use": "sig"} for k in state.published())
+            self._oidc_jwks = oidc_jwks_of(state)
             prepared = state.prepared
             log.info(
                 "JWT-SVID keys: active %s (%s)%s, %d published",

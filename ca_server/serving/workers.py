@@ -286,6 +286,18 @@ class WorkerSupervisor:
                     },
                 )
             )
+            if self._config.jwt.oidc_listen:
+                # One discovery port for the group, from the keys the workers share (imported
+                # here: a supervisor without discovery loads none of it).
+                from ca_server.jwt_svid import discovery_server, stored_jwks_for
+                from meshca.clock import SystemClock
+
+                jwks = stored_jwks_for(self._config, SystemClock())
+                servers.append(
+                    discovery_server(
+                        self._config.jwt.oidc_listen, jwks, self._config.jwt.jwks_max_age
+                    )
+                )
             if self._config.debug_listen is not None:
                 servers.append(
                     StatusServer(
@@ -329,6 +341,8 @@ class WorkerSupervisor:
 
     def _resolved_listen_flags(self) -> list[str]:
         flags = ["--listen", self._ports.resolve("--listen", self._config.listen)]
+        if self._config.jwt.oidc_listen:  # served here; the workers sign with its issuer
+            flags += ["--oidc-listen", "", "--oidc-issuer", self._config.jwt.issuer or ""]
         if self._config.mtls_listen:
             mtls = self._ports.resolve("--mtls-listen", self._config.mtls_listen)
             flags += ["--mtls-listen", mtls]

@@ -159,3 +159,30 @@ def test_the_bundle_rpc_serves_the_published_jwks(replicas: list[CaProcess]):
 def test_the_data_dir_holds_what_was_published(replicas: list[CaProcess]):
     state = json.loads(Path(replicas[0].data_dir / "jwt-authority.json").read_text())
     assert [k["phase"] for k in state["keys"]] == ["active"]
+
+
+def test_workers_sign_with_one_key_and_their_supervisor_serves_discovery(
+    tmp_path: Path, starts_processes: None
+):
+    """`meshca ca --workers 2`: one discovery port for the group (the supervisor's, from the
+    shared store), and a token from either worker validates against it with its `iss`."""
+    port = free_port()
+    ca = CaProcess(tmp_path / "data", "--workers", "2", "--oidc-listen", f"127.0.0.1:{port}")
+    ca.start()
+    try:
+        OIDC[ca.addr] = f"http://127.0.0.1:{port}"
+        document, _cache = get(f"{oidc_url(ca)}/.well-known/openid-configuration")
+        assert document["issuer"] == oidc_url(ca)
+        keys = jwt.PyJWKClient(document["jwks_uri"])
+        for _ in range(8):  # a new connection each time: the kernel picks a worker
+            token = mint(ca, ["x"], ca.mint_token("shop", "cart"))
+            claims = jwt.decode(
+                token,
+                keys.get_signing_key_from_jwt(token).key,
+                algorithms=["ES256"],
+                audience="x",
+                issuer=document["issuer"],
+            )
+            assert claims["sub"] == IDENTITY
+    finally:
+        ca.stop()
