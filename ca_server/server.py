@@ -48,6 +48,7 @@ from ca_server.jwt_svid import (
     add_jwt_svid_service,
     discovery_server,
     jwt_authority_for,
+    status_section,
 )
 from ca_server.kube.caches import KubeCacheCollector, readiness_lines
 from ca_server.kube.mode import KubernetesMode
@@ -209,6 +210,12 @@ async def _serve(
             clock=clock,
             caches_synced=lambda: all(item.synced for item in caches()),
             detail=lambda: readiness_lines(caches()),
+            jwt=lambda: status_section(
+                jwt_authority.state,
+                jwt_authority.issuer,
+                oidc.url if oidc is not None else None,
+                config.jwt.jwks_max_age,
+            ),
         )
     )
     stop = asyncio.Event()

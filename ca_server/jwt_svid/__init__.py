@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ca_server.config import CaConfig
-from ca_server.jwt_svid.discovery import StoredJwks, discovery_server
+from ca_server.jwt_svid.discovery import StoredJwks, discovery_server, status_section
 from ca_server.jwt_svid.driver import JwtAuthority
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState
 from ca_server.jwt_svid.service import JwtSvidService, add_jwt_svid_service
@@ -51,6 +51,7 @@ __all__ = [
     "cluster_jwt_key_store",
     "discovery_server",
     "jwt_authority_for",
+    "status_section",
     "stored_jwks_for",
 ]
 

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from ca_server.jwt_svid.keys import JwtKeyState
 from ca_server.jwt_svid.store import JwtKeyStore
@@ -45,6 +45,28 @@ class PublishedJwks(Protocol):
 
     @property
     def issuer(self) -> str | None: ...
+
+
+def status_section(
+    state: JwtKeyState, issuer: str | None, discovery: str | None, max_age: timedelta
+) -> dict[str, Any]:
+    """What `meshca status` shows of JWT-SVIDs (`/debug/ca`'s `jwt_svid`): the issuer, where
+    discovery is served, the cache lifetime it advertises, and each published key."""
+    return {
+        "issuer": issuer,
+        "discovery": f"{discovery}{DISCOVERY_PATH}" if discovery else None,
+        "jwks_max_age_seconds": int(max_age.total_seconds()),
+        "keys": [
+            {
+                "kid": key.kid,
+                "algorithm": key.algorithm,
+                "phase": key.phase.value,
+                "tainted": key.tainted,
+                "expires_at": key.not_after.isoformat(),
+            }
+            for key in state.ranked()
+        ],
+    }
 
 
 def oidc_jwks_of(state: JwtKeyState) -> bytes:
@@ -94,14 +116,19 @@ class StoredJwks:
         self._read_at = float("-inf")
         self._fingerprint = ""
         self._jwks = b""
+        self._state: JwtKeyState | None = None
 
     @property
     def oidc_jwks(self) -> bytes:
+        return oidc_jwks_of(self.state)
+
+    @property
+    def state(self) -> JwtKeyState:
         with self._lock:
-            if time.monotonic() - self._read_at >= self._refresh:
+            if self._state is None or time.monotonic() - self._read_at >= self._refresh:
                 fingerprint = self._store.fingerprint()
-                if fingerprint != self._fingerprint or not self._jwks:
-                    self._jwks = oidc_jwks_of(self._store.read())
+                if fingerprint != self._fingerprint or self._state is None:
+                    self._state = self._store.read()
                     self._fingerprint = fingerprint
                 self._read_at = time.monotonic()
-            return self._jwks
+            return self._state

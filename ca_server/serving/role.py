@@ -37,7 +37,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -70,6 +70,8 @@ class ServingView:
     # 503, though the CA serves what needs no cache), and their progress for `/ready`'s body.
     caches_synced: Callable[[], bool] = lambda: True
     detail: Callable[[], str] = lambda: ""
+    # The JWT-SVID keys and discovery endpoint (`ca_server.jwt_svid.status_section`).
+    jwt: Callable[[], dict[str, Any] | None] = lambda: None
 
 
 class ServingRole(Protocol):
@@ -159,13 +161,15 @@ class SingleProcess:
 
         def document() -> dict[str, object]:
             slots = view.slots()
-            return ca_document(
+            document = ca_document(
                 view.authority(),
                 view.leaves,
                 view.started,
                 view.clock.now(),
                 slots.section if slots is not None else None,
             )
+            document["jwt_svid"] = view.jwt()
+            return document
 
         return StatusServer(
             listen,

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import multiprocess
 from prometheus_client.registry import Collector
@@ -238,6 +238,8 @@ class WorkerSupervisor:
         self._slots = [_Slot(i, self._run_dir / f"ready-{i}") for i in range(count)]
         self._ever_ready = False
         self._ports = PortReservation()
+        # The JWT-SVID keys, when this supervisor serves discovery (else not known here).
+        self._jwt_status: Callable[[], dict[str, Any] | None] = lambda: None
 
     def ready(self) -> bool:
         return all(slot.ready() for slot in self._slots)
@@ -262,6 +264,7 @@ class WorkerSupervisor:
         document = merged_document(parts, self._started, self._now())
         if document is None:
             return text(503, "no CA worker has published its status yet\n")
+        document["jwt_svid"] = self._jwt_status()  # the keys as the discovery server reads them
         return json_response(document)
 
     def request_stop(self, *_: object) -> None:
@@ -289,14 +292,16 @@ class WorkerSupervisor:
             if self._config.jwt.oidc_listen:
                 # One discovery port for the group, from the keys the workers share (imported
                 # here: a supervisor without discovery loads none of it).
-                from ca_server.jwt_svid import discovery_server, stored_jwks_for
+                from ca_server.jwt_svid import discovery_server, status_section, stored_jwks_for
                 from meshca.clock import SystemClock
 
                 jwks = stored_jwks_for(self._config, SystemClock())
-                servers.append(
-                    discovery_server(
-                        self._config.jwt.oidc_listen, jwks, self._config.jwt.jwks_max_age
-                    )
+                oidc = discovery_server(
+                    self._config.jwt.oidc_listen, jwks, self._config.jwt.jwks_max_age
+                )
+                servers.append(oidc)
+                self._jwt_status = lambda: status_section(
+                    jwks.state, jwks.issuer, oidc.url, self._config.jwt.jwks_max_age
                 )
             if self._config.debug_listen is not None:
                 servers.append(

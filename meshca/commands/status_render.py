@@ -181,6 +181,7 @@ def render_ca(document: dict[str, Any]) -> str:
         ),
         "",
         render_slots(document),
+        *render_jwt_svid(document.get("jwt_svid")),
         "",
         f"requests {rates['requests']['total']:.0f} ({rates['requests']['per_second']:.2f}/s), "
         f"issued {rates['issued']['total']:.0f} ({rates['issued']['per_second']:.2f}/s), "
@@ -218,6 +219,23 @@ def render_ca(document: dict[str, Any]) -> str:
             )
         )
     return "\n".join(parts)
+
+
+def render_jwt_svid(section: dict[str, Any] | None) -> list[str]:
+    """The JWT-SVID keys and where discovery is served (nothing when the CA did not say)."""
+    if not section:
+        return []
+    where = section["discovery"] or "off (--oidc-listen)"
+    head = (
+        f"JWT-SVID keys (issuer {section['issuer'] or 'none'}; discovery {where}; "
+        f"JWKS max-age {section['jwks_max_age_seconds']}s):"
+    )
+    rows = [
+        [k["kid"], k["algorithm"], k["phase"], "yes" if k["tainted"] else "no",
+         _time(k["expires_at"])]
+        for k in section["keys"]
+    ]  # fmt: skip
+    return ["", head, _table(["KID", "ALG", "PHASE", "TAINTED", "EXPIRES"], rows)]
 
 
 def _rates_over(rates: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ import pytest
 from meshca_proto import jwt_svid_pb2, jwt_svid_pb2_grpc
 from tests.support.ca_process import CaProcess
 from tests.support.processes import free_port
+from tests.support.status_cli import meshca_status, status_json
 
 pytestmark = pytest.mark.process
 
@@ -156,6 +157,19 @@ def test_the_bundle_rpc_serves_the_published_jwks(replicas: list[CaProcess]):
     assert answer.trust_domain_id == "spiffe://cluster.local"
 
 
+def test_meshca_status_shows_the_keys_and_the_discovery_endpoint(replicas: list[CaProcess]):
+    ca = replicas[0]
+    section = status_json(ca.debug_address)["jwt_svid"]
+    published = get(f"{oidc_url(ca)}/keys")[0]["keys"]
+    assert section["issuer"] == oidc_url(ca)
+    assert section["discovery"] == f"{oidc_url(ca)}/.well-known/openid-configuration"
+    assert section["jwks_max_age_seconds"] == 60
+    assert [(k["kid"], k["phase"]) for k in section["keys"]] == [(published[0]["kid"], "active")]
+    table = meshca_status(ca.debug_address)
+    assert table.returncode == 0, table.stderr
+    assert "JWT-SVID keys (issuer" in table.stdout and published[0]["kid"] in table.stdout
+
+
 def test_the_data_dir_holds_what_was_published(replicas: list[CaProcess]):
     state = json.loads(Path(replicas[0].data_dir / "jwt-authority.json").read_text())
     assert [k["phase"] for k in state["keys"]] == ["active"]
@@ -184,5 +198,7 @@ def test_workers_sign_with_one_key_and_their_supervisor_serves_discovery(
                 issuer=document["issuer"],
             )
             assert claims["sub"] == IDENTITY
+        section = status_json(ca.debug_address)["jwt_svid"]  # the supervisor's view
+        assert section["issuer"] == document["issuer"] and len(section["keys"]) == 1
     finally:
         ca.stop()
