@@ -8,20 +8,25 @@ kept current; and validation against it (the Workload API's JWT profile, `agent.
   life; concurrent asks for the same entry share one CA call. A token whose key was tainted,
   or left the bundle, is dropped at once. The cache holds at most `max_cached` entries (the
   oldest first out).
-- The bundle: fetched from the CA every `poll_interval` (`FetchJwtBundle`) and handed to every
-  `FetchJWTBundles` stream when it changes.
+- The bundle: fetched from the CA every `poll_interval` (`FetchJwtBundle`, default 15 s) and
+  handed to every `FetchJWTBundles` stream when it changes — only once a workload has made a JWT
+  call: an agent whose workloads never use JWT-SVIDs costs the CA nothing (a fleet of 150,000
+  sidecars polling every few seconds would be tens of thousands of RPCs a second). The CA
+  publishes a key `--jwks-max-age` (default 5 min) before it signs, far beyond one poll.
 - Validation (`validate_jwt_svid`): the token's `kid` must name a key of the bundle, its `alg`
   must be that key's own (so `none`, HMAC and any algorithm swap find nothing to verify with),
   the signature must verify, `aud` must hold the audience asked for, `exp` must be in the future
   on the agent's clock, and `sub` must be a SPIFFE ID of the trust domain.
 
-Concurrency: one asyncio loop (the agent's); `run()` is one coroutine polling the CA.
+Concurrency: one asyncio loop (the agent's); the poll is one task, started by the first JWT
+call and ended by `close()`.
 Tokens never reach a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import OrderedDict
@@ -37,7 +42,7 @@ from meshca_proto import jwt_svid_pb2
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLL_INTERVAL = 5.0
+DEFAULT_POLL_INTERVAL = 15.0
 DEFAULT_MAX_CACHED = 4096
 SIGNING_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384",
                       "PS512")  # fmt: skip  # the JWT-SVID specification's list
@@ -110,15 +115,29 @@ class JwtSvidSource:
         self._pending: dict[tuple[str, tuple[str, ...]], asyncio.Future[JwtToken]] = {}
         self._bundle: JwtBundle | None = None
         self._changed = asyncio.Condition()
+        self._polling: asyncio.Task[None] | None = None
         self.minted = 0  # CA calls that returned a token (what `meshca status` shows)
 
     @property
     def bundle(self) -> JwtBundle | None:
         return self._bundle
 
+    def _poll(self) -> None:
+        """Starts the bundle poll at the first JWT call (it also drops tainted tokens)."""
+        if self._polling is None:
+            self._polling = asyncio.create_task(self.run(), name="jwt-bundle-poll")
+
+    async def close(self) -> None:
+        task, self._polling = self._polling, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def fetch(self, identity: SpiffeId | None, audiences: Sequence[str]) -> JwtToken:
         """A token for `identity` (None: the agent's own, pod mode) and `audiences`, from the
         cache while fresh. Raises `CaClientError` (the CA refused or is unreachable)."""
+        self._poll()
         key = (identity.uri if identity else "", tuple(sorted(set(audiences))))
         cached = self._cache.get(key)
         if cached is not None and cached.fresh(self._clock.now()):
@@ -190,6 +209,7 @@ class JwtSvidSource:
 
     async def bundles(self) -> AsyncIterator[JwtBundle]:
         """The bundle once known, then each changed one."""
+        self._poll()
         seen: list[bytes] = []  # the last one yielded
 
         def news() -> bool:
@@ -203,9 +223,15 @@ class JwtSvidSource:
             seen[:] = [bundle.jwks]
             yield bundle
 
-    def validate(self, token: str, audience: str) -> tuple[str, dict[str, Any]]:
+    async def validate(self, token: str, audience: str) -> tuple[str, dict[str, Any]]:
+        """Against the current bundle (fetched first if this is the agent's first JWT call)."""
+        self._poll()
         if self._bundle is None:
-            raise InvalidJwtSvid("the agent has no JWT bundle yet (the CA was not reached)")
+            try:
+                await self.refresh()
+            except (CaClientError, ValueError, KeyError) as exc:
+                raise InvalidJwtSvid(f"the agent has no JWT bundle yet: {exc}") from None
+        assert self._bundle is not None
         return validate_jwt_svid(token, audience, self._bundle, self._clock.now())
 
 

@@ -373,7 +373,7 @@ class _Servicer:
         try:
             source = self._jwt_source(request, context)
             self._resource(context)  # only callers it can place, as for the bundles
-            return validate_jwt_svid(source, request)
+            return await validate_jwt_svid(source, request)
         except _Refused as refusal:
             await self._refuse(context, refusal)
         except JwtRefusal as exc:
@@ -464,7 +464,7 @@ class WorkloadApiServer:
         self.cache = cache
         self.jwt = jwt  # JWT-SVIDs from the CA; None: the JWT profile is not served
         self.own_identity = own_identity  # pod mode: the agent's identity (JWT `spiffe_id`)
-        self._jwt_task: asyncio.Task[None] | None = None
+
         self.socket_path = Path(socket_path)
         self._socket = UnixSocketPath(self.socket_path, "Workload API socket")
         self.trust_domain_id = f"spiffe://{trust_domain}"
@@ -563,8 +563,6 @@ class WorkloadApiServer:
             raise OSError(f"could not listen on {address}")
         await server.start()
         self._server = server
-        if self.jwt is not None:
-            self._jwt_task = asyncio.create_task(self.jwt.run())
         if self.relay is None:
             self._socket.claim(self.socket_mode)
         else:
@@ -582,11 +580,8 @@ class WorkloadApiServer:
         server, self._server = self._server, None
         if server is None:
             return
-        task, self._jwt_task = self._jwt_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self.jwt is not None:
+            await self.jwt.close()  # its bundle poll, if a JWT call started it
         try:
             if self.relay is not None:
                 await self.relay.stop()

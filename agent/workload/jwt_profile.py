@@ -95,7 +95,7 @@ async def fetch_jwt_svid(
     )
 
 
-def validate_jwt_svid(
+async def validate_jwt_svid(
     source: JwtSvidSource, request: workload_pb2.ValidateJWTSVIDRequest
 ) -> workload_pb2.ValidateJWTSVIDResponse:
     if not request.audience:
@@ -107,7 +107,7 @@ def validate_jwt_svid(
             grpc.StatusCode.INVALID_ARGUMENT, f"svid is longer than {MAX_TOKEN_BYTES} bytes"
         )
     try:
-        spiffe_id, claims = source.validate(request.svid, request.audience)
+        spiffe_id, claims = await source.validate(request.svid, request.audience)
     except InvalidJwtSvid as exc:
         raise JwtRefusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
     struct = struct_pb2.Struct()

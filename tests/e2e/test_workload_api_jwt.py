@@ -146,7 +146,7 @@ def test_the_jwt_bundle_stream_pushes_a_prepared_key(mesh: tuple[Mesh, AgentProc
             store.transact(
                 lambda s: s.prepare(lambda: store_factory().new(now, Phase.PREPARED), now, "test")
             )
-            wait_for(lambda: len(seen[-1]) == len(before) + 1, 20, "the prepared key pushed")
+            wait_for(lambda: len(seen[-1]) == len(before) + 1, 45, "the prepared key pushed")
             assert seen[-1] > before
         finally:
             handle.cancel()
@@ -245,7 +245,8 @@ WHY = {  # the check each forged token fails, as the agent names it
 
 def test_hostile_tokens_are_refused_by_validate(mesh: tuple[Mesh, AgentProcess]):
     m, agent = mesh
-    wait_for(lambda: len(m.store().read().keys) >= 2, 10, "a prepared key (previous test)")
+    if m.store().read().prepared is None:  # run alone: the stream test prepared one
+        assert jwt_cli(m, "prepare").returncode == 0
     forged = _forged(m, agent)
     channel, stub = raw_stub(m)
     with channel:
@@ -312,12 +313,12 @@ def test_an_operator_rotation_activate_taint_revoke(mesh: tuple[Mesh, AgentProce
         with m.client() as client:
             return str(jwt.get_unverified_header(client.fetch_jwt_svid({"rotation"}).token)["kid"])
 
-    wait_for(lambda: fetched_kid() == new_kid, 20, "the agent dropping the tainted key's token")
+    wait_for(lambda: fetched_kid() == new_kid, 45, "the agent dropping the tainted key's token")
     assert validate(m, old, "rotation") == grpc.StatusCode.OK  # tainted, still published
     assert jwt_cli(m, "revoke", old_kid).returncode == 0
     wait_for(
         lambda: validate(m, old, "rotation") == grpc.StatusCode.INVALID_ARGUMENT,
-        20,
+        45,
         "the revoked key leaving the agent's bundle",
     )
     with pytest.raises(jwt.PyJWTError):
