@@ -247,6 +247,13 @@ def test_hostile_tokens_are_refused_by_validate(mesh: tuple[Mesh, AgentProcess])
     m, agent = mesh
     if m.store().read().prepared is None:  # run alone: the stream test prepared one
         assert jwt_cli(m, "prepare").returncode == 0
+    published = {k.kid for k in m.store().read().keys}
+
+    def agent_holds_them() -> bool:
+        with m.client() as client:
+            return _kids(client.fetch_jwt_bundles()) == published
+
+    wait_for(agent_holds_them, 45, "the agent's bundle to hold the prepared key")
     forged = _forged(m, agent)
     channel, stub = raw_stub(m)
     with channel:
