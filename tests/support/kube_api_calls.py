@@ -24,8 +24,8 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Iterable
 
-from ca_server.kube.istiod_tls import SECRET_NAME as ISTIOD_TLS_SECRET
 from ca_server.jwt_svid.kube_store import JWT_SECRET_NAME
+from ca_server.kube.istiod_tls import SECRET_NAME as ISTIOD_TLS_SECRET
 from ca_server.kube.secret_root import SECRET_NAME
 from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, required_rule
 from tests.support.kube_api import RequestRecord
