@@ -178,18 +178,20 @@ class PagedInformer(Informer[V]):
                 if end is not None:
                     self._sweep(seen)
                     return end
-                if isinstance(event, dict) and event.get("type") == "ADDED":
-                    obj = event.get("object")
-                    if isinstance(obj, dict):
-                        key = raw_key(obj)
-                        with self._lock:
-                            seen.add(self._upsert(key, self._transform(obj)))
-                        self.listed += 1
-                        if self.listed % _PROGRESS_EVERY == 0:
-                            self._on_change()
-                        continue
-                # A change or an error before the initial state ended: apply it as a watch
-                # would (an ERROR raises: 410 and the like restart the list).
+                kind = event.get("type") if isinstance(event, dict) else None
+                obj = event.get("object") if isinstance(event, dict) else None
+                if kind in ("ADDED", "MODIFIED") and isinstance(obj, dict):
+                    key = raw_key(obj)
+                    with self._lock:
+                        seen.add(self._upsert(key, self._transform(obj)))
+                    self.listed += 1
+                    if self.listed % _PROGRESS_EVERY == 0:
+                        self._on_change()
+                    continue
+                if kind == "DELETED" and isinstance(obj, dict):
+                    seen.discard(raw_key(obj))
+                # Anything else before the initial state ended is applied as a watch would
+                # apply it (an ERROR raises: 410 and the like restart the list).
                 self._event(event, "")
         finally:
             self._response = None
