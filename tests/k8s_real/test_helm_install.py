@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
+from ca_server.jwt_svid.kube_store import JWT_SECRET_NAME
 from ca_server.kube.istiod_tls import SECRET_NAME as ISTIOD_TLS_SECRET
 from ca_server.kube.leader import DEFAULT_LEASE_NAME
 from ca_server.kube.replica_reports import report_name
@@ -31,6 +32,7 @@ from tests.support.real_kube import RealControlPlane
 KEPT_AFTER_UNINSTALL = {
     ("Secret", SECRET_NAME),
     ("Secret", ISTIOD_TLS_SECRET),
+    ("Secret", JWT_SECRET_NAME),
     ("ConfigMap", CONFIGMAP_NAME),
     ("ConfigMap", report_name("ca-0")),
     ("Lease", DEFAULT_LEASE_NAME),
