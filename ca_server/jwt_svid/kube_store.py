@@ -22,8 +22,6 @@ import logging
 from typing import Any
 
 import kubernetes.client
-import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
 from ca_server.errors import CaSetupError
 from ca_server.jwt_svid.keys import JwtKeyState
@@ -34,14 +32,12 @@ from ca_server.jwt_svid.store import (
     decode_jwt_state,
     encode_jwt_state,
 )
+from ca_server.kube.named_secret import NamedSecret
 from meshca.clock import Clock
-from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
 JWT_SECRET_NAME = "meshca-jwt-keys"
-_REQUEST_TIMEOUT = (3.0, 10.0)
-_NOT_FOUND, _CONFLICT = 404, 409
 _ATTEMPTS = 10
 
 
@@ -53,8 +49,14 @@ class KubeJwtKeyStore:
         factory: JwtKeyFactory,
         clock: Clock,
     ) -> None:
-        self._core = kubernetes.client.CoreV1Api(api)
         self.namespace = namespace
+        self._secret = NamedSecret(
+            kubernetes.client.CoreV1Api(api),
+            namespace,
+            JWT_SECRET_NAME,
+            self.description,
+            "get/update",
+        )
         self._factory = factory
         self._clock = clock
         self._last: JwtKeyState | None = None
@@ -108,50 +110,7 @@ class KubeJwtKeyStore:
     def _write(self, secret: Any, state: JwtKeyState) -> bool:
         """Creates or replaces the Secret; False when another writer got there first."""
         encoded = base64.b64encode(encode_jwt_state(state).encode()).decode()
-        data: dict[str, str | bytes] = {JWT_STATE_FILE: encoded}
-        metadata = kubernetes.client.V1ObjectMeta(name=JWT_SECRET_NAME, namespace=self.namespace)
-        if secret is not None:
-            metadata = secret.metadata
-        body = kubernetes.client.V1Secret(
-            api_version="v1", kind="Secret", metadata=metadata, type="Opaque", data=data
-        )
-        try:
-            if secret is None:
-                self._core.create_namespaced_secret(
-                    self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
-                )
-                log.info("created %s", self.description)
-            else:
-                self._core.replace_namespaced_secret(
-                    JWT_SECRET_NAME, self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
-                )
-        except ApiException as exc:
-            if exc.status in (_CONFLICT, _NOT_FOUND):
-                log.info("%s changed concurrently (HTTP %s); re-reading", self.description,
-                         exc.status)  # fmt: skip
-                return False
-            raise CaSetupError(self._api_failure("write", exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise CaSetupError(f"cannot write {self.description}: {exc}") from exc
-        return True
+        return self._secret.write(secret, {JWT_STATE_FILE: encoded}, "Opaque")
 
     def _get(self) -> Any:
-        try:
-            return self._core.read_namespaced_secret(
-                JWT_SECRET_NAME, self.namespace, _request_timeout=_REQUEST_TIMEOUT
-            )
-        except ApiException as exc:
-            if exc.status == _NOT_FOUND:
-                return None
-            raise CaSetupError(self._api_failure("read", exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise CaSetupError(f"cannot read {self.description}: {exc}") from exc
-
-    def _api_failure(self, verb: str, exc: ApiException) -> str:
-        hint = ""
-        if exc.status in (401, 403):
-            hint = (
-                f"; grant the CA's service account get/update on Secret {JWT_SECRET_NAME} and "
-                f"create on secrets in {self.namespace} (deploy/base/rbac.yaml)"
-            )
-        return f"cannot {verb} {self.description}: {api_error_text(exc)}{hint}"
+        return self._secret.read()

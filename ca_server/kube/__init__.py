@@ -9,6 +9,7 @@ because the node agent watches pods with it too):
 - `issuer_keys` / `bound_tokens`: offline token validation (`--token-validation offline`) — the
   service-account issuer's keys, and pod-bound tokens checked against the pod informer.
 - `secret_root`: the authority slots in Secret `istio-ca-secret` (an `AuthorityStateStore`).
+- `named_secret`: read and write one Secret by name (the authority slots', the JWT keys').
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
 - `istiod_tls`: istiod's serving certificate in Secret `istiod-tls` (istiod with its CA off).

@@ -33,8 +33,6 @@ from datetime import datetime
 from typing import Any
 
 import kubernetes.client
-import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
 from ca_server.authority.slots import AuthorityState
 from ca_server.authority.state_store import (
@@ -45,10 +43,10 @@ from ca_server.authority.state_store import (
     encode_state,
 )
 from ca_server.errors import CaSetupError
+from ca_server.kube.named_secret import NamedSecret
 from certs import cert_to_pem, certs_to_pem, private_key_to_pem
 from meshca.clock import Clock
 from meshca.informer import Informer
-from meshca.kube_client import api_error_text
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +60,6 @@ CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN, KEY = (
     "key.pem",
 )
 SLOTS = "meshca-authorities.json"
-_REQUEST_TIMEOUT = (3.0, 10.0)
-_NOT_FOUND, _CONFLICT = 404, 409
 _ATTEMPTS = 10
 
 SecretData = dict[str, str]  # key -> base64 value, as on the wire
@@ -120,6 +116,9 @@ class KubeAuthorityStateStore:
     ) -> None:
         self._core = kubernetes.client.CoreV1Api(api)
         self.namespace = namespace
+        self._secret = NamedSecret(
+            self._core, namespace, SECRET_NAME, self.description, "get/list/watch/update"
+        )
         self._factory = factory
         self._clock = clock
         self._loaded_fingerprint = "<not loaded>"
@@ -182,51 +181,10 @@ class KubeAuthorityStateStore:
     def _write(self, secret: Any, state: AuthorityState) -> bool:
         """Creates or replaces the Secret; False when another writer got there first."""
         data = secret_data_for(state)
-        metadata = kubernetes.client.V1ObjectMeta(name=SECRET_NAME, namespace=self.namespace)
-        if secret is not None:
-            metadata = secret.metadata
-        body = kubernetes.client.V1Secret(
-            api_version="v1", kind="Secret", metadata=metadata, type=SECRET_TYPE, data={**data}
-        )
-        try:
-            if secret is None:
-                self._core.create_namespaced_secret(
-                    self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
-                )
-                log.info("created %s", self.description)
-            else:
-                self._core.replace_namespaced_secret(
-                    SECRET_NAME, self.namespace, body, _request_timeout=_REQUEST_TIMEOUT
-                )
-        except ApiException as exc:
-            if exc.status in (_CONFLICT, _NOT_FOUND):
-                log.info(
-                    "%s changed concurrently (HTTP %s); re-reading", self.description, exc.status
-                )
-                return False
-            raise CaSetupError(self._api_failure("write", exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise CaSetupError(f"cannot write {self.description}: {exc}") from exc
+        if not self._secret.write(secret, data, SECRET_TYPE):
+            return False
         self._loaded_fingerprint = data_fingerprint({k: str(v) for k, v in data.items()})
         return True
 
     def _read(self) -> Any:
-        try:
-            return self._core.read_namespaced_secret(
-                SECRET_NAME, self.namespace, _request_timeout=_REQUEST_TIMEOUT
-            )
-        except ApiException as exc:
-            if exc.status == _NOT_FOUND:
-                return None
-            raise CaSetupError(self._api_failure("read", exc)) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise CaSetupError(f"cannot read {self.description}: {exc}") from exc
-
-    def _api_failure(self, verb: str, exc: ApiException) -> str:
-        hint = ""
-        if exc.status in (401, 403):
-            hint = (
-                f"; grant the CA's service account get/list/watch/update on Secret {SECRET_NAME} "
-                f"and create on secrets in {self.namespace} (deploy/base/rbac.yaml)"
-            )
-        return f"cannot {verb} {self.description}: {api_error_text(exc)}{hint}"
+        return self._secret.read()
