@@ -36,6 +36,11 @@ TOKEN_VALIDATIONS: tuple[TokenValidation, ...] = ("tokenreview", "offline")
 _DNS_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
 _SERVING_HOST = re.compile(rf"(\*\.)?{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _REVISION = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # also a namespace name (DNS label)
+# A signer name as certificates.k8s.io takes it: a DNS subdomain, '/', a path; not kubernetes.io.
+_SIGNER_NAME = re.compile(
+    r"(?!kubernetes\.io/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9][-A-Za-z0-9._~]{0,199}"
+)
 _MIN_ISTIOD_TLS_LIFETIME = timedelta(seconds=10)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -111,6 +116,12 @@ class KubeConfig:
     istiod_namespace: str | None = None
     istiod_revisions: tuple[str, ...] = ()
     istiod_tls_lifetime: timedelta = timedelta(hours=1)
+    # Kubernetes-native identity (docs/pod-certificates.md): the signer name this CA answers
+    # PodCertificateRequests for and publishes its roots under as ClusterTrustBundles; None: off.
+    pod_certificate_signer: str | None = None
+    # Also write Istio's own bundle `istio.io:istiod-ca:root-cert` (signer istio.io/istiod-ca),
+    # so Istio's injection templates that project it work unchanged.
+    istio_cluster_trust_bundle: bool = False
 
 
 @dataclass(frozen=True)
@@ -448,6 +459,13 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
             f"at least {format_duration(_MIN_ISTIOD_TLS_LIFETIME)} (istiod's certificate is "
             "re-issued at 40% of it)"
         )
+    signer = args.pod_certificate_signer or None
+    if signer is not None and not _SIGNER_NAME.fullmatch(signer):
+        raise ConfigError(
+            f"--pod-certificate-signer: {signer!r} is not a signer name: a DNS domain you own, "
+            "'/', then a path (e.g. meshca.example.com/spiffe); kubernetes.io/ names are "
+            "reserved for Kubernetes' own signers"
+        )
     instance_id = (
         args.instance_id or environ.get("POD_NAME") or (f"{socket.gethostname()}-{os.getpid()}")
     )
@@ -470,6 +488,8 @@ def _kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> KubeCo
         istiod_namespace=args.istiod_namespace,
         istiod_revisions=revisions,
         istiod_tls_lifetime=args.istiod_tls_lifetime,
+        pod_certificate_signer=signer,
+        istio_cluster_trust_bundle=args.istio_cluster_trust_bundle,
     )
 
 

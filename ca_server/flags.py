@@ -339,6 +339,21 @@ def _add_kubernetes_flags(ca: argparse.ArgumentParser) -> None:
         help="lifetime of istiod's serving certificate (renewed at 40%% of it)",
     )
     kube.add_argument(
+        "--pod-certificate-signer",
+        default="",
+        metavar="SIGNER",
+        help="answer PodCertificateRequests for this signer name (e.g. meshca.example.com/spiffe) "
+        "and publish the roots as its ClusterTrustBundles (docs/pod-certificates.md); off unless "
+        "given",
+    )
+    kube.add_argument(
+        "--istio-cluster-trust-bundle",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also write Istio's ClusterTrustBundle istio.io:istiod-ca:root-cert (signer "
+        "istio.io/istiod-ca), for Istio's injection templates that project it",
+    )
+    kube.add_argument(
         "--instance-id",
         default=None,
         help="this replica's name in the leader Lease and API user agent (default $POD_NAME)",
