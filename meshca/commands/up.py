@@ -152,6 +152,10 @@ class LocalCa:
                 f"127.0.0.1:{self.monitoring_port}",
                 "--min-workload-cert-ttl",
                 self.min_ttl,
+                # One agent needs no worker processes: a single CA process starts and stops in
+                # a fraction of the time a supervisor and a worker per CPU take.
+                "--workers",
+                "1",
             ),
             stdout=log_file,
             stderr=subprocess.STDOUT,
