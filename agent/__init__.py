@@ -36,7 +36,8 @@ Module map:
   change reaches SDS, the files and the CA connection without asking for a leaf.
 - `output_dir` (write a generation, read the current one), `file_output` (cache → files, and
   the restore hook), `cert_state` (may a previous run's files be served again).
-- `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names), `sds` (with
+- `file_mounted` (FILE_MOUNTED_CERTS and `file-cert:`/`file-root:` names; with
+  `credential_bundle`, the kubelet's one-file `podCertificate` bundle parsed strictly), `sds` (with
   `sds_decoding`: its registration on `meshca.grpc_services`' one lenient decoder), `status`
   (the HTTP status endpoint), `secret_status` (what is served per resource name, for the
   gauges and `/debug/secrets`), `metrics`, `secrets`.

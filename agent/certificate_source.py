@@ -10,7 +10,8 @@
     │     pod agent:  SingleIdentitySource -> default        (restores from OUTPUT/)
     │     node agent: pods on the node | static list -> SPIFFE IDs, by impersonation
     │                                                        (restores from OUTPUT/<ns>/<sa>/)
-    └── agent.file_mounted.FileMountedSource   FILE_MOUNTED_CERTS: files, no CA
+    └── agent.file_mounted.FileMountedSource   FILE_MOUNTED_CERTS: files, no CA (Istio's three
+                                               files, or the kubelet's credential bundle)
 
 `certificate_source_for()` is the one place that choice is made; `agent.main.Agent` holds the
 result and never asks which kind it has. Both publish into the agent's `SecretCache`.
@@ -180,6 +181,7 @@ def certificate_source_for(
             directory / "cert-chain.pem",
             directory / "key.pem",
             directory / "root-cert.pem",
+            credential_bundle=config.credential_bundle,
         )
     # In node mode this is the node agent's own token: it authenticates as itself and
     # impersonates the workloads on its node.

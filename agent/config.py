@@ -82,6 +82,9 @@ class AgentConfig:
     output_certs: Path | None = None
     file_mounted_certs: bool = False
     file_mounted_dir: Path = Path(DEFAULT_FILE_MOUNTED_DIR)
+    # FILE_MOUNTED_CERTS from the kubelet's `podCertificate` credential bundle (key, then chain)
+    # instead of cert-chain.pem + key.pem; the root stays `file_mounted_dir`/root-cert.pem.
+    credential_bundle: Path | None = None
     prov_cert: Path | None = None
     cluster_id: str = ""
     ca_headers: tuple[tuple[str, str], ...] = ()
@@ -155,6 +158,12 @@ class AgentConfig:
             )
         if self.taint_resign_window < timedelta(0):
             raise ConfigError("--taint-resign-window must not be negative (0: re-sign at once)")
+        if self.credential_bundle is not None and not self.file_mounted_certs:
+            raise ConfigError(
+                f"--credential-bundle {self.credential_bundle} is read in file-mounted mode only: "
+                "also set FILE_MOUNTED_CERTS=true (--file-mounted-certs); with a CA the agent "
+                "makes its own key and asks for the certificate"
+            )
         if self.node_mode:
             self._check_node_mode()
         if self.workload_api_socket is not None:
@@ -268,6 +277,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"directory of FILE_MOUNTED_CERTS files [{DEFAULT_FILE_MOUNTED_DIR}]",
     )
     add(
+        "--credential-bundle",
+        help="with FILE_MOUNTED_CERTS: the kubelet's podCertificate credential bundle (PKCS#8 "
+        "key, then the chain) instead of cert-chain.pem and key.pem; the root stays "
+        "root-cert.pem in --file-mounted-dir [CREDENTIAL_BUNDLE]",
+    )
+    add(
         "--file-secret-dirs",
         help="colon-separated directories that SDS file-cert:/file-root: names may read from "
         f"[FILE_SECRET_DIRS; {DEFAULT_FILE_SECRET_DIRS}]",
@@ -347,6 +362,7 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
     if file_mounted is None:
         file_mounted = _parse_bool("FILE_MOUNTED_CERTS", env.get("FILE_MOUNTED_CERTS", "false"))
     kubeconfig = pick("kubeconfig", "KUBECONFIG", None)
+    credential_bundle = pick("credential_bundle", "CREDENTIAL_BUNDLE", None)
     identities_file = pick("identities_file", None, None)
     max_fetches = pick("max_concurrent_fetches", None, str(DEFAULT_MAX_CONCURRENT_FETCHES))
     return AgentConfig(
@@ -381,6 +397,7 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> AgentConfig:
         file_mounted_dir=Path(
             pick("file_mounted_dir", None, DEFAULT_FILE_MOUNTED_DIR) or DEFAULT_FILE_MOUNTED_DIR
         ),
+        credential_bundle=Path(credential_bundle) if credential_bundle else None,
         status_host=host,
         status_port=port,
         ca_request_timeout=duration("ca_request_timeout", None, "10s"),

@@ -5,7 +5,9 @@ Two users, one mechanism:
 - `FileMountedSource` (Istio's `FILE_MOUNTED_CERTS=true`): the pod's certificate, key and root
   come from files (default `./etc/certs/{cert-chain,key,root-cert}.pem`, usually a mounted
   Kubernetes Secret) instead of from the CA; they are published into the agent's `SecretCache`
-  as `default` and `ROOTCA`.
+  as `default` and `ROOTCA`. Or, for Kubernetes Pod Certificates, the kubelet's one-file
+  `podCertificate` credential bundle (`agent.credential_bundle`: PKCS#8 key, then the chain)
+  with the pod's `clusterTrustBundle` projection as the root; no CSR, no token, no CA.
 - `FileSecretProvider`: Envoy may ask SDS for `file-cert:<cert-path>~<key-path>` or
   `file-root:<ca-path>`; the provider loads and watches those files for as long as some stream
   wants them (plug it into `agent.sds.SecretResolver`).
@@ -19,7 +21,8 @@ a short debounce lets a burst (certificate then key) settle before the files are
 periodic resync backs the watcher up.
 
 Refusal: a set of files whose certificate does not parse or that `agent.acceptance` refuses
-(outside its validity window, or not matching its key; any identity) is refused: the previous
+(outside its validity window, or not matching its key; any identity; a credential bundle's
+chain must also verify to its trust bundle and name one SPIFFE ID) is refused: the previous
 secret stays published, the reason is logged (never key material) and
 `file_reload_failures{resource_name}` is counted.
 
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 from agent.acceptance import accept_certificate
+from agent.credential_bundle import MAX_CREDENTIAL_BUNDLE_BYTES, parse_credential_bundle
 from agent.errors import CertificateRefused, FileSecretError, UnknownFileResourceError
 from agent.metrics import LabeledCounter
 from agent.secrets import (
@@ -59,7 +63,7 @@ from agent.secrets import (
     TlsSecret,
     not_after,
 )
-from certs import CertsError, load_certs, load_private_key
+from certs import CertsError, describe_certificate, load_certs, load_private_key
 from meshca.clock import Clock
 from meshca.safe_read import UnsafeFileError, path_is_within, read_regular_file
 from meshca.waiting import cancel_and_wait, result_within
@@ -94,9 +98,9 @@ class FileMetrics(Protocol):
 # --- loading ---------------------------------------------------------------------------------
 
 
-def _read(path: Path, what: str) -> bytes:
+def _read(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
     try:
-        return read_regular_file(path, MAX_FILE_BYTES)
+        return read_regular_file(path, limit)
     except UnsafeFileError as exc:
         raise FileSecretError(f"refusing {what}: {exc}") from exc
     except OSError as exc:
@@ -143,12 +147,45 @@ def load_root_secret(name: str, ca_path: Path, *, now: datetime) -> RootSecret:
     return RootSecret(name=name, trusted_ca_pem=_pem_text(data, ca_path))
 
 
+def load_credential_bundle_secret(
+    name: str, bundle_path: Path, root_path: Path, *, now: datetime
+) -> TlsSecret:
+    """The kubelet's `podCertificate` credential bundle (`agent.credential_bundle`), served only
+    if its chain verifies to the trust bundle at `root_path` (the pod's `clusterTrustBundle`
+    projection): the kubelet wrote both, and a leaf the pod's own roots do not trust would fail
+    every handshake its peers check the same way. The leaf must carry one SPIFFE ID, the
+    identity the Workload API reports."""
+    data = _read(bundle_path, "credential bundle", MAX_CREDENTIAL_BUNDLE_BYTES)
+    bundle = parse_credential_bundle(data, source=str(bundle_path))
+    roots_data = _read(root_path, "trust bundle")
+    try:
+        roots = load_certs(roots_data, what=f"trust bundle {root_path}")
+    except CertsError as exc:
+        raise FileSecretError(str(exc)) from None
+    uris = describe_certificate(bundle.leaf).uri_sans
+    if len(uris) != 1 or not uris[0].startswith("spiffe://"):
+        raise FileSecretError(
+            f"credential bundle {bundle_path}: the leaf's URI SANs are {list(uris)}, not one "
+            "SPIFFE ID; the signer must issue the pod's SPIFFE identity"
+        )
+    try:
+        accept_certificate(bundle.chain, bundle.key, now=now, roots=roots)
+    except CertificateRefused as exc:
+        raise FileSecretError(
+            f"credential bundle {bundle_path} (trust bundle {root_path}): {exc}"
+        ) from None
+    return TlsSecret(name=name, cert_chain_pem=bundle.chain_pem, private_key_pem=bundle.key_pem)
+
+
 @dataclass(frozen=True)
 class FileResource:
-    """A parsed `file-cert:` or `file-root:` name."""
+    """One file-backed secret: a parsed `file-cert:` or `file-root:` name, or one of the
+    file-mounted mode's two (`FileMountedSource`). A change in any of `paths`' directories
+    reloads it."""
 
     name: str
-    paths: tuple[Path, ...]  # (cert, key) or (ca,)
+    paths: tuple[Path, ...]  # (cert, key) or (ca,); with `credential_bundle`: (bundle, ca)
+    credential_bundle: bool = False
 
     @classmethod
     def parse(cls, name: str) -> FileResource:
@@ -167,6 +204,9 @@ class FileResource:
         raise UnknownFileResourceError(f"resource {name!r} is not a file-cert: or file-root: name")
 
     def load(self, now: datetime) -> Secret:
+        if self.credential_bundle:
+            bundle, roots = self.paths
+            return load_credential_bundle_secret(self.name, bundle, roots, now=now)
         if len(self.paths) == 2:
             return load_tls_secret(self.name, self.paths[0], self.paths[1], now=now)
         return load_root_secret(self.name, self.paths[0], now=now)
@@ -381,6 +421,10 @@ class FileMountedSource:
 
     `await start()` loads the files once (a failure is logged and counted, and the files keep
     being watched so a later fix is picked up) and watches them; `await stop()` stops watching.
+
+    With `credential_bundle` (the kubelet's `podCertificate` bundle: key, then chain) the
+    certificate and key come from that one file instead of `cert_path` and `key_path`, and
+    are served only while the chain verifies to `root_path` (reloaded when either changes).
     """
 
     def __init__(
@@ -391,15 +435,18 @@ class FileMountedSource:
         key_path: str | os.PathLike[str] = DEFAULT_KEY_PATH,
         root_path: str | os.PathLike[str] = DEFAULT_ROOT_PATH,
         *,
+        credential_bundle: str | os.PathLike[str] | None = None,
         cert_name: str = DEFAULT_RESOURCE,
         root_name: str = ROOT_RESOURCE,
     ) -> None:
         self.cache = cache
         self.watcher = watcher
-        self._resources = (
-            FileResource(cert_name, (Path(cert_path), Path(key_path))),
-            FileResource(root_name, (Path(root_path),)),
-        )
+        if credential_bundle is None:
+            leaf = FileResource(cert_name, (Path(cert_path), Path(key_path)))
+        else:
+            paths = (Path(credential_bundle), Path(root_path))
+            leaf = FileResource(cert_name, paths, credential_bundle=True)
+        self._resources = (leaf, FileResource(root_name, (Path(root_path),)))
 
     async def start(self) -> None:
         for resource in self._resources:

@@ -3,7 +3,7 @@
     CertificateSource (chosen once, `agent.certificate_source.certificate_source_for`):
       CA-backed:   identity source --set_identities--> CertificateScheduler --sign--> CaClient
                    (pod: one identity as `default`; node: the node's identities by SPIFFE ID)
-      file-mounted: ./etc/certs/*.pem -> FileMountedSource
+      file-mounted: ./etc/certs/*.pem or the kubelet's credential bundle -> FileMountedSource
                                  | publish (ROOTCA first, then the leaf)
                                  v
         FileOutput (OUTPUT_CERTS) <- listener -- SecretCache --> SdsServer (Unix socket) -> Envoy

@@ -32,6 +32,7 @@ def test_defaults_are_istios() -> None:
     assert config.status_listen == "127.0.0.1:15020"
     assert config.output_certs is None and config.identity is None
     assert config.file_mounted_certs is False
+    assert config.credential_bundle is None
 
 
 def test_env_overrides_default_and_flag_overrides_env() -> None:
@@ -191,3 +192,14 @@ def test_bad_workload_api_settings_name_the_setting(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(argv, env)
+
+
+def test_credential_bundle_from_flag_or_env_in_file_mounted_mode() -> None:
+    """The kubelet's podCertificate bundle replaces cert-chain.pem + key.pem; the flag wins."""
+    env = {"FILE_MOUNTED_CERTS": "true", "CREDENTIAL_BUNDLE": "/var/run/pod/bundle.pem"}
+    assert parse([], env).credential_bundle == Path("/var/run/pod/bundle.pem")
+    flag = parse(["--credential-bundle", "etc/certs/b.pem"], env)
+    assert flag.credential_bundle == Path("etc/certs/b.pem")
+    assert flag.file_mounted_dir == Path("./etc/certs")  # the root stays root-cert.pem there
+    with pytest.raises(ConfigError, match="FILE_MOUNTED_CERTS"):
+        parse(["--credential-bundle", "/b.pem"])

@@ -45,6 +45,7 @@ AGENT_CASES = {
     "unknown signature algorithm": ([], {"ECC_SIGNATURE_ALGORITHM": "DSA"}, "ECC_SIGNATURE"),
     "node mode without a source": (["--node-mode"], {}, "--node-mode"),
     "negative fetch limit": (["--max-concurrent-fetches", "-1"], {}, "--max-concurrent-fetches"),
+    "credential bundle with a CA": ([], {"CREDENTIAL_BUNDLE": "/b.pem"}, "FILE_MOUNTED_CERTS"),
 }
 
 

@@ -59,6 +59,12 @@ class Issued:
     def tls_secret(self, name: str = DEFAULT_RESOURCE) -> TlsSecret:
         return TlsSecret(name=name, cert_chain_pem=self.cert_pem, private_key_pem=self.key_pem)
 
+    @property
+    def credential_bundle(self) -> str:
+        """What the kubelet writes for a `podCertificate` volume's `credentialBundlePath`:
+        the PKCS#8 key, then the chain (leaf first)."""
+        return self.key_pem + self.cert_pem
+
 
 class TestCa:
     """A signing CA: a self-signed root, or (`child_ca`) an intermediate under another."""
