@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
@@ -88,7 +89,7 @@ def load_private_key(pem: bytes | str) -> PrivateKey:
     data = pem.encode() if isinstance(pem, str) else pem
     try:
         key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # the last: an unknown key OID
         raise KeyMaterialError(
             "not an unencrypted PEM private key (expected PKCS#8, SEC1 or PKCS#1)"
         ) from exc

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 
 import pytest
@@ -124,6 +125,25 @@ def test_load_private_key_refuses_encrypted_and_garbage(pki: Pki) -> None:
     for data in (encrypted, b"not a key", b"", "-----BEGIN PRIVATE KEY-----\nAAAA\n"):
         with pytest.raises(KeyMaterialError, match="unencrypted PEM private key"):
             load_private_key(data)
+
+
+def test_load_private_key_refuses_an_unknown_key_algorithm(pki: Pki) -> None:
+    """A PKCS#8 key whose algorithm OID cryptography does not know raises UnsupportedAlgorithm,
+    which is no ValueError: it must still come out as KeyMaterialError (a mounted key file or a
+    kubelet bundle with one is refused and counted, not a crashed reload)."""
+    der = pki.leaf_key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    ec_public_key_oid = bytes.fromhex("06072a8648ce3d0201")  # 1.2.840.10045.2.1
+    assert ec_public_key_oid in der
+    unknown = der.replace(ec_public_key_oid, bytes.fromhex("0607008648ce3d0201"))  # 0.0.840...
+    pem = (
+        b"-----BEGIN PRIVATE KEY-----\n"
+        + base64.encodebytes(unknown)
+        + b"-----END PRIVATE KEY-----\n"
+    )
+    with pytest.raises(KeyMaterialError, match="unencrypted PEM private key"):
+        load_private_key(pem)
 
 
 def test_key_matches_certificate(pki: Pki, other_pki: Pki) -> None:
