@@ -1,0 +1,98 @@
+"""Property-based tests of the kubelet credential bundle parser (`agent.credential_bundle`): the
+file comes from the node, so whatever it holds the agent answers with `FileSecretError` or a
+bundle, never another exception (a reload that raised something else would not be counted as a
+refusal), and never echoes the file's text.
+
+Inputs: arbitrary bytes; the kubelet's layout with bytes flipped inside the key's or the
+certificate's DER (re-armoured, so the PEM layer passes and the DER parsers are reached); and
+the real blocks shuffled, dropped and repeated. Bounded and derandomized as in
+tests/hostile/test_properties.py (`MESHCA_HYPOTHESIS_EXAMPLES` searches longer).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.credential_bundle import CredentialBundle, parse_credential_bundle
+from agent.errors import FileSecretError
+from certs import generate_private_key, private_key_to_pem
+from tests.support.pki import TestCa
+
+EXAMPLES = int(os.environ.get("MESHCA_HYPOTHESIS_EXAMPLES", "150"))
+BOUNDED = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+_CA = TestCa()
+_ISSUED = _CA.child_ca().issue("app")
+KEY_PEM = _ISSUED.key_pem
+CHAIN_PEMS = [
+    "-----BEGIN CERTIFICATE-----" + block
+    for block in _ISSUED.cert_pem.split("-----BEGIN CERTIFICATE-----")[1:]
+]
+BLOCKS = [KEY_PEM, *CHAIN_PEMS, private_key_to_pem(generate_private_key()).decode()]
+
+
+def check(data: bytes) -> CredentialBundle | None:
+    try:
+        return parse_credential_bundle(data, source="/fuzzed/bundle.pem")
+    except FileSecretError as exc:
+        message = str(exc)
+        assert "-----BEGIN" not in message and "MII" not in message, message
+        return None
+
+
+def _mutated(pem: str) -> st.SearchStrategy[str]:
+    """`pem` with 1-3 bytes of its DER replaced, re-armoured under the same label."""
+    lines = pem.strip().splitlines()
+    label = lines[0][len("-----BEGIN ") : -len("-----")]
+    der = base64.b64decode("".join(lines[1:-1]))
+
+    @st.composite
+    def mutate(draw: st.DrawFn) -> str:
+        data = bytearray(der)
+        for _ in range(draw(st.integers(1, 3))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+        body = base64.encodebytes(bytes(data)).decode()
+        return f"-----BEGIN {label}-----\n{body}-----END {label}-----\n"
+
+    return mutate()
+
+
+@BOUNDED
+@given(st.binary(max_size=4096))
+def test_arbitrary_bytes_are_parsed_or_refused(data: bytes) -> None:
+    check(data)
+
+
+@BOUNDED
+@given(_mutated(KEY_PEM))
+def test_a_mutated_key_is_parsed_or_refused(key: str) -> None:
+    check((key + _ISSUED.cert_pem).encode())
+
+
+@BOUNDED
+@given(_mutated(CHAIN_PEMS[0]))
+def test_a_mutated_leaf_is_parsed_or_refused(leaf: str) -> None:
+    check((KEY_PEM + leaf + "".join(CHAIN_PEMS[1:])).encode())
+
+
+@BOUNDED
+@given(st.lists(st.sampled_from(range(len(BLOCKS))), max_size=6))
+def test_any_arrangement_of_real_blocks_is_parsed_only_in_the_kubelets_order(
+    order: list[int],
+) -> None:
+    keys = {0, len(BLOCKS) - 1}
+    bundle = check("".join(BLOCKS[i] for i in order).encode())
+    kubelets_order = len(order) > 1 and order[0] in keys and not any(i in keys for i in order[1:])
+    assert (bundle is not None) == kubelets_order, order
+    if bundle is not None:
+        assert bundle.key_pem == BLOCKS[order[0]]
+        assert len(bundle.chain) == len(order) - 1
