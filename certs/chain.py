@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 
 from certs.errors import ChainError, ChainOrderError, ForeignCertificateError
 
@@ -26,8 +26,8 @@ def issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     """True when `issuer`'s key signed `cert` and the names link up."""
     try:
         cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):  # the last: an
+        return False  # issuer key or curve cryptography does not know (not a ValueError)
     return True
 
 

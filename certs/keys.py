@@ -102,7 +102,10 @@ def load_private_key(pem: bytes | str) -> PrivateKey:
 
 def public_key_of(cert: x509.Certificate | x509.CertificateSigningRequest) -> PublicKey:
     """The certificate's or CSR's public key, refused if not ECDSA or RSA."""
-    key = cert.public_key()
+    try:
+        key = cert.public_key()
+    except (ValueError, UnsupportedAlgorithm) as exc:  # an unknown key or curve OID
+        raise KeyMaterialError(f"unsupported or malformed public key ({exc})") from None
     if key_family(key) is None:
         raise KeyMaterialError(
             f"unsupported public key type {type(key).__name__}; use ECDSA or RSA"

@@ -33,6 +33,7 @@ from agent.file_mounted import FileMountedSource, FileWatcher, load_credential_b
 from agent.secrets import SecretCache, TlsSecret
 from certs import generate_private_key, load_cert, private_key_to_pem
 from meshca.clock import FakeClock
+from tests.support import unknown_algorithms
 from tests.support.agent_wiring import until
 from tests.support.kubelet_volume import kubelet_project
 from tests.support.pki import Issued, TestCa
@@ -96,6 +97,8 @@ def test_during_a_root_rotation_either_root_will_do(ca: TestCa, workdir: Path) -
         ("trust bundle not PEM", "no PEM CERTIFICATE"),
         ("oversized", "the limit is"),
         ("wrong order", "wrong order"),
+        ("leaf key of an unknown algorithm", "unsupported or malformed public key"),
+        ("root key of an unknown algorithm", "does not lead to any trusted root"),
     ],
 )
 def test_bad_bundles_are_refused_saying_why(
@@ -122,6 +125,10 @@ def test_bad_bundles_are_refused_saying_why(
         bundle += "\n" * MAX_CREDENTIAL_BUNDLE_BYTES
     elif case == "wrong order":
         bundle = issued.cert_pem + issued.key_pem
+    elif case == "leaf key of an unknown algorithm":
+        bundle = issued.key_pem + unknown_algorithms.certificate_pem(issued.cert)
+    elif case == "root key of an unknown algorithm":
+        roots = unknown_algorithms.certificate_pem(ca.root)
     write(workdir, bundle, roots)
     if case == "no trust bundle":
         (workdir / ROOTS).unlink()

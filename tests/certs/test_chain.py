@@ -13,6 +13,7 @@ from certs import (
     is_ca,
     verify_chain,
 )
+from tests.support import unknown_algorithms
 from tests.support.pki_views import NOW, TRUST_DOMAIN, Pki, make_leaf
 
 
@@ -150,3 +151,15 @@ def test_is_ca(pki: Pki) -> None:
     assert is_ca(pki.root)
     assert is_ca(pki.intermediate)
     assert not is_ca(make_leaf(pki))
+
+
+def test_an_issuer_of_an_unknown_key_algorithm_signed_nothing(pki: Pki) -> None:
+    """Its UnsupportedAlgorithm (no ValueError) is a broken link, not an escaping exception."""
+    leaf = make_leaf(pki)
+    assert verify_chain([leaf, pki.intermediate], [pki.root], now=NOW) == pki.root
+    strange_root = unknown_algorithms.certificate(pki.root)
+    with pytest.raises(ChainError, match="does not lead to any trusted root"):
+        verify_chain([leaf, pki.intermediate], [strange_root], now=NOW)
+    strange_intermediate = unknown_algorithms.certificate(pki.intermediate)
+    with pytest.raises(ChainError, match="not signed by the next"):
+        verify_chain([leaf, strange_intermediate], [pki.root], now=NOW)

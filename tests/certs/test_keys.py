@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import base64
 from datetime import timedelta
 
 import pytest
@@ -18,7 +17,8 @@ from certs import (
     public_key_of,
 )
 from certs.keys import describe_key, public_key_bytes, signature_hash_for
-from tests.support.pki_views import NOW, Pki
+from tests.support import unknown_algorithms
+from tests.support.pki_views import NOW, Pki, make_leaf
 
 
 @pytest.mark.parametrize(
@@ -127,23 +127,17 @@ def test_load_private_key_refuses_encrypted_and_garbage(pki: Pki) -> None:
             load_private_key(data)
 
 
-def test_load_private_key_refuses_an_unknown_key_algorithm(pki: Pki) -> None:
-    """A PKCS#8 key whose algorithm OID cryptography does not know raises UnsupportedAlgorithm,
-    which is no ValueError: it must still come out as KeyMaterialError (a mounted key file or a
-    kubelet bundle with one is refused and counted, not a crashed reload)."""
-    der = pki.leaf_key.private_bytes(
-        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    ec_public_key_oid = bytes.fromhex("06072a8648ce3d0201")  # 1.2.840.10045.2.1
-    assert ec_public_key_oid in der
-    unknown = der.replace(ec_public_key_oid, bytes.fromhex("0607008648ce3d0201"))  # 0.0.840...
-    pem = (
-        b"-----BEGIN PRIVATE KEY-----\n"
-        + base64.encodebytes(unknown)
-        + b"-----END PRIVATE KEY-----\n"
-    )
+def test_an_unknown_key_algorithm_is_key_material_error(pki: Pki) -> None:
+    """cryptography's UnsupportedAlgorithm is no ValueError: it must still come out as
+    KeyMaterialError, so a mounted key file or a kubelet bundle holding such a key or leaf is
+    refused and counted, not a crashed reload."""
     with pytest.raises(KeyMaterialError, match="unencrypted PEM private key"):
-        load_private_key(pem)
+        load_private_key(unknown_algorithms.private_key_pem(pki.leaf_key))
+    strange_leaf = unknown_algorithms.certificate(make_leaf(pki))
+    with pytest.raises(KeyMaterialError, match="unsupported or malformed public key"):
+        public_key_of(strange_leaf)
+    with pytest.raises(KeyMaterialError):
+        key_matches_certificate(pki.leaf_key, strange_leaf)
 
 
 def test_key_matches_certificate(pki: Pki, other_pki: Pki) -> None:
