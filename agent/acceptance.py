@@ -53,7 +53,10 @@ def accept_certificate(
     if now < not_before:
         raise CertificateRefused(f"the certificate is not valid until {not_before.isoformat()}")
     if identity is not None:
-        uris = describe_certificate(leaf).uri_sans
+        try:
+            uris = describe_certificate(leaf).uri_sans
+        except CertsError as exc:
+            raise CertificateRefused(str(exc)) from None
         if uris != (identity.uri,):
             raise CertificateRefused(
                 f"the certificate is for {list(uris)}, but this agent is {identity.uri}"

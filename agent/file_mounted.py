@@ -162,7 +162,10 @@ def load_credential_bundle_secret(
         roots = load_certs(roots_data, what=f"trust bundle {root_path}")
     except CertsError as exc:
         raise FileSecretError(str(exc)) from None
-    uris = describe_certificate(bundle.leaf).uri_sans
+    try:
+        uris = describe_certificate(bundle.leaf).uri_sans
+    except CertsError as exc:
+        raise FileSecretError(f"credential bundle {bundle_path}: the leaf: {exc}") from None
     if len(uris) != 1 or not uris[0].startswith("spiffe://"):
         raise FileSecretError(
             f"credential bundle {bundle_path}: the leaf's URI SANs are {list(uris)}, not one "

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from cryptography import x509
 
 from certs.chain import is_ca
+from certs.errors import PemError
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,23 @@ class CertificateInfo:
 
 
 def describe_certificate(cert: x509.Certificate) -> CertificateInfo:
+    """The facts of `cert`. cryptography parses names and extensions lazily, so a malformed one
+    shows here first: `PemError` (a `CertsError`), not a bare ValueError from deep inside."""
     uris: tuple[str, ...] = ()
     dns: tuple[str, ...] = ()
     try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
-        dns = tuple(san.get_values_for_type(x509.DNSName))
-    except x509.ExtensionNotFound:
-        pass
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
+            dns = tuple(san.get_values_for_type(x509.DNSName))
+        except x509.ExtensionNotFound:
+            pass
+        subject, issuer = cert.subject.rfc4514_string(), cert.issuer.rfc4514_string()
+    except (ValueError, x509.DuplicateExtension) as exc:
+        raise PemError(f"certificate: its names or extensions do not parse ({exc})") from None
     return CertificateInfo(
-        subject=cert.subject.rfc4514_string(),
-        issuer=cert.issuer.rfc4514_string(),
+        subject=subject,
+        issuer=issuer,
         serial=cert.serial_number,
         uri_sans=uris,
         dns_sans=dns,

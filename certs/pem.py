@@ -31,14 +31,31 @@ def certs_to_pem(certs: Iterable[x509.Certificate]) -> str:
     return "".join(cert_to_pem(cert) for cert in certs)
 
 
+# What cryptography raises for a certificate it cannot parse, now or (extensions) on first use:
+# InvalidVersion and DuplicateExtension are not ValueErrors.
+_MALFORMED = (ValueError, x509.InvalidVersion, x509.DuplicateExtension)
+
+
+def _parsed_through(cert: x509.Certificate) -> x509.Certificate:
+    """`cert` with its extensions parsed now: cryptography parses them lazily, on first use, so
+    a malformed one would otherwise surface as a ValueError (or DuplicateExtension) far from
+    here, in whatever first reads the SANs or BasicConstraints. They are cached once parsed, so
+    this moves the cost rather than adding it. (Names are checked where they are turned into
+    text, `certs.inspect.describe_certificate`; the public key where it is used,
+    `certs.keys.public_key_of`.)"""
+    _ = cert.extensions
+    return cert
+
+
 def load_certs(data: bytes | str, *, what: str = "certificate") -> list[x509.Certificate]:
-    """Every certificate in a PEM bundle, in order; at least one, or `PemError` naming `what`."""
+    """Every certificate in a PEM bundle, in order; at least one, or `PemError` naming `what`.
+    Extensions are parsed too (`_parsed_through`): a certificate returned is whole."""
     raw = data.encode() if isinstance(data, str) else data
     if b"-----BEGIN CERTIFICATE-----" not in raw:
         raise PemError(f"{what}: no PEM CERTIFICATE block found")
     try:
-        return x509.load_pem_x509_certificates(raw)
-    except (ValueError, x509.InvalidVersion) as exc:  # InvalidVersion is not a ValueError
+        return [_parsed_through(cert) for cert in x509.load_pem_x509_certificates(raw)]
+    except _MALFORMED as exc:
         raise PemError(f"{what}: malformed PEM certificate ({exc})") from exc
 
 
@@ -60,8 +77,8 @@ def load_der_certs(data: bytes, *, what: str = "certificate") -> list[x509.Certi
     while offset < len(data):
         end = _der_end(data, offset, what)
         try:
-            certs.append(x509.load_der_x509_certificate(data[offset:end]))
-        except (ValueError, x509.InvalidVersion) as exc:
+            certs.append(_parsed_through(x509.load_der_x509_certificate(data[offset:end])))
+        except _MALFORMED as exc:
             raise PemError(f"{what}: malformed DER certificate #{len(certs) + 1} ({exc})") from exc
         offset = end
     if not certs:

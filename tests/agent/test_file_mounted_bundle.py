@@ -33,7 +33,7 @@ from agent.file_mounted import FileMountedSource, FileWatcher, load_credential_b
 from agent.secrets import SecretCache, TlsSecret
 from certs import generate_private_key, load_cert, private_key_to_pem
 from meshca.clock import FakeClock
-from tests.support import unknown_algorithms
+from tests.support import mangled_certs
 from tests.support.agent_wiring import until
 from tests.support.kubelet_volume import kubelet_project
 from tests.support.pki import Issued, TestCa
@@ -126,9 +126,9 @@ def test_bad_bundles_are_refused_saying_why(
     elif case == "wrong order":
         bundle = issued.cert_pem + issued.key_pem
     elif case == "leaf key of an unknown algorithm":
-        bundle = issued.key_pem + unknown_algorithms.certificate_pem(issued.cert)
+        bundle = issued.key_pem + mangled_certs.unknown_key_algorithm_pem(issued.cert)
     elif case == "root key of an unknown algorithm":
-        roots = unknown_algorithms.certificate_pem(ca.root)
+        roots = mangled_certs.unknown_key_algorithm_pem(ca.root)
     write(workdir, bundle, roots)
     if case == "no trust bundle":
         (workdir / ROOTS).unlink()

@@ -13,7 +13,7 @@ from certs import (
     is_ca,
     verify_chain,
 )
-from tests.support import unknown_algorithms
+from tests.support import mangled_certs
 from tests.support.pki_views import NOW, TRUST_DOMAIN, Pki, make_leaf
 
 
@@ -157,9 +157,9 @@ def test_an_issuer_of_an_unknown_key_algorithm_signed_nothing(pki: Pki) -> None:
     """Its UnsupportedAlgorithm (no ValueError) is a broken link, not an escaping exception."""
     leaf = make_leaf(pki)
     assert verify_chain([leaf, pki.intermediate], [pki.root], now=NOW) == pki.root
-    strange_root = unknown_algorithms.certificate(pki.root)
+    strange_root = mangled_certs.unknown_key_algorithm(pki.root)
     with pytest.raises(ChainError, match="does not lead to any trusted root"):
         verify_chain([leaf, pki.intermediate], [strange_root], now=NOW)
-    strange_intermediate = unknown_algorithms.certificate(pki.intermediate)
+    strange_intermediate = mangled_certs.unknown_key_algorithm(pki.intermediate)
     with pytest.raises(ChainError, match="not signed by the next"):
         verify_chain([leaf, strange_intermediate], [pki.root], now=NOW)

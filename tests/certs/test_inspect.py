@@ -3,12 +3,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from cryptography import x509
 
 from certs import (
+    PemError,
     build_serving_certificate,
     describe_certificate,
     format_duration,
 )
+from tests.support import mangled_certs
 from tests.support.pki_views import IDENTITY, NOW, Pki, make_leaf
 
 
@@ -76,3 +79,9 @@ def test_describe_serving_certificate(pki: Pki) -> None:
 )
 def test_format_duration(delta: timedelta, text: str) -> None:
     assert format_duration(delta) == text
+
+
+def test_a_certificate_whose_extensions_do_not_parse_is_a_pem_error(pki: Pki) -> None:
+    lazy = x509.load_pem_x509_certificate(mangled_certs.malformed_san_pem(make_leaf(pki)).encode())
+    with pytest.raises(PemError, match="do not parse"):
+        describe_certificate(lazy)

@@ -17,7 +17,7 @@ from certs import (
     public_key_of,
 )
 from certs.keys import describe_key, public_key_bytes, signature_hash_for
-from tests.support import unknown_algorithms
+from tests.support import mangled_certs
 from tests.support.pki_views import NOW, Pki, make_leaf
 
 
@@ -132,8 +132,8 @@ def test_an_unknown_key_algorithm_is_key_material_error(pki: Pki) -> None:
     KeyMaterialError, so a mounted key file or a kubelet bundle holding such a key or leaf is
     refused and counted, not a crashed reload."""
     with pytest.raises(KeyMaterialError, match="unencrypted PEM private key"):
-        load_private_key(unknown_algorithms.private_key_pem(pki.leaf_key))
-    strange_leaf = unknown_algorithms.certificate(make_leaf(pki))
+        load_private_key(mangled_certs.private_key_pem(pki.leaf_key))
+    strange_leaf = mangled_certs.unknown_key_algorithm(make_leaf(pki))
     with pytest.raises(KeyMaterialError, match="unsupported or malformed public key"):
         public_key_of(strange_leaf)
     with pytest.raises(KeyMaterialError):

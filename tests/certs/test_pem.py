@@ -19,7 +19,8 @@ from certs import (
     load_certs,
     load_der_certs,
 )
-from tests.support.pki_views import Pki
+from tests.support import mangled_certs
+from tests.support.pki_views import Pki, make_leaf
 
 
 def test_cert_to_pem_round_trip(pki: Pki) -> None:
@@ -114,3 +115,15 @@ def test_der_to_pem_is_the_text_cert_to_pem_gives(pki: Pki) -> None:
     assert len(residues) == 48, sorted(residues)
     for cert in certs:
         assert der_to_pem(cert.public_bytes(Encoding.DER)) == cert_to_pem(cert)
+
+
+def test_a_certificate_whose_extensions_do_not_parse_is_refused_at_load(pki: Pki) -> None:
+    """cryptography parses extensions on first use; load_certs parses them at once, so no
+    malformed SAN surfaces later as a bare ValueError in whatever reads it first."""
+    pem = mangled_certs.malformed_san_pem(make_leaf(pki))
+    x509.load_pem_x509_certificate(pem.encode())  # loads, lazily
+    with pytest.raises(PemError, match="malformed PEM certificate"):
+        load_certs(pem)
+    der = x509.load_pem_x509_certificate(pem.encode()).public_bytes(Encoding.DER)
+    with pytest.raises(PemError, match="malformed DER certificate"):
+        load_der_certs(der)

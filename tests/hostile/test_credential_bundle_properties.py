@@ -5,20 +5,27 @@ refusal), and never echoes the file's text.
 
 Inputs: arbitrary bytes; the kubelet's layout with bytes flipped inside the key's or the
 certificate's DER (re-armoured, so the PEM layer passes and the DER parsers are reached); and
-the real blocks shuffled, dropped and repeated. Bounded and derandomized as in
-tests/hostile/test_properties.py (`MESHCA_HYPOTHESIS_EXAMPLES` searches longer).
+the real blocks shuffled, dropped and repeated. Then the whole loader
+(`agent.file_mounted.load_credential_bundle_secret`: acceptance, the chain against the projected
+roots) on mutated leaves, intermediates and roots: `FileSecretError` or the secret. Bounded and
+derandomized as in tests/hostile/test_properties.py (`MESHCA_HYPOTHESIS_EXAMPLES` searches
+longer).
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.credential_bundle import CredentialBundle, parse_credential_bundle
 from agent.errors import FileSecretError
+from agent.file_mounted import load_credential_bundle_secret
 from certs import generate_private_key, private_key_to_pem
 from tests.support.pki import TestCa
 
@@ -96,3 +103,32 @@ def test_any_arrangement_of_real_blocks_is_parsed_only_in_the_kubelets_order(
     if bundle is not None:
         assert bundle.key_pem == BLOCKS[order[0]]
         assert len(bundle.chain) == len(order) - 1
+
+
+def check_loaded(bundle: str, roots: str) -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="cbp-") as directory:
+        bundle_path, roots_path = Path(directory) / "bundle.pem", Path(directory) / "roots.pem"
+        bundle_path.write_text(bundle)
+        roots_path.write_text(roots)
+        try:
+            load_credential_bundle_secret("default", bundle_path, roots_path, now=datetime.now(UTC))
+        except FileSecretError as exc:
+            assert "-----BEGIN" not in str(exc) and "MII" not in str(exc), exc
+
+
+@BOUNDED
+@given(_mutated(CHAIN_PEMS[0]))
+def test_the_loader_on_a_mutated_leaf(leaf: str) -> None:
+    check_loaded(KEY_PEM + leaf + "".join(CHAIN_PEMS[1:]), _CA.root_pem)
+
+
+@BOUNDED
+@given(_mutated(CHAIN_PEMS[1]))
+def test_the_loader_on_a_mutated_intermediate(intermediate: str) -> None:
+    check_loaded(KEY_PEM + CHAIN_PEMS[0] + intermediate, _CA.root_pem)
+
+
+@BOUNDED
+@given(_mutated(_CA.root_pem))
+def test_the_loader_on_a_mutated_root(root: str) -> None:
+    check_loaded(_ISSUED.credential_bundle, root)
