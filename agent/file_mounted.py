@@ -118,6 +118,12 @@ def _pem_text(data: bytes, path: Path) -> str:
 def load_tls_secret(name: str, cert_path: Path, key_path: Path, *, now: datetime) -> TlsSecret:
     """Reads and checks a certificate chain and its key; `FileSecretError` says what is wrong."""
     cert_bytes = _read(cert_path, "certificate chain")
+    if b"PRIVATE KEY-----" in cert_bytes:  # the chain goes to Envoy's config (and config_dump)
+        raise FileSecretError(
+            f"certificate chain {cert_path} holds a private key, which would be served as part "
+            "of the chain; keep the key in its own file (for the kubelet's podCertificate "
+            "bundle, key then chain in one file, use --credential-bundle)"
+        )
     key_bytes = _read(key_path, "private key")
     try:
         chain = load_certs(cert_bytes, what=f"certificate chain {cert_path}")

@@ -133,6 +133,7 @@ def test_load_tls_secret_accepts_a_matching_pair(ca: TestCa, workdir: Path) -> N
         ("bad-key", "not an unencrypted PEM private key"),
         ("missing", "cannot read"),
         ("non-ascii", "non-ASCII"),
+        ("key in the chain file", "holds a private key"),
     ],
 )
 def test_load_tls_secret_refuses(ca: TestCa, workdir: Path, case: str, expected: str) -> None:
@@ -151,6 +152,8 @@ def test_load_tls_secret_refuses(ca: TestCa, workdir: Path, case: str, expected:
         del files["key.pem"]
     elif case == "non-ascii":
         files["cert-chain.pem"] = "# émis par la PKI\n" + issued.cert_pem
+    elif case == "key in the chain file":  # a kubelet credential bundle given as the chain
+        files["cert-chain.pem"] = issued.key_pem + issued.cert_pem
     write_plain(workdir, files)
     with pytest.raises(FileSecretError, match=expected) as info:
         load_tls_secret("default", workdir / "cert-chain.pem", workdir / "key.pem", now=NOW)
