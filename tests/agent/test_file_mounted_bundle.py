@@ -16,6 +16,7 @@ tests/e2e/test_kubelet_bundle.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -136,6 +137,23 @@ def test_bad_bundles_are_refused_saying_why(
         load(workdir)
     assert str(workdir / BUNDLE) in str(info.value) or case.startswith(("no trust", "trust"))
     assert "PRIVATE KEY-----" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_bundle_path_that_is_no_regular_file_is_refused_unread(
+    ca: TestCa, workdir: Path, kind: str
+) -> None:
+    """A FIFO would block open()/read() forever, /dev/zero never ends: neither is read."""
+    (workdir / ROOTS).write_text(ca.root_pem)
+    bundle = workdir / BUNDLE
+    if kind == "fifo":
+        os.mkfifo(bundle)
+    elif kind == "device":
+        bundle.symlink_to("/dev/zero")
+    else:
+        bundle.mkdir()
+    with pytest.raises(FileSecretError, match=r"not a regular file|Is a directory"):
+        load(workdir)
 
 
 def test_the_mode_is_chosen_by_config(ca: TestCa, workdir: Path) -> None:
