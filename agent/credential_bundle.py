@@ -37,7 +37,7 @@ MAX_CREDENTIAL_BUNDLE_BYTES = 128 * 1024
 KEY_LABEL = "PRIVATE KEY"  # PKCS#8 (RFC 7468 section 10)
 CERTIFICATE_LABEL = "CERTIFICATE"
 # The kubelet's `keyType`s whose keys Envoy can serve (Ed25519 it cannot), for error messages.
-SERVABLE_KEY_TYPES = "ECDSAP256, ECDSAP384, RSA3072 or RSA4096"
+SERVABLE_KEY_TYPES = "ECDSAP256, ECDSAP384, ECDSAP521, RSA3072 or RSA4096"
 
 # RFC 7468's encapsulation boundaries; labels are printable ASCII without '-', bounded so a
 # hostile file cannot make the scan quadratic.

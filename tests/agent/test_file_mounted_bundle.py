@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from prometheus_client import CollectorRegistry, Counter
 
 from agent.config import AgentConfig
@@ -32,7 +33,7 @@ from agent.credential_bundle import MAX_CREDENTIAL_BUNDLE_BYTES
 from agent.errors import FileSecretError
 from agent.file_mounted import FileMountedSource, FileWatcher, load_credential_bundle_secret
 from agent.secrets import SecretCache, TlsSecret
-from certs import generate_private_key, load_cert, private_key_to_pem
+from certs import PrivateKey, generate_private_key, load_cert, private_key_to_pem
 from meshca.clock import FakeClock
 from tests.support import mangled_certs
 from tests.support.agent_wiring import until
@@ -75,6 +76,21 @@ def test_a_bundle_that_verifies_to_the_projected_roots_is_served(ca: TestCa, wor
     secret = load(workdir)
     assert secret.cert_chain_pem == issued.cert_pem
     assert secret.private_key_pem == issued.key_pem
+
+
+@pytest.mark.parametrize("key_type", ["ECDSAP256", "ECDSAP384", "ECDSAP521", "RSA3072"])
+def test_the_key_types_envoy_serves_are_loaded(ca: TestCa, workdir: Path, key_type: str) -> None:
+    """The PodCertificateRequest key types but Ed25519 (and RSA4096, as RSA3072 but slower to
+    make); a P-521 leaf was seen loaded by the real Envoy 1.40 too."""
+    curves = {"ECDSAP256": ec.SECP256R1(), "ECDSAP384": ec.SECP384R1(), "ECDSAP521": ec.SECP521R1()}
+    key: PrivateKey
+    if key_type in curves:
+        key = ec.generate_private_key(curves[key_type])
+    else:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    issued = ca.issue("app", key=key)
+    write(workdir, issued.credential_bundle, ca.root_pem)
+    assert load(workdir).private_key_pem == issued.key_pem
 
 
 def test_during_a_root_rotation_either_root_will_do(ca: TestCa, workdir: Path) -> None:
