@@ -13,6 +13,10 @@ Envoy echoes the client's SPIFFE ID and serial).
 - A bad bundle (a leaf of another root, a key not matching the leaf) is refused by the agent and
   counted; Envoy keeps the previous certificate.
 - py-spiffe's `WorkloadApiClient` fetches the same X.509-SVID from the agent, then its refresh.
+- For comparison, Istio's own pilot-agent (which has no credential bundle): the kubelet's
+  separate `keyPath`/`certificateChainPath` files and the trust bundle in
+  `./var/run/secrets/workload-spiffe-credentials` are picked up with no CA, and two refreshes
+  followed (what docs/agent.md tells Istio users).
 
 The leaves come from the project's test PKI (`tests/support/pki.py`) through an intermediate,
 as a PodCertificateRequest signer's would; a test against meshca's own signer comes with it.
@@ -30,7 +34,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.envoy import EnvoyPair, envoy_binary, http_get, start_envoy_pair
+from tests.support.istio_agent import IstioAgent
 from tests.support.kubelet_pod import KubeletPod
+from tests.support.kubelet_volume import kubelet_project
 from tests.support.pki import Issued, TestCa
 from tests.support.processes import wait_for
 from tests.support.traffic import Traffic
@@ -230,3 +236,41 @@ def test_py_spiffe_fetches_the_kubelet_written_svid(mesh: Mesh) -> None:
         assert pushed.serial == refreshed.serial and pushed.key_matches
     finally:
         watch.close()
+
+
+def test_istios_pilot_agent_takes_kubelet_written_files_without_a_ca() -> None:
+    """Istio (pilot-agent at the pinned istio.io/istio) switches to files, with no CA client,
+    when `cert-chain.pem`, `key.pem` and `root-cert.pem` exist in
+    `./var/run/secrets/workload-spiffe-credentials`; that is where a podCertificate volume with
+    `keyPath`/`certificateChainPath` must go for Istio's own agent. Nothing listens at CA_ADDR."""
+    signer = TestCa(datetime.now(UTC)).child_ca()
+    agent = IstioAgent(
+        ca_addr="127.0.0.1:9",
+        ca_root=Path("/nonexistent/root-cert.pem"),
+        namespace="default",
+        service_account="app",
+        pod_name="app-1",
+        token="unused",
+    )
+    volume = agent.workdir / "var/run/secrets/workload-spiffe-credentials"
+
+    def kubelet_writes() -> Issued:
+        issued = signer.issue("app")
+        files = {"key.pem": issued.key_pem, "cert-chain.pem": issued.cert_pem}
+        kubelet_project(volume, {**files, "root-cert.pem": signer.root_pem})
+        return issued
+
+    first = kubelet_writes()
+    try:
+        agent.start()
+        assert agent.envoy.cert_serials() == [first.serial]
+        assert "creating secret manager without caClient" in agent.log()
+        for _ in range(2):  # the second ..data swap is where an inode watch goes wrong
+            issued = kubelet_writes()
+            wait_for(
+                lambda serial=issued.serial: agent.envoy.cert_serials() == [serial],  # type: ignore[misc]
+                15,
+                "pilot-agent to follow the kubelet's refresh",
+            )
+    finally:
+        agent.remove()
