@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from prometheus_client import CollectorRegistry, Counter
 
 from agent.config import AgentConfig
 from agent.credential_bundle import MAX_CREDENTIAL_BUNDLE_BYTES
@@ -35,6 +34,7 @@ from agent.file_mounted import FileMountedSource, FileWatcher, load_credential_b
 from agent.secrets import SecretCache, TlsSecret
 from certs import PrivateKey, generate_private_key, load_cert, private_key_to_pem
 from meshca.clock import FakeClock
+from tests.agent.test_file_mounted import FileMetricsForTest
 from tests.support import mangled_certs
 from tests.support.agent_wiring import until
 from tests.support.kubelet_volume import kubelet_project
@@ -204,16 +204,6 @@ def test_the_mode_is_chosen_by_config(ca: TestCa, workdir: Path) -> None:
 # --- watching the kubelet's volume -----------------------------------------------------------
 
 
-class Failures:
-    def __init__(self) -> None:
-        self.file_reload_failures = Counter(
-            "file_reload_failures", "refused", ["resource_name"], registry=CollectorRegistry()
-        )
-
-    def of(self, name: str) -> float:
-        return float(self.file_reload_failures.labels(resource_name=name)._value.get())
-
-
 def served_serial(cache: SecretCache) -> int | None:
     secret = cache.get("default")
     if not isinstance(secret, TlsSecret):
@@ -250,7 +240,7 @@ def test_the_kubelets_updates_reach_the_cache_and_bad_ones_are_refused(
     ca: TestCa, workdir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mount = workdir / "pod-certs"
-    metrics = Failures()
+    metrics = FileMetricsForTest.fresh()
 
     async def main() -> None:
         first = ca.issue("app")
@@ -265,7 +255,7 @@ def test_the_kubelets_updates_reach_the_cache_and_bad_ones_are_refused(
         await source.start()
         try:
             assert served_serial(cache) == first.serial
-            assert source.ready and metrics.of("default") == 0
+            assert source.ready and metrics.failures("default") == 0
 
             # The kubelet refreshes: new key, new leaf, one `..data` swap. Twice, since the
             # second swap is where a watch on a file's inode goes wrong.
@@ -277,7 +267,7 @@ def test_the_kubelets_updates_reach_the_cache_and_bad_ones_are_refused(
 
             for number, (case, text) in enumerate(bad_bundles(ca, latest).items(), start=1):
                 kubelet_project(mount, {BUNDLE: text, ROOTS: ca.root_pem})
-                await until(lambda n=number: metrics.of("default") >= n)  # type: ignore[misc]
+                await until(lambda n=number: metrics.failures("default") >= n)  # type: ignore[misc]
                 assert served_serial(cache) == latest.serial, f"{case}: the previous one stays"
                 assert source.last_error, case
 

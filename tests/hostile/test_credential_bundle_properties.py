@@ -8,35 +8,26 @@ certificate's DER (re-armoured, so the PEM layer passes and the DER parsers are 
 the real blocks shuffled, dropped and repeated. Then the whole loader
 (`agent.file_mounted.load_credential_bundle_secret`: acceptance, the chain against the projected
 roots) on mutated leaves, intermediates and roots: `FileSecretError` or the secret. Bounded and
-derandomized as in tests/hostile/test_properties.py (`MESHCA_HYPOTHESIS_EXAMPLES` searches
+derandomized by tests/hostile/test_properties.py's settings (`MESHCA_HYPOTHESIS_EXAMPLES` searches
 longer).
 """
 
 from __future__ import annotations
 
-import base64
-import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.credential_bundle import CredentialBundle, parse_credential_bundle
 from agent.errors import FileSecretError
 from agent.file_mounted import load_credential_bundle_secret
 from certs import generate_private_key, private_key_to_pem
+from tests.hostile.test_properties import BOUNDED, _mutated_der
 from tests.support.pki import TestCa
 
-EXAMPLES = int(os.environ.get("MESHCA_HYPOTHESIS_EXAMPLES", "150"))
-BOUNDED = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 _CA = TestCa()
 _ISSUED = _CA.child_ca().issue("app")
 KEY_PEM = _ISSUED.key_pem
@@ -56,21 +47,9 @@ def check(data: bytes) -> CredentialBundle | None:
         return None
 
 
-def _mutated(pem: str) -> st.SearchStrategy[str]:
-    """`pem` with 1-3 bytes of its DER replaced, re-armoured under the same label."""
-    lines = pem.strip().splitlines()
-    label = lines[0][len("-----BEGIN ") : -len("-----")]
-    der = base64.b64decode("".join(lines[1:-1]))
-
-    @st.composite
-    def mutate(draw: st.DrawFn) -> str:
-        data = bytearray(der)
-        for _ in range(draw(st.integers(1, 3))):
-            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
-        body = base64.encodebytes(bytes(data)).decode()
-        return f"-----BEGIN {label}-----\n{body}-----END {label}-----\n"
-
-    return mutate()
+def _mutated(pem: str, label: str) -> st.SearchStrategy[str]:
+    """`pem` with 1-3 bytes of its DER replaced, re-armoured under `label` (as text)."""
+    return _mutated_der(pem, label).map(bytes.decode)
 
 
 @BOUNDED
@@ -80,13 +59,13 @@ def test_arbitrary_bytes_are_parsed_or_refused(data: bytes) -> None:
 
 
 @BOUNDED
-@given(_mutated(KEY_PEM))
+@given(_mutated(KEY_PEM, "PRIVATE KEY"))
 def test_a_mutated_key_is_parsed_or_refused(key: str) -> None:
     check((key + _ISSUED.cert_pem).encode())
 
 
 @BOUNDED
-@given(_mutated(CHAIN_PEMS[0]))
+@given(_mutated(CHAIN_PEMS[0], "CERTIFICATE"))
 def test_a_mutated_leaf_is_parsed_or_refused(leaf: str) -> None:
     check((KEY_PEM + leaf + "".join(CHAIN_PEMS[1:])).encode())
 
@@ -117,18 +96,18 @@ def check_loaded(bundle: str, roots: str) -> None:
 
 
 @BOUNDED
-@given(_mutated(CHAIN_PEMS[0]))
+@given(_mutated(CHAIN_PEMS[0], "CERTIFICATE"))
 def test_the_loader_on_a_mutated_leaf(leaf: str) -> None:
     check_loaded(KEY_PEM + leaf + "".join(CHAIN_PEMS[1:]), _CA.root_pem)
 
 
 @BOUNDED
-@given(_mutated(CHAIN_PEMS[1]))
+@given(_mutated(CHAIN_PEMS[1], "CERTIFICATE"))
 def test_the_loader_on_a_mutated_intermediate(intermediate: str) -> None:
     check_loaded(KEY_PEM + CHAIN_PEMS[0] + intermediate, _CA.root_pem)
 
 
 @BOUNDED
-@given(_mutated(_CA.root_pem))
+@given(_mutated(_CA.root_pem, "CERTIFICATE"))
 def test_the_loader_on_a_mutated_root(root: str) -> None:
     check_loaded(_ISSUED.credential_bundle, root)
