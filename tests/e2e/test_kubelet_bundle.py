@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -57,6 +57,7 @@ class Pod:
     signer: TestCa
     trust_bundle: str
     current: Issued = field(init=False)
+    refreshes: int = 0
 
     @property
     def identity(self) -> str:
@@ -66,7 +67,10 @@ class Pod:
         """The kubelet's refresh: a new key, a new leaf (from `signer`), one volume swap."""
         self.signer = signer or self.signer
         self.trust_bundle = trust_bundle or self.trust_bundle
-        self.current = self.signer.issue(self.service_account)
+        # Each leaf expires a minute later than the one before, so its expiry tells them apart.
+        self.refreshes += 1
+        lifetime = timedelta(hours=1, minutes=self.refreshes)
+        self.current = self.signer.issue(self.service_account, ttl=lifetime)
         self.agent.kubelet_writes(self.current.credential_bundle, self.trust_bundle)
         return self.current
 
@@ -131,7 +135,16 @@ def test_a_kubelet_refresh_reaches_the_peer_with_no_failed_request(mesh: Mesh) -
     with Traffic(mesh.url, per_second=50) as traffic:
         wait_for(lambda: len(traffic.results) >= 5, 5, "traffic to flow")
         before = len(traffic.results)
+        expiry_before = mesh.client.agent.served_expiry()
         client, server = mesh.client.refresh(), mesh.server.refresh()
+        assert client.cert.not_valid_after_utc.timestamp() != expiry_before
+        wait_for(
+            lambda: (
+                mesh.client.agent.served_expiry() == client.cert.not_valid_after_utc.timestamp()
+            ),
+            5,
+            "the agent's expiry metric to follow the refreshed leaf",
+        )
         wait_for(
             lambda: any(
                 int(r.headers.get("x-peer-serial", "0") or "0", 16) == client.serial

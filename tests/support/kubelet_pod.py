@@ -19,6 +19,7 @@ from tests.support.processes import MeshcaProcess, free_port, http_status, http_
 CREDENTIAL_BUNDLE = "credential-bundle.pem"  # the pod spec's credentialBundlePath
 TRUST_BUNDLE = "root-cert.pem"  # the clusterTrustBundle projection's path
 RELOAD_FAILURES = "meshca_agent_file_reload_failures_total"
+EXPIRY = "meshca_agent_cert_expiry_timestamp_seconds"
 
 
 class KubeletPod(MeshcaProcess):
@@ -68,3 +69,8 @@ class KubeletPod(MeshcaProcess):
         """`file_reload_failures` for `default`: bundles the agent refused."""
         metrics = http_text(f"{self.status_url}/metrics")
         return sample_value(metrics, RELOAD_FAILURES, {"resource_name": "default"})
+
+    def served_expiry(self) -> float:
+        """The expiry the agent reports for `default` (0.0 before it serves one)."""
+        metrics = http_text(f"{self.status_url}/metrics")
+        return sample_value(metrics, EXPIRY, {"resource_name": "default"})
