@@ -215,6 +215,20 @@ class CaMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.pod_certificate_requests = Counter(
+            "meshca_ca_pod_certificate_requests",
+            "PodCertificateRequests answered by this replica's signer, by outcome (issued, "
+            "denied, failed; conflict: another writer answered first; error: not written) "
+            "and reason",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.pod_certificate_latency = Histogram(
+            "meshca_ca_pod_certificate_seconds",
+            "From when the signer first saw a PodCertificateRequest to its status written",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         self.kube_watch_restarts = Counter(
             "meshca_ca_kube_watch_restarts",
             "Re-lists of a watched Kubernetes resource, by resource and cause",

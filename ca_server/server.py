@@ -144,6 +144,7 @@ async def _serve(
     )
     if kube is not None:
         await kube.start(signer.authority, driver.tainted_since)
+        kube.sign_pod_certificates(signer, driver.ttl_policy, driver.planned_handover)
 
     started = clock.now()
     readiness = SigningReadiness(lambda: signer.authority, clock)

@@ -1,7 +1,7 @@
 """The CA's signing authority: where it comes from, who keeps it current, what it signed.
 
     AuthorityDriver (protocol)      start · run · signer · ttl_policy · tainted_since
-                                    · report · on_change
+                                    · planned_handover · report · on_change
     ├── self_signed.SelfSignedDriver   authority slots every CA process shares (prepared /
     │     active / old, tainted), in `--data-dir` under its lock (`state_store`) or in Secret
     │     `istio-ca-secret` (`ca_server.kube.secret_root`); rotated on schedule, each step in a
@@ -144,6 +144,11 @@ class AuthorityDriver(Protocol):
 
     def tainted_since(self) -> dict[str, datetime]:
         """Tainted authorities and since when (what the agent report answers)."""
+        ...
+
+    def planned_handover(self) -> datetime | None:
+        """When the active authority is planned to stop signing (None: not planned); Pod
+        Certificates are refreshed by then (`ca_server.kube.pod_certificates.timing`)."""
         ...
 
     async def start(self) -> None:

@@ -59,6 +59,11 @@ class DriverCore:
     def started(self) -> bool:
         return self._signer is not None
 
+    def planned_handover(self) -> datetime | None:
+        """When the active authority is planned to stop signing; None: no plan is known (a
+        plugged-in CA changes when its operator says so)."""
+        return None
+
     def adopt(
         self,
         authority: SigningAuthority,

@@ -229,6 +229,17 @@ class SelfSignedDriver(DriverCore):
         """The taints of the slots this process follows (what the agent report answers)."""
         return self.state.tainted_since()
 
+    def planned_handover(self) -> datetime | None:
+        """When the active authority's successor is due to activate: the 5/6 point, or while
+        the activation gate waits past it, the gate's deadline; None under manual rotation."""
+        if self._state is None or not self.policy.automatic:
+            return None
+        active = self._state.active
+        due = active.not_after - self.policy.activate_lead(active.lifetime)
+        if self.policy.activate_at_coverage is not None and due <= self.clock.now():
+            return self.policy.activation_deadline(active)
+        return due
+
     async def start(self) -> None:
         """Brings the shared state up to date and starts signing with its active slot."""
         before = await asyncio.to_thread(self._store.read)

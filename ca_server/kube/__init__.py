@@ -26,6 +26,8 @@ because the node agent watches pods with it too):
   `supervisor_caches`: with `--workers N`, the supervisor holds them once for the replica and
   `cache_service` answers its workers' lookups on a Unix socket, which `cache_client` asks.
 - `report_pods`: whether the pod an agent report is keyed on still exists (from the pod cache).
+- `pod_certificates`: the Pod Certificate signer (`--pod-certificate-signer`): answers the
+  PodCertificateRequests for its name, checked against the pod cache, under the Lease.
 - `mode`: composes all of the above for `ca_server.server`.
 
 Concurrency model. The CA's request handlers run on the gRPC server's completion-queue thread
@@ -48,5 +50,7 @@ list/watch with the field selector `metadata.name=istio-ca-secret`, so RBAC's `r
 covers them), in istiod's namespace Secret `istiod-tls` by name only (get, update), and
 Secrets create, Leases, ConfigMaps delete; ConfigMaps in all namespaces; Pods,
 Namespaces and ServiceAccounts list/watch; get on /.well-known/openid-configuration and
-/openid/v1/jwks. Touch no other Secret: the RBAC grants no other.
+/openid/v1/jwks; with `--pod-certificate-signer`, PodCertificateRequests list/watch and their
+status update (and `sign` on the signer name, which the API server checks on that update).
+Touch no other Secret: the RBAC grants no other.
 """

@@ -26,7 +26,7 @@ from typing import Any
 from ca_server.errors import DependencyUnavailableError
 from ca_server.kube.cache_service import MAX_BATCH
 from ca_server.kube.watched_cache import CacheProgress
-from meshca.pods import PodInfo
+from meshca.pods import PodInfo, shared_signers
 
 _TIMEOUT_SECONDS = 5.0
 _STATE_POLL_SECONDS = 0.25
@@ -121,8 +121,8 @@ class RemoteKubeCaches:
 def _pod(namespace: str, name: str, wire: Any) -> PodInfo | None:
     if wire is None:
         return None
-    uid, account, node, phase = wire
-    return PodInfo(namespace, name, uid, account, node, phase)
+    uid, account, node, phase, signers = wire
+    return PodInfo(namespace, name, uid, account, node, phase, shared_signers(signers))
 
 
 class RemotePodCache:

@@ -12,8 +12,9 @@ client): a request is `[op, args...]`; the answer is `[state, result]`, `state` 
 `[pods synced, pods held or listed, accounts synced, accounts held or listed, changes]` so a
 worker learns the caches' progress with every answer, or `{"error": why}` for a request it
 cannot read (the connection stays open). Ops: `state`; `pod ns name` → `[uid, service account,
-node, phase]` or null; `pods [[ns, name], ...]` (at most `MAX_BATCH`) → a list of those;
-`on_node node ns account` → bool; `account ns name` → uid or null.
+node, phase, [podCertificate signers]]` or null; `pods [[ns, name], ...]` (at most
+`MAX_BATCH`) → a list of those; `on_node node ns account` → bool; `account ns name` → uid or
+null.
 
 The socket lives in the supervisor's fresh 0700 run directory, so only the CA's own user can
 reach it, and `bind` refuses a path that exists: it never takes over another socket.
@@ -40,10 +41,16 @@ MAX_BATCH = 1_000
 MAX_REQUEST_BYTES = 256 * 1024  # a full batch of the longest names fits
 
 
-def pod_wire(pod: PodInfo | None) -> list[str | None] | None:
+def pod_wire(pod: PodInfo | None) -> list[Any] | None:
     if pod is None:
         return None
-    return [pod.uid, pod.service_account, pod.node_name, pod.phase]
+    return [
+        pod.uid,
+        pod.service_account,
+        pod.node_name,
+        pod.phase,
+        list(pod.pod_certificate_signers),
+    ]
 
 
 def _text(value: Any) -> str:

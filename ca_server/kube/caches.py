@@ -2,11 +2,11 @@
 per replica, and their gauges.
 
 Which caches a replica needs follows from its flags alone (`cache_needs`): pods for the node
-authorizer (`CA_TRUSTED_NODE_ACCOUNTS`) or offline token validation, ServiceAccounts for
-offline validation. A single CA process holds them itself; with `--workers N` the supervisor
-holds them (`ca_server.serving.workers`) and serves lookups to its workers over a Unix socket
-(`ca_server.kube.cache_service`), so memory and the API server's LIST/WATCH load stay those of
-one cache per replica, whatever N.
+authorizer (`CA_TRUSTED_NODE_ACCOUNTS`), offline token validation or the Pod Certificate signer
+(`--pod-certificate-signer`), ServiceAccounts for offline validation. A single CA process holds
+them itself; with `--workers N` the supervisor holds them (`ca_server.serving.workers`) and
+serves lookups to its workers over a Unix socket (`ca_server.kube.cache_service`), so memory
+and the API server's LIST/WATCH load stay those of one cache per replica, whatever N.
 
 Nothing waits for a cache to sync, and no deadline ends a long list: the CA serves at once,
 requests that need a cache answer `UNAVAILABLE` with a retry hint until it has (offline
@@ -36,7 +36,8 @@ _JOIN_SECONDS = 2.0
 def cache_needs(kube: KubeConfig) -> tuple[bool, bool]:
     """(pods, service accounts): the caches a replica with these flags needs."""
     offline = kube.token_review and kube.token_validation == "offline"
-    return bool(kube.trusted_node_accounts) or offline, offline
+    pods = bool(kube.trusted_node_accounts) or offline or kube.pod_certificate_signer is not None
+    return pods, offline
 
 
 class LocalKubeCaches:

@@ -6,8 +6,8 @@ of the CA's seams — an `AuthorityStateStore` (the authority slots in Secret
 `ca_server.authority.ClusterStores` the authority driver takes; the `PodWatch` the fleet's
 table checks reports against; the token `Authenticator`s (TokenReview, or offline validation
 against the issuer keys and the pod and ServiceAccount informers) and an `ImpersonationPolicy`
-(node authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication)
-between `start` and `stop`.
+(node authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication,
+the Pod Certificate signer of `--pod-certificate-signer`) between `start` and `stop`.
 
 The cluster-wide caches (pods, ServiceAccounts: `ca_server.kube.caches`) are this process's own,
 or — in a worker of `meshca ca --workers N` — the supervisor's, asked over its Unix socket
@@ -27,8 +27,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from ca_server.authn import Authenticator
+from ca_server.authority import Signer
 from ca_server.authority.state_store import SlotFactory
-from ca_server.config import CaConfig, KubeConfig
+from ca_server.config import CaConfig, KubeConfig, TtlPolicy
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
 from ca_server.jwt_authn import JwtAuthenticator, TrustedIssuer
 from ca_server.kube.bound_tokens import BoundTokenAuthenticator, RemoteClustersOnly
@@ -40,6 +41,7 @@ from ca_server.kube.istiod_tls import IstiodTlsPublisher, istiod_hosts
 from ca_server.kube.leader import LeaseElector
 from ca_server.kube.node_authorizer import NodeAuthorizer
 from ca_server.kube.pod_cache import PodLookup
+from ca_server.kube.pod_certificates import PodCertificateSigner
 from ca_server.kube.ratelimit import AsyncTokenBucket
 from ca_server.kube.replica_reports import ConfigMapLedgerSink, ReplicaReportsWatch
 from ca_server.kube.report_pods import InformerPodWatch
@@ -90,7 +92,7 @@ class KubernetesMode:
         self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
         self._istiod_tls: IstiodTlsPublisher | None = None
-        if kube.publish_root or kube.istiod_tls:
+        if kube.publish_root or kube.istiod_tls or kube.pod_certificate_signer:
             self._elector = LeaseElector(
                 self.clients.local,
                 kube.namespace,
@@ -115,6 +117,20 @@ class KubernetesMode:
                 istiod_hosts(istiod_namespace, kube.istiod_revisions),
                 clock,
                 lifetime=kube.istiod_tls_lifetime,
+                resync_interval=kube.resync_interval,
+            )
+
+        self._pod_signer: PodCertificateSigner | None = None
+        if kube.pod_certificate_signer and self._elector is not None and self._pods is not None:
+            self._pod_signer = PodCertificateSigner(
+                self.clients.local,
+                kube.pod_certificate_signer,
+                is_leader=self._elector.is_leader,
+                pods=self._pods,
+                accounts=self._accounts,
+                trust_domain=config.trust_domain,
+                metrics=metrics,
+                clock=clock,
                 resync_interval=kube.resync_interval,
             )
 
@@ -209,12 +225,25 @@ class KubernetesMode:
         if self._istiod_tls is not None:
             self._istiod_tls.set_authority(authority)
             self._istiod_tls.start()
+        if self._pod_signer is not None:
+            self._pod_signer.start()  # answers once `sign_pod_certificates` gave it a signer
         if self._elector is not None:
             self._elector.start()
         if self.caches is not None:
             self.caches.start()
         if self._remote is not None:
             self._remote.start(self._pods is not None, self._accounts is not None)
+
+    def sign_pod_certificates(
+        self,
+        signer: Signer,
+        ttl_policy: TtlPolicy,
+        planned_handover: Callable[[], datetime | None],
+    ) -> None:
+        """Starts answering PodCertificateRequests (when `--pod-certificate-signer` is set)
+        with the CA's signer, its TTL policy and its authority's planned handover."""
+        if self._pod_signer is not None:
+            self._pod_signer.use(signer, ttl_policy, planned_handover)
 
     def cache_progress(self) -> list[CacheProgress]:
         """The caches this process holds (none in a worker: the supervisor shows its own)."""
@@ -236,6 +265,8 @@ class KubernetesMode:
             self._publisher.stop()
         if self._istiod_tls is not None:
             self._istiod_tls.stop()
+        if self._pod_signer is not None:
+            self._pod_signer.stop()
         if self.caches is not None:
             await asyncio.to_thread(self.caches.stop)
         if self._remote is not None:
@@ -252,3 +283,5 @@ class KubernetesMode:
             self._publisher.kick()
         if leading and self._istiod_tls is not None:
             self._istiod_tls.kick()
+        if self._pod_signer is not None:
+            self._pod_signer.leadership_changed(leading)

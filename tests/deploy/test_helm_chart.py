@@ -58,8 +58,12 @@ def test_helm_lint_passes(helm: Helm):
             "overlays/node-agent-workload-api",
         ),
         (("--set", "pluggedInCa.required=true"), "overlays/plugged-in-ca"),
+        (
+            ("--set", "podCertificateSigner=meshca.example.com/spiffe"),
+            "overlays/pod-certificates",
+        ),
     ],
-    ids=["defaults", "node-agent", "workload-api", "plugged-in-ca"],
+    ids=["defaults", "node-agent", "workload-api", "plugged-in-ca", "pod-certificates"],
 )
 def test_the_chart_renders_what_kustomize_renders(
     helm: Helm, values: tuple[str, ...], kustomize_dir: str
@@ -113,6 +117,7 @@ BAD_VALUES = {
     "not a boolean": ("istiodTls.enabled=yes", "enabled"),
     "not an account list": ("caTrustedNodeAccounts=ztunnel", "caTrustedNodeAccounts"),
     "not a pull policy": ("image.pullPolicy=Sometimes", "pullPolicy"),
+    "not a signer name": ("podCertificateSigner=meshca", "podCertificateSigner"),
 }
 
 

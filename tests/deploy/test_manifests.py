@@ -40,7 +40,7 @@ from tests.support.deploy_rbac import (
     is_allowed,
     required_rule,
 )
-from tests.support.kube_api_calls import CA_RBAC, NODE_AGENT_RBAC
+from tests.support.kube_api_calls import CA_RBAC, NODE_AGENT_RBAC, POD_CERTIFICATE_RBAC
 
 from . import prometheus_operator
 
@@ -550,7 +550,7 @@ def test_node_agent_overlay_trusts_the_node_agent_account() -> None:
 
 
 def test_ca_rbac_is_exactly_what_the_code_uses() -> None:
-    assert granted_rules(CA_NAMESPACE, "meshca") == CA_RBAC
+    assert granted_rules(CA_NAMESPACE, "meshca") == CA_RBAC | POD_CERTIFICATE_RBAC
 
 
 def test_node_agent_rbac_is_exactly_what_it_uses() -> None:
@@ -612,7 +612,7 @@ def _documented_rbac(account: str) -> set[Rule]:
         who, scope, group, resources, verbs = (c.strip() for c in row.strip("|").split("|")[:5])
         if who != f"`{account}`":
             continue
-        named = re.fullmatch(r"`(\w+)` named `([\w-]+)`", resources)
+        named = re.fullmatch(r"`(\w+)` named `([\w./-]+)`", resources)
         targets = (
             [named.groups()] if named else [(r, "") for r in re.findall(r"`([^`]+)`", resources)]
         )
@@ -627,7 +627,7 @@ def _documented_rbac(account: str) -> set[Rule]:
 def test_the_docs_rbac_table_is_what_deploy_grants() -> None:
     """docs/kubernetes.md lists the RBAC rule by rule: exactly the contract deploy/ grants, the
     names a rule is limited to included."""
-    assert _documented_rbac("meshca") == CA_RBAC
+    assert _documented_rbac("meshca") == CA_RBAC | POD_CERTIFICATE_RBAC
     assert _documented_rbac("meshca-node-agent") == NODE_AGENT_RBAC
 
 

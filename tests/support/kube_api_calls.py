@@ -85,6 +85,24 @@ CA_RBAC: frozenset[Rule] = frozenset(
     ]
 )
 
+# The Pod Certificate signer (`ca_server.kube.pod_certificates`, `--pod-certificate-signer`), for
+# the signer name deploy/ grants: list/watch the requests, update their status, and `sign` for
+# that name (not a call meshca makes: the API server checks it on each status update). Granted
+# by deploy/ beside `CA_RBAC`; exercised by tests/k8s_real/test_pod_certificates.py, since the
+# fake API server serves no PodCertificateRequests (so tests/k8s's "every rule used" check
+# leaves these out).
+DEPLOY_SIGNER = "meshca.example.com/spiffe"
+POD_CERTIFICATE_RBAC: frozenset[Rule] = frozenset(
+    [
+        *(
+            Rule("certificates.k8s.io", "podcertificaterequests", verb, "cluster")
+            for verb in ("list", "watch")
+        ),
+        Rule("certificates.k8s.io", "podcertificaterequests/status", "update", "cluster"),
+        Rule("certificates.k8s.io", "signers", "sign", "cluster", DEPLOY_SIGNER),
+    ]
+)
+
 # The node agent lists and watches the pods on its node (a field selector RBAC cannot express).
 NODE_AGENT_RBAC: frozenset[Rule] = frozenset(
     Rule("", "pods", verb, "cluster") for verb in ("list", "watch")
@@ -130,5 +148,5 @@ def describe(rules: Iterable[Rule]) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("CA:\n  " + "\n  ".join(describe(CA_RBAC)))
+    print("CA:\n  " + "\n  ".join(describe(CA_RBAC | POD_CERTIFICATE_RBAC)))
     print("node agent:\n  " + "\n  ".join(describe(NODE_AGENT_RBAC)))

@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.support.processes import free_port, stop_child, wait_for
 from tests.support.real_binaries import binary
 
-from .pki import ClusterFiles, write_cluster_pki
+from .pki import ClusterFiles, issue_client_certificate, write_cluster_pki
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Every request a ServiceAccount makes, at Metadata level (verb, resource, user agent, status):
@@ -68,7 +68,11 @@ def _tail(path: Path, lines: int = 40) -> str:
 class RealControlPlane:
     """`start()` → etcd and kube-apiserver running; `stop()` ends both and removes their files."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, node_authorization: bool = False) -> None:
+        # The Node authorizer and the NodeRestriction admission plugin, as a production cluster
+        # runs them (kubelets as `system:node:<name>`, `client_as`): for the Pod Certificate
+        # tests only, so the other suites keep the plane they were written against.
+        self.node_authorization = node_authorization
         # Short: etcd's and the API server's Unix sockets must fit in 107 bytes.
         self.directory = Path(tempfile.mkdtemp(prefix="mk-", dir="/tmp"))
         self.files: ClusterFiles = write_cluster_pki(self.directory / "pki")
@@ -169,7 +173,14 @@ class RealControlPlane:
                 f"--service-account-key-file={f.sa_public_key}",
                 f"--service-account-signing-key-file={f.sa_signing_key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
-                "--authorization-mode=RBAC",
+                "--authorization-mode=Node,RBAC"
+                if self.node_authorization
+                else "--authorization-mode=RBAC",
+                *(
+                    ["--enable-admission-plugins=NodeRestriction"]
+                    if self.node_authorization
+                    else []
+                ),
                 f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.audit_path}",
                 "--audit-log-mode=blocking",
@@ -223,6 +234,18 @@ class RealControlPlane:
             configuration.key_file = str(self.files.admin_key)
             self._admin = kubernetes.client.ApiClient(configuration)
         return self._admin
+
+    def client_as(self, common_name: str, organization: str | None = None) -> Any:
+        """An `ApiClient` authenticated by a client certificate as user `common_name` in group
+        `organization` (a kubelet: `system:node:<node>`, `system:nodes`). Close it after use."""
+        cert, key = issue_client_certificate(
+            self.files, self.directory / "clients", common_name, organization
+        )
+        configuration = kubernetes.client.Configuration(host=self.url)
+        configuration.ssl_ca_cert = str(self.files.ca_cert)
+        configuration.cert_file = str(cert)
+        configuration.key_file = str(key)
+        return kubernetes.client.ApiClient(configuration)
 
     @property
     def core(self) -> Any:

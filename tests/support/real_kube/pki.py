@@ -46,6 +46,7 @@ class ClusterFiles:
     admin_key: Path
     sa_public_key: Path
     sa_signing_key: Path
+    ca_key: Path  # to issue more client certificates (a node's: `issue_client_certificate`)
 
 
 def write_cluster_pki(directory: Path) -> ClusterFiles:
@@ -109,7 +110,9 @@ def write_cluster_pki(directory: Path) -> ClusterFiles:
         admin_key=directory / "admin.key",
         sa_public_key=directory / "sa.pub",
         sa_signing_key=directory / "sa.key",
+        ca_key=directory / "ca.key",
     )
+    files.ca_key.write_bytes(_pem_key(ca_key))
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.serving_cert.write_bytes(serving[0])
     files.serving_key.write_bytes(serving[1])
@@ -121,6 +124,37 @@ def write_cluster_pki(directory: Path) -> ClusterFiles:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
-    for key_file in (files.serving_key, files.admin_key, files.sa_signing_key):
+    for key_file in (files.serving_key, files.admin_key, files.sa_signing_key, files.ca_key):
         key_file.chmod(0o600)
     return files
+
+
+def issue_client_certificate(
+    files: ClusterFiles, directory: Path, common_name: str, organization: str | None = None
+) -> tuple[Path, Path]:
+    """A client certificate the API server authenticates as user `common_name` in group
+    `organization` (a kubelet's: `system:node:<name>` in `system:nodes`); (cert, key) paths."""
+    ca_cert = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(files.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC) - timedelta(minutes=5)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name, organization))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + _LIFETIME)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = common_name.replace(":", "-")
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(_pem_key(key))
+    key_path.chmod(0o600)
+    return cert_path, key_path

@@ -1,0 +1,450 @@
+"""meshca as a Pod Certificate signer, against the real kube-apiserver run as production runs it:
+`--authorization-mode=Node,RBAC` and the NodeRestriction admission plugin, with a client playing
+the kubelet as `system:node:<name>` (issue 31, Done means 1 and 3).
+
+One control plane for this module (the Node authorizer is not on the session's), one CA
+account with deploy/'s RBAC (the pod-certificates overlay's rules included) and one CA. Each
+test creates its own pods; the kubelet's requests go through the API server's own checks
+(stub CSR signature, key type, NodeRestriction) before meshca sees them, and meshca's answers
+through the API server's status validation — so every status asserted here is one the API
+server accepted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+from cryptography import x509
+from kubernetes.client.exceptions import ApiException
+
+from tests.k8s_real.conftest import Account, assert_calls_within_contract, make_account
+from tests.support.ca_process import CaProcess
+from tests.support.kube_api_calls import CA_RBAC, DEPLOY_SIGNER, POD_CERTIFICATE_RBAC
+from tests.support.kubelet_pcr import (
+    condition,
+    create_pcr,
+    generate_key,
+    outcome,
+    pcr_body,
+    pod_body,
+    wait_answered,
+)
+from tests.support.metrics import sample_value
+from tests.support.processes import wait_for
+from tests.support.real_kube import RealControlPlane
+
+NODE, OTHER_NODE = "node-pc", "node-other"
+SIGNER = DEPLOY_SIGNER
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def plane(starts_processes: None) -> Iterator[RealControlPlane]:
+    control = RealControlPlane(node_authorization=True).start()
+    try:
+        yield control
+    finally:
+        control.stop()
+
+
+@pytest.fixture(scope="module")
+def account(plane: RealControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Account:
+    return make_account(plane, tmp_path_factory.mktemp("pcr-account"))
+
+
+@pytest.fixture(scope="module")
+def kubelet(plane: RealControlPlane) -> Iterator[kubernetes.client.ApiClient]:
+    plane.ensure_node(NODE)
+    plane.ensure_node(OTHER_NODE)
+    api = plane.client_as(f"system:node:{NODE}", "system:nodes")
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def start_ca(plane: RealControlPlane, account: Account, directory: Path, name: str) -> CaProcess:
+    ca = CaProcess(
+        directory / name,
+        *("--kubeconfig", str(account.kubeconfig), "--namespace", account.namespace),
+        *("--instance-id", name, "--pod-certificate-signer", SIGNER),
+        *("--no-root-configmaps", "--no-istiod-tls"),
+    )
+    ca.start()
+    return ca
+
+
+@pytest.fixture(scope="module")
+def ca(
+    plane: RealControlPlane, account: Account, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CaProcess]:
+    ca = start_ca(plane, account, tmp_path_factory.mktemp("pcr-ca"), "ca-0")
+    try:
+        yield ca
+    finally:
+        ca.stop()
+        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
+
+
+@pytest.fixture(scope="module")
+def shop(plane: RealControlPlane) -> str:
+    namespace = f"shop-{next(_names)}"
+    plane.create_namespace(namespace)
+    plane.create_service_account(namespace, "cart")
+    plane.create_service_account(namespace, "admin")
+    return namespace
+
+
+def make_pod(
+    plane: RealControlPlane,
+    namespace: str,
+    *,
+    account: str = "cart",
+    node: str = NODE,
+    signer: str | None = SIGNER,
+    key_type: str = "ECDSAP256",
+) -> Any:
+    name = f"pod-{next(_names)}"
+    body = pod_body(namespace, name, account, node, signer, key_type)
+    return plane.core.create_namespaced_pod(namespace, body)
+
+
+def account_uid(plane: RealControlPlane, namespace: str, name: str) -> str:
+    return str(plane.core.read_namespaced_service_account(name, namespace).metadata.uid)
+
+
+def request(
+    plane: RealControlPlane,
+    api: kubernetes.client.ApiClient,
+    pod: Any,
+    key_type: str,
+    **changes: Any,
+) -> tuple[Any, dict[str, Any]]:
+    """(key, the created request) for `pod` on its node, as `api` creates it; `changes` replace
+    spec fields (what a lying creator sends)."""
+    key = generate_key(key_type)
+    node = plane.core.read_node(pod.spec.node_name)
+    uid = account_uid(plane, pod.metadata.namespace, pod.spec.service_account_name)
+    body = pcr_body(pod, uid, node, SIGNER, key)
+    body["spec"].update(changes)
+    return key, create_pcr(api, body)
+
+
+def answered(plane: RealControlPlane, pcr: dict[str, Any]) -> dict[str, Any]:
+    """The request once answered, read as the admin (the Node authorizer lets a node read a
+    request only once its graph has linked them, a moment after the create)."""
+    meta = pcr["metadata"]
+    return wait_answered(plane.admin(), meta["namespace"], meta["name"])
+
+
+def chain_of(pcr: dict[str, Any]) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(pcr["status"]["certificateChain"].encode())
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.mark.parametrize("key_type", ["RSA3072", "RSA4096", "ECDSAP256", "ECDSAP384"])
+def test_each_key_type_meshca_signs_is_issued_and_verifies_to_the_root(
+    plane: RealControlPlane,
+    kubelet: kubernetes.client.ApiClient,
+    ca: CaProcess,
+    shop: str,
+    key_type: str,
+) -> None:
+    pod = make_pod(plane, shop, key_type=key_type)
+    key, pcr = request(plane, kubelet, pod, key_type)
+    done = answered(plane, pcr)
+    cond = condition(done)
+    assert cond is not None and cond["type"] == "Issued", cond
+    leaf, *rest = chain_of(done)
+    root = x509.load_pem_x509_certificate(ca.root_cert_path.read_bytes())
+    assert rest == []  # self-signed slots: the leaf alone, the root comes from the bundles
+    leaf.verify_directly_issued_by(root)
+    assert leaf.public_key() == key.public_key()
+    uris = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert uris.get_values_for_type(x509.UniformResourceIdentifier) == [
+        f"spiffe://cluster.local/ns/{shop}/sa/cart"
+    ]
+    status = done["status"]
+    not_before, not_after = parse_time(status["notBefore"]), parse_time(status["notAfter"])
+    refresh = parse_time(status["beginRefreshAt"])
+    assert (not_before, not_after) == (leaf.not_valid_before_utc, leaf.not_valid_after_utc)
+    assert not_after - not_before <= timedelta(seconds=86400)
+    assert not_before + timedelta(minutes=10) <= refresh <= not_after - timedelta(minutes=10)
+
+
+@pytest.mark.parametrize(
+    ("key_type", "named"), [("ECDSAP521", "secp521r1"), ("ED25519", "Ed25519")]
+)
+def test_key_types_the_api_allows_but_meshca_does_not_sign_are_denied(
+    plane: RealControlPlane,
+    kubelet: kubernetes.client.ApiClient,
+    ca: CaProcess,
+    shop: str,
+    key_type: str,
+    named: str,
+) -> None:
+    pod = make_pod(plane, shop, key_type=key_type)
+    _, pcr = request(plane, kubelet, pod, key_type)
+    done = answered(plane, pcr)
+    cond = condition(done)
+    assert cond is not None and cond["type"] == "Denied", cond
+    assert cond["reason"] == "UnsupportedKeyType"
+    assert named in cond["message"] and "ECDSAP256" in cond["message"]
+    assert "certificateChain" not in done["status"]
+
+
+def test_the_api_server_itself_refuses_rsa_2048(
+    plane: RealControlPlane, kubelet: kubernetes.client.ApiClient, shop: str
+) -> None:
+    pod = make_pod(plane, shop)
+    with pytest.raises(ApiException) as refused:
+        request(plane, kubelet, pod, "RSA2048")
+    assert refused.value.status == 422
+    assert "RSA keys must have modulus size 3072 or 4096" in str(refused.value.body)
+
+
+def test_noderestriction_refuses_a_node_asking_for_another_nodes_pod(
+    plane: RealControlPlane, kubelet: kubernetes.client.ApiClient, shop: str
+) -> None:
+    pod = make_pod(plane, shop, node=OTHER_NODE)
+    with pytest.raises(ApiException) as refused:
+        request(plane, kubelet, pod, "ECDSAP256")
+    assert refused.value.status == 403
+    assert "which is not the requesting node" in str(refused.value.body)
+    # ... and a pod on its own node without a volume for the signer.
+    bare = make_pod(plane, shop, signer=None)
+    with pytest.raises(ApiException) as refused:
+        request(plane, kubelet, bare, "ECDSAP256")
+    assert "does not mount a podCertificate projected volume" in str(refused.value.body)
+
+
+@pytest.fixture(scope="module")
+def intruder(plane: RealControlPlane, shop: str) -> Iterator[kubernetes.client.ApiClient]:
+    """A user who is not a node but may create PodCertificateRequests in the shop's namespace
+    (a mistaken grant): NodeRestriction does not look at its requests at all."""
+    rbac: Any = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
+    rule = {
+        "apiGroups": ["certificates.k8s.io"],
+        "resources": ["podcertificaterequests"],
+        "verbs": ["create", "get"],
+    }
+    rbac.create_namespaced_role(
+        shop, {"metadata": {"name": "pcr-creator", "namespace": shop}, "rules": [rule]}
+    )
+    rbac.create_namespaced_role_binding(
+        shop,
+        {
+            "metadata": {"name": "pcr-creator", "namespace": shop},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pcr-creator",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}
+            ],
+        },
+    )
+    api = plane.client_as("mallory")
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def failed_with(plane: RealControlPlane, pcr: dict[str, Any], reason: str) -> str:
+    done = answered(plane, pcr)
+    cond = condition(done)
+    assert cond is not None and cond["type"] == "Failed", cond
+    assert cond["reason"] == reason, cond
+    assert set(done["status"]) == {"conditions"}  # no chain, no times
+    return str(cond["message"])
+
+
+def test_requests_that_do_not_match_the_pod_fail_saying_what_differs(
+    plane: RealControlPlane,
+    intruder: kubernetes.client.ApiClient,
+    ca: CaProcess,
+    shop: str,
+) -> None:
+    victim = make_pod(plane, shop)
+    bare = make_pod(plane, shop, signer=None)
+    # A pod without the volume, asked for by someone NodeRestriction does not check.
+    _, pcr = request(plane, intruder, bare, "ECDSAP256")
+    assert "podCertificate projected volume" in failed_with(plane, pcr, "NoPodCertificateVolume")
+    # Someone else's pod, claimed for another account (the identity the intruder wants).
+    _, pcr = request(
+        plane,
+        intruder,
+        victim,
+        "ECDSAP256",
+        serviceAccountName="admin",
+        serviceAccountUID=account_uid(plane, shop, "admin"),
+    )
+    message = failed_with(plane, pcr, "ServiceAccountMismatch")
+    assert "runs as service account cart" in message
+    # Someone else's pod on another node than it runs on.
+    other = plane.core.read_node(OTHER_NODE)
+    _, pcr = request(
+        plane, intruder, victim, "ECDSAP256", nodeName=OTHER_NODE, nodeUID=other.metadata.uid
+    )
+    assert f"bound to node {NODE}" in failed_with(plane, pcr, "NodeMismatch")
+
+
+def test_a_wrong_pod_uid_fails_once_the_grace_for_a_new_pod_is_over(
+    plane: RealControlPlane,
+    intruder: kubernetes.client.ApiClient,
+    ca: CaProcess,
+    shop: str,
+) -> None:
+    victim = make_pod(plane, shop)
+    _, pcr = request(plane, intruder, victim, "ECDSAP256", podUID="0000-not-the-pod")
+    assert "the request names 0000-not-the-pod" in failed_with(plane, pcr, "PodUIDMismatch")
+
+
+def test_a_hundred_requests_from_the_node_are_all_issued(
+    plane: RealControlPlane,
+    kubelet: kubernetes.client.ApiClient,
+    ca: CaProcess,
+    shop: str,
+) -> None:
+    """Done means 1 (the latency figure is bench/pod_certificates.py's)."""
+    pods = [make_pod(plane, shop) for _ in range(100)]
+    uid = account_uid(plane, shop, "cart")
+    node = plane.core.read_node(NODE)
+    created = [
+        create_pcr(kubelet, pcr_body(pod, uid, node, SIGNER, generate_key("ECDSAP256")))
+        for pod in pods
+    ]
+    outcomes: Counter[str] = Counter()
+    for pcr, pod in zip(created, pods, strict=True):
+        done = answered(plane, pcr)
+        outcomes[outcome(done)] += 1
+        leaf = chain_of(done)[0]
+        uris = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert uris.get_values_for_type(x509.UniformResourceIdentifier) == [
+            f"spiffe://cluster.local/ns/{shop}/sa/cart"
+        ]
+        assert done["spec"]["podUID"] == pod.metadata.uid
+    assert outcomes == {"Issued": 100}
+
+
+REPLICA_SIGNER = "meshca.example.com/replicas"
+CONFLICT = {"outcome": "conflict"}
+
+
+def sign_for(plane: RealControlPlane, account: Account, signer: str) -> None:
+    """Lets `account` sign for a second signer name (beside deploy/'s)."""
+    rbac: Any = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
+    name = f"sign-{account.namespace}"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": name},
+            "rules": [
+                {
+                    "apiGroups": ["certificates.k8s.io"],
+                    "resources": ["signers"],
+                    "resourceNames": [signer],
+                    "verbs": ["sign"],
+                }
+            ],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": account.name, "namespace": account.namespace}
+            ],
+        }
+    )
+
+
+def leader_of(replicas: list[CaProcess]) -> CaProcess:
+    def leaders() -> list[CaProcess]:
+        return [
+            ca for ca in replicas
+            if ca.running and sample_value(ca.metrics(), "meshca_ca_root_publisher_leader") == 1
+        ]  # fmt: skip
+
+    wait_for(lambda: len(leaders()) == 1, 30, "exactly one leader")
+    return leaders()[0]
+
+
+def audit_lines(ca: CaProcess) -> list[dict[str, Any]]:
+    lines = []
+    for line in ca.log().splitlines():
+        if line.startswith("{") and '"msg": "pod-certificate"' in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def test_two_replicas_one_killed_mid_stream_answer_every_request_once(
+    plane: RealControlPlane,
+    kubelet: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """Done means 3: the Lease holder signs; killed (no release), the other takes over at the
+    Lease's expiry and lists what is pending. Every request ends Issued, signed by one replica
+    once: one `issued` audit line each over both logs, no conflicting second write."""
+    account = make_account(plane, tmp_path / "account")
+    sign_for(plane, account, REPLICA_SIGNER)
+    namespace = f"stream-{next(_names)}"
+    plane.create_namespace(namespace)
+    plane.create_service_account(namespace, "cart")
+    uid = account_uid(plane, namespace, "cart")
+    node = plane.core.read_node(NODE)
+    replicas = [
+        CaProcess(
+            tmp_path / f"ca-{i}",
+            *("--kubeconfig", str(account.kubeconfig), "--namespace", account.namespace),
+            *("--instance-id", f"ca-{i}", "--pod-certificate-signer", REPLICA_SIGNER),
+            *("--no-root-configmaps", "--no-istiod-tls"),
+        )
+        for i in range(2)
+    ]
+    try:
+        for replica in replicas:
+            replica.start()
+        leader = leader_of(replicas)
+        created = []
+        for i in range(30):
+            if i == 10:
+                leader.kill()
+            pod = make_pod(plane, namespace, signer=REPLICA_SIGNER)
+            body = pcr_body(pod, uid, node, REPLICA_SIGNER, generate_key("ECDSAP256"))
+            created.append(create_pcr(kubelet, body))
+        survivor = next(ca for ca in replicas if ca is not leader)
+        outcomes = Counter(
+            outcome(wait_answered(plane.admin(), namespace, pcr["metadata"]["name"], 60))
+            for pcr in created
+        )
+        assert outcomes == {"Issued": 30}
+        lines = [line for ca in replicas for line in audit_lines(ca)]
+        issued = Counter(line["request"] for line in lines if line["outcome"] == "issued")
+        assert set(issued.values()) == {1} and len(issued) == 30
+        assert [line for line in lines if line["outcome"] != "issued"] == []
+        assert audit_lines(survivor) and audit_lines(leader)  # both signed a part
+        counted = survivor.metrics()
+        assert sample_value(counted, "meshca_ca_pod_certificate_requests_total", CONFLICT) == 0
+    finally:
+        for replica in replicas:
+            replica.stop()
+        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
+        account.rbac.delete(plane)
