@@ -8,10 +8,11 @@ With every rule in place the same work succeeds with no refusal at all, and ever
 tests/support/kube_api_calls.py (which deploy/ grants, tests/deploy/test_manifests.py) is used:
 nothing is granted that nobody needs.
 
-Three pieces of work cover every rule: the CA's default mode (TokenReview, the authority
+Four pieces of work cover every rule: the CA's default mode (TokenReview, the authority
 Secret, root ConfigMaps under the Lease, its replica report, `meshca authority prepare` as the
 CA's account), the CA with offline token validation (pod and ServiceAccount informers, the
-issuer's keys), and the node agent (pods on its node).
+issuer's keys), the node agent (pods on its node), and the Pod Certificate signer (its
+requests, their status, `sign` on its name: deploy/overlays/pod-certificates).
 """
 
 from __future__ import annotations
@@ -39,8 +40,23 @@ from tests.k8s_real.conftest import Account, api_calls, make_account, unique
 from tests.support.authority_cli import cluster_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.deploy_rbac import Rule
-from tests.support.kube_api_calls import CA_RBAC, NODE_AGENT_RBAC, contract_rules, describe
+from tests.support.kube_api_calls import (
+    CA_RBAC,
+    DEPLOY_SIGNER,
+    NODE_AGENT_RBAC,
+    POD_CERTIFICATE_RBAC,
+    contract_rules,
+    describe,
+)
 from tests.support.kube_mode import issue, spiffe
+from tests.support.kubelet_pcr import (
+    create_pcr,
+    generate_key,
+    outcome,
+    pcr_body,
+    pod_body,
+    read_pcr,
+)
 from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 
@@ -249,7 +265,32 @@ def node_agent(work: Work) -> Callable[[], bool]:
     return watching
 
 
+def ca_pod_certificates(work: Work) -> Callable[[], bool]:
+    """The Pod Certificate signer: a pod with a podCertificate volume for deploy/'s signer name,
+    a request for it (created as the admin: this plane runs no Node authorizer), answered
+    `Issued` under the Lease."""
+    namespace = unique("app")
+    work.plane.create_namespace(namespace)
+    work.plane.create_service_account(namespace, "cart")
+    node = work.plane.ensure_node("node-pc")
+    pod = work.plane.core.create_namespaced_pod(
+        namespace, pod_body(namespace, "cart-1", "cart", "node-pc", DEPLOY_SIGNER)
+    )
+    ca = work.ca(
+        "--no-root-configmaps", "--no-istiod-tls", "--pod-certificate-signer", DEPLOY_SIGNER
+    )
+    if not work.ready(ca):
+        return lambda: False
+    account_uid = work.plane.core.read_namespaced_service_account("cart", namespace).metadata.uid
+    body = pcr_body(pod, account_uid, node, DEPLOY_SIGNER, generate_key("ECDSAP256"))
+    name = create_pcr(work.plane.admin(), body)["metadata"]["name"]
+    return lambda: outcome(read_pcr(work.plane.admin(), namespace, name)) == "Issued"
+
+
 WorkFn = Callable[[Work], Callable[[], bool]]
+# `sign` on the signer name is no call of meshca's: the API server checks it when the signer
+# writes a status, and refuses that write with 422 (not 403) naming the permission.
+SIGN_RULE = next(rule for rule in POD_CERTIFICATE_RBAC if rule.verb == "sign")
 
 # Which work needs which rule; the expected failure is in the server's words.
 CA_WORK: dict[Rule, WorkFn] = {
@@ -267,12 +308,15 @@ CA_WORK: dict[Rule, WorkFn] = {
 }
 CASES = [
     *((rule, "meshca", work) for rule, work in sorted(CA_WORK.items())),
+    *((rule, "meshca", ca_pod_certificates) for rule in sorted(POD_CERTIFICATE_RBAC)),
     *((rule, "meshca-node-agent", node_agent) for rule in sorted(NODE_AGENT_RBAC)),
 ]
 
 
 def refusal_text(rule: Rule) -> str:
     """How the API server words a refusal of `rule` (pkg/registry/rbac, authorizer)."""
+    if rule == SIGN_RULE:
+        return f'is not permitted to "sign" for signer "{rule.name}"'
     if rule.resource.startswith("/"):
         return f'cannot {rule.verb} path "{rule.resource}"'
     return f'cannot {rule.verb} resource "{rule.resource}" in API group "{rule.api_group}"'
@@ -282,7 +326,7 @@ def _as_granted(rule: Rule) -> Rule:
     """The contract's rule for a call: a call in the account's own namespace counts against a
     cluster grant of the same verb when deploy/ grants only that (e.g. its replica report is
     written with the ClusterRole), a call naming an object against a grant for any name."""
-    (granted,) = contract_rules(CA_RBAC | NODE_AGENT_RBAC, [rule])
+    (granted,) = contract_rules(CA_RBAC | NODE_AGENT_RBAC | POD_CERTIFICATE_RBAC, [rule])
     return granted
 
 
@@ -329,7 +373,7 @@ def test_each_rule_is_needed_and_its_absence_fails_loudly(
         work_fn(work)
         wait_for(lambda: expected in work.output(), 30, f"an error naming {expected!r}", 0.2)
         refused = {_as_granted(r) for r, code in api_calls(control_plane, grant) if code == 403}
-        assert refused == {rule}, f"refused: {describe(refused)}"
+        assert refused == ({rule} if rule != SIGN_RULE else set()), f"refused: {describe(refused)}"
     finally:
         work.stop()
         grant.rbac.delete(control_plane)
@@ -344,6 +388,7 @@ def test_with_every_rule_the_work_succeeds_and_every_rule_is_used(
         ("offline", "meshca", ca_offline_validation),
         ("offline-paged", "meshca", ca_offline_validation_paged),
         ("node", "meshca-node-agent", node_agent),
+        ("pod-certificates", "meshca", ca_pod_certificates),
     ):
         grant = make_account(control_plane, tmp_path / name, deploy_account=account)
         work = Work(control_plane, grant, tmp_path / name)
@@ -354,10 +399,12 @@ def test_with_every_rule_the_work_succeeds_and_every_rule_is_used(
             refused = {r for r, code in calls if code == 403}
             assert not refused, f"{name}: refused {describe(refused)}\n{work.output()[-3000:]}"
             used |= {_as_granted(r) for r, _ in calls}
+            if work_fn is ca_pod_certificates:
+                used.add(SIGN_RULE)  # the API server accepted the Issued status
         finally:
             work.stop()
             grant.rbac.delete(control_plane)
-    granted = set(CA_RBAC) | set(NODE_AGENT_RBAC)
+    granted = set(CA_RBAC) | set(NODE_AGENT_RBAC) | set(POD_CERTIFICATE_RBAC)
     assert used <= granted, f"outside the contract: {describe(used - granted)}"
     assert not granted - used, f"granted but never needed: {describe(granted - used)}"
 

@@ -112,12 +112,25 @@ def pcr_body(
 
 
 def create_pcr(api: kubernetes.client.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
-    """Creates the request as the client `api` authenticates (raw JSON back)."""
+    """Creates the request as the client `api` authenticates (raw JSON back). NodeRestriction
+    reads the pod from the API server's own informer, which may not hold a pod created a moment
+    ago (HTTP 500 "not found"): retried for a few seconds, as a kubelet retries — a kubelet only
+    asks for pods it has seen, so it rarely meets this."""
     certificates: Any = kubernetes.client.CertificatesV1Api(api)
-    response = certificates.create_namespaced_pod_certificate_request(
-        body["metadata"]["namespace"], body, _preload_content=False
-    )
-    return dict(json.loads(response.data))
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            response = certificates.create_namespaced_pod_certificate_request(
+                body["metadata"]["namespace"], body, _preload_content=False
+            )
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status != 500 or "not found" not in str(exc.body):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        return dict(json.loads(response.data))
 
 
 def read_pcr(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -79,6 +79,7 @@ _RETRY_SECONDS = 1.0  # a cache still syncing, a supervisor restarting
 _LIST_PAGE = 500
 _REUSE_SIGNED = timedelta(minutes=1)  # a status whose write failed is retried as it was
 _TERMINAL_MARK = "immutable after PodCertificateRequest is issued"
+_NOT_SIGNER = 'is not permitted to "sign"'
 Key = tuple[str, str]
 
 
@@ -192,7 +193,12 @@ class PodCertificateSigner:
             self._wait = _RETRY_SECONDS
             return True
         if self._fresh:
-            pending = self._list_pending()
+            try:
+                pending = self._list_pending()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                detail = api_error_text(exc) if isinstance(exc, ApiException) else exc
+                log.warning("could not list the pending PodCertificateRequests: %s", detail)
+                return False
             self._fresh = False
         elif self.requests.synced:
             pending = [v for v in self.requests.items().values() if isinstance(v, PendingRequest)]
@@ -342,6 +348,18 @@ class PodCertificateSigner:
                 self._written.add((request.key, request.resource_version))
                 self._account(request, "conflict", reason, identity, serial, text)
                 return True
+            if exc.status == 403 or _NOT_SIGNER in text:
+                # RBAC (`update` on the status, or `sign` for this signer name): the operator's
+                # to fix; the next resync tries again with the status already signed.
+                log.error(
+                    "could not answer %s: %s (grant what deploy/overlays/pod-certificates "
+                    "grants, for signer %s)",
+                    request.where,
+                    text,
+                    self.signer_name,
+                )
+                self._account(request, "error", reason, identity, serial, text)
+                return False
             if exc.status == 422 and outcome == "issued":
                 # The API server refused what meshca signed (a bug to report): fail the request
                 # rather than leave the kubelet waiting on it.
