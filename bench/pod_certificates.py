@@ -1,16 +1,18 @@
 """meshca as a Pod Certificate signer on a real kube-apiserver + etcd: requests answered per
 second and the time from a request's creation to its `Issued` status (issue 31, Done means 1).
 
-Run: `.venv/bin/python -m bench.pod_certificates [--requests 1000] [--concurrency 8]
-[--workers 1]`
+Run: `.venv/bin/python -m bench.pod_certificates [--requests 1000] [--rates 0,50]
+[--concurrency 8] [--workers 1]`
 
 One control plane as production runs it (`--authorization-mode=Node,RBAC`, NodeRestriction),
 one `meshca ca --pod-certificate-signer` with deploy/'s RBAC, `--requests` pods bound to one
 Node, each with a `podCertificate` volume for meshca's signer and one for the baseline's. A
 client playing the kubelet (`system:node:<name>`) creates one request per pod from
-`--concurrency` threads, each with its own fresh ECDSA P-256 key; a raw watch (as the admin)
-notes when each request's status arrives. Times are the bench's own clock: from just before
-the create call to the watch event showing the answer.
+`--concurrency` threads, each with its own fresh ECDSA P-256 key, all at once (rate 0: the
+throughput, its latency mostly the queue) or at each of `--rates` per second (the latency of an
+answer at that load); a raw watch (as the admin) notes when each request's status arrives.
+Times are the bench's own clock: from just before the create call to the watch event showing
+the answer.
 
 The baseline, in the same run and on the same cluster: the same requests for a second signer
 name that the bench answers itself from one thread (watch, then one status update with the
@@ -54,19 +56,17 @@ BASELINE_SIGNER = "bench.example.com/no-signing"
 
 @dataclass
 class Run:
-    """One signer's requests: when each was sent and when its answer was seen."""
+    """One signer's requests: when each was sent and when its answer was seen, by request."""
 
     signer: str
-    sent: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic
-    answered: dict[str, tuple[float, str]] = field(default_factory=dict)  # pod -> (t, outcome)
-    done: threading.Event = field(default_factory=threading.Event)
-    expected: int = 0
+    sent: dict[str, float] = field(default_factory=dict)  # request name -> monotonic
+    answered: dict[str, tuple[float, str]] = field(default_factory=dict)  # name -> (t, outcome)
 
-    def note(self, pod: str, kind: str) -> None:
-        if pod not in self.answered:
-            self.answered[pod] = (time.monotonic(), kind)
-            if len(self.answered) >= self.expected:
-                self.done.set()
+    def note(self, name: str, kind: str) -> None:
+        self.answered.setdefault(name, (time.monotonic(), kind))
+
+    def all_answered(self) -> bool:
+        return all(name in self.answered for name in list(self.sent))
 
 
 class StatusWatch:
@@ -75,7 +75,7 @@ class StatusWatch:
 
     def __init__(self, api: kubernetes.client.ApiClient, run: Run, answer: bool) -> None:
         self._api: Any = kubernetes.client.CertificatesV1Api(api)
-        self._run = run
+        self.run = run  # replaced between phases (the signer's name stays)
         self._answer = answer
         self._stop = threading.Event()
         self._response: Any = None
@@ -93,7 +93,7 @@ class StatusWatch:
         version = ""
         while not self._stop.is_set():
             self._response = self._api.list_pod_certificate_request_for_all_namespaces(
-                field_selector=f"spec.signerName={self._run.signer}",
+                field_selector=f"spec.signerName={self.run.signer}",
                 watch=True,
                 resource_version=version or None,
                 timeout_seconds=300,
@@ -114,10 +114,10 @@ class StatusWatch:
                 raise
 
     def _seen(self, obj: dict[str, Any]) -> None:
-        pod = (obj.get("spec") or {}).get("podName", "")
+        name = (obj.get("metadata") or {}).get("name", "")
         kind = outcome(obj)
         if kind:
-            self._run.note(pod, kind)
+            self.run.note(name, kind)
             return
         if self._answer:
             request = request_from_json(obj)
@@ -190,23 +190,33 @@ def drive(
     run: Run,
     bodies: list[tuple[str, dict[str, Any]]],
     concurrency: int,
+    rate: float,
     timeout: float,
 ) -> float:
-    """Creates every request from `concurrency` threads; returns the wall time until the last
-    answer."""
-    run.expected = len(bodies)
+    """Creates every request from `concurrency` threads, all at once (`rate` 0) or `rate` per
+    second; returns the wall time from the first create to the last answer."""
     started = time.monotonic()
+    lock = threading.Lock()
+    slots = iter(range(len(bodies)))
 
     def create(item: tuple[str, dict[str, Any]]) -> None:
-        pod, body = item
-        run.sent[pod] = time.monotonic()
-        create_pcr(kubelet, body)
+        if rate > 0:
+            with lock:
+                slot = next(slots)
+            time.sleep(max(0.0, started + slot / rate - time.monotonic()))
+        sent = time.monotonic()
+        name = create_pcr(kubelet, item[1])["metadata"]["name"]
+        run.sent[name] = sent
 
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(create, bodies))
-    if not run.done.wait(timeout):
-        raise TimeoutError(f"{run.signer}: {len(run.answered)} of {len(bodies)} answered")
-    return max(t for t, _ in run.answered.values()) - started
+    deadline = time.monotonic() + timeout
+    while not run.all_answered():
+        if time.monotonic() > deadline:
+            answered = sum(1 for name in run.sent if name in run.answered)
+            raise TimeoutError(f"{run.signer}: {answered} of {len(bodies)} answered")
+        time.sleep(0.05)
+    return max(run.answered[name][0] for name in run.sent) - started
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -226,13 +236,14 @@ class Figures:
 
     @classmethod
     def of(cls, name: str, run: Run, wall: float) -> Figures:
-        latencies = [t - run.sent[pod] for pod, (t, _) in run.answered.items()]
+        latencies = [run.answered[request][0] - sent for request, sent in run.sent.items()]
         kinds: dict[str, int] = {}
-        for _, kind in run.answered.values():
+        for request in run.sent:
+            kind = run.answered[request][1]
             kinds[kind] = kinds.get(kind, 0) + 1
         return cls(
             name,
-            len(run.answered),
+            len(run.sent),
             kinds,
             len(run.answered) / wall,
             statistics.median(latencies),
@@ -243,13 +254,13 @@ class Figures:
     def line(self) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
         return (
-            f"{self.name:<34} {self.requests:>6} ({kinds})  {self.per_second:8.1f}/s  "
+            f"{self.name:<44} {self.requests:>5} ({kinds})  {self.per_second:8.1f}/s  "
             f"p50 {self.p50 * 1000:7.1f} ms  p99 {self.p99 * 1000:7.1f} ms  "
             f"max {self.worst * 1000:7.1f} ms"
         )
 
 
-def run(options: argparse.Namespace) -> tuple[Figures, Figures]:
+def run(options: argparse.Namespace) -> list[Figures]:
     directory = Path(tempfile.mkdtemp(prefix="bench-pcr-"))
     plane = RealControlPlane(node_authorization=True).start()
     ca: CaProcess | None = None
@@ -285,22 +296,26 @@ def run(options: argparse.Namespace) -> tuple[Figures, Figures]:
             lambda: "meshca_ca_root_publisher_leader 1.0" in ca.metrics(), 60, "the CA to lead"
         )
         kubelet = plane.client_as(f"system:node:{NODE}", "system:nodes")
-        baseline = Run(BASELINE_SIGNER)
-        signed = Run(DEPLOY_SIGNER)
         watches = [
-            StatusWatch(plane.admin(), baseline, answer=True),
-            StatusWatch(plane.admin(), signed, answer=False),
+            StatusWatch(plane.admin(), Run(BASELINE_SIGNER), answer=True),
+            StatusWatch(plane.admin(), Run(DEPLOY_SIGNER), answer=False),
         ]
         for watch in watches:
             watch.start()
         time.sleep(1.0)  # both watches established before the first create
         figures = []
-        for name, current in (("baseline (answered, no signing)", baseline), ("meshca", signed)):
-            bodies = requests_for(pods, uid, node, current.signer)
-            wall = drive(kubelet, current, bodies, options.concurrency, options.timeout)
-            figures.append(Figures.of(name, current, wall))
-            print(figures[-1].line(), flush=True)
-        return figures[0], figures[1]
+        for rate in options.rates:
+            pace = f"{rate:g}/s" if rate > 0 else "burst"
+            for label, watch in (
+                ("baseline (answered, no signing)", watches[0]),
+                ("meshca", watches[1]),
+            ):
+                current = watch.run = Run(watch.run.signer)
+                bodies = requests_for(pods, uid, node, current.signer)
+                wall = drive(kubelet, current, bodies, options.concurrency, rate, options.timeout)
+                figures.append(Figures.of(f"{label}, {pace}", current, wall))
+                print(figures[-1].line(), flush=True)
+        return figures
     finally:
         for watch in watches:
             watch.stop()
@@ -316,6 +331,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8, help="creating threads")
+    parser.add_argument(
+        "--rates",
+        type=lambda text: [float(r) for r in text.split(",")],
+        default=[0.0, 50.0],
+        help="requests per second, comma-separated; 0: all at once (default 0,50)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="meshca ca --workers")
     parser.add_argument("--timeout", type=float, default=300.0)
     return parser.parse_args(argv)
@@ -323,15 +344,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    baseline, signed = run(options)
+    figures = run(options)
     print()
-    print(baseline.line())
-    print(signed.line())
-    print(
-        f"meshca ÷ baseline: rate {signed.per_second / baseline.per_second:.2f}x, "
-        f"p50 {signed.p50 / baseline.p50:.2f}x, p99 {signed.p99 / baseline.p99:.2f}x"
-    )
-    return 0 if signed.outcomes == {"Issued": signed.requests} else 1
+    ok = True
+    for baseline, signed in zip(figures[::2], figures[1::2], strict=True):
+        print(baseline.line())
+        print(signed.line())
+        print(
+            f"  meshca ÷ baseline: rate {signed.per_second / baseline.per_second:.2f}x, "
+            f"p50 {signed.p50 / baseline.p50:.2f}x, p99 {signed.p99 / baseline.p99:.2f}x"
+        )
+        ok &= signed.outcomes == {"Issued": signed.requests}
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

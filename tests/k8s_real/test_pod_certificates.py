@@ -126,6 +126,7 @@ def request(
     api: kubernetes.client.ApiClient,
     pod: Any,
     key_type: str,
+    signer: str = SIGNER,
     **changes: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """(key, the created request) for `pod` on its node, as `api` creates it; `changes` replace
@@ -133,7 +134,7 @@ def request(
     key = generate_key(key_type)
     node = plane.core.read_node(pod.spec.node_name)
     uid = account_uid(plane, pod.metadata.namespace, pod.spec.service_account_name)
-    body = pcr_body(pod, uid, node, SIGNER, key)
+    body = pcr_body(pod, uid, node, signer, key)
     body["spec"].update(changes)
     return key, create_pcr(api, body)
 
@@ -457,5 +458,47 @@ def test_two_replicas_one_killed_mid_stream_answer_every_request_once(
     finally:
         for replica in replicas:
             replica.stop()
+        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
+        account.rbac.delete(plane)
+
+
+def test_with_workers_one_process_signs_from_the_supervisors_pod_cache(
+    plane: RealControlPlane,
+    kubelet: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """`--workers 2`: the pods are cached once, in the supervisor (its socket carries the pods'
+    podCertificate signers), and each worker is a replica under the Lease, so one signs."""
+    account = make_account(plane, tmp_path / "account")
+    sign_for(plane, account, REPLICA_SIGNER)
+    namespace = f"workers-{next(_names)}"
+    plane.create_namespace(namespace)
+    plane.create_service_account(namespace, "cart")
+    uid = account_uid(plane, namespace, "cart")
+    node = plane.core.read_node(NODE)
+    ca = CaProcess(
+        tmp_path / "ca",
+        *("--kubeconfig", str(account.kubeconfig), "--namespace", account.namespace),
+        *("--instance-id", "ca", "--pod-certificate-signer", REPLICA_SIGNER, "--workers", "2"),
+        *("--no-root-configmaps", "--no-istiod-tls"),
+    )
+    try:
+        ca.start(timeout=60)
+        bare = make_pod(plane, namespace, signer=None)
+        pods = [make_pod(plane, namespace, signer=REPLICA_SIGNER) for _ in range(10)]
+        created = [
+            create_pcr(kubelet, pcr_body(pod, uid, node, REPLICA_SIGNER, generate_key("ECDSAP256")))
+            for pod in pods
+        ]
+        # Created by the admin (NodeRestriction would refuse it): the volume check is meshca's.
+        _, refused = request(plane, plane.admin(), bare, "ECDSAP256", REPLICA_SIGNER)
+        answers = [answered(plane, pcr) for pcr in created]
+        assert Counter(outcome(done) for done in answers) == {"Issued": 10}
+        cond = condition(answered(plane, refused))
+        assert cond is not None and cond["reason"] == "NoPodCertificateVolume"
+        lines = audit_lines(ca)
+        assert len(lines) == 11 and len({line["pid"] for line in lines}) == 1
+    finally:
+        ca.stop()
         assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
         account.rbac.delete(plane)
