@@ -217,3 +217,31 @@ def test_a_taint_made_elsewhere_is_published_beside_the_bundle(tmp_path: Path):
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_the_planned_handover_is_the_successors_activation_point(tmp_path: Path):
+    """What Pod Certificates refresh by (`ca_server.kube.pod_certificates.timing`): the 5/6
+    point of the active authority's life; with the activation gate waiting past it, the gate's
+    deadline; under manual rotation, none."""
+    clock = FakeClock(START)
+    factory = SlotFactory(KeySpec(), "cluster.local", LIFE)
+
+    def started(policy: SlotRotationPolicy, where: str) -> SelfSignedDriver:
+        directory = tmp_path / where
+        directory.mkdir()
+        store = LocalAuthorityStateStore(directory, factory, clock)
+        settings = DriverSettings(directory, "ca", 5, DirectoryLedgerSink(directory, "ca"))
+        driver = SelfSignedDriver(store, policy, factory, CaMetrics(), clock, settings, TtlPolicy())
+        asyncio.run(driver.start())
+        return driver
+
+    scheduled = started(SlotRotationPolicy(lifetime=LIFE), "scheduled")
+    active = scheduled.state.active
+    assert scheduled.planned_handover() == active.not_after - LIFE / 6
+    gated_policy = SlotRotationPolicy(lifetime=LIFE, activate_at_coverage=0.9)
+    gated = started(gated_policy, "gated")
+    assert gated.planned_handover() == gated.state.active.not_after - LIFE / 6
+    clock.advance(LIFE * 5 / 6 + timedelta(seconds=1))  # the 5/6 point passed, gate waiting
+    assert gated.planned_handover() == gated_policy.activation_deadline(gated.state.active)
+    manual = started(SlotRotationPolicy(lifetime=LIFE, automatic=False), "manual")
+    assert manual.planned_handover() is None
