@@ -83,6 +83,16 @@ _NOT_SIGNER = 'is not permitted to "sign"'
 Key = tuple[str, str]
 
 
+def _full_message(exc: ApiException) -> str:
+    """The API server's whole `Status.message` (empty if the body is not a Status)."""
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else ""
+
+
 class PodCertificateSigner:
     def __init__(
         self,
@@ -342,13 +352,14 @@ class PodCertificateSigner:
             )
         except ApiException as exc:
             text = api_error_text(exc)
-            raced = exc.status == 409 or (exc.status == 422 and _TERMINAL_MARK in text)
+            body = _full_message(exc)  # the logged text is cut short
+            raced = exc.status == 409 or (exc.status == 422 and _TERMINAL_MARK in body)
             if raced or exc.status == 404:
                 # Another writer answered first, or the request is gone: nothing to do.
                 self._written.add((request.key, request.resource_version))
                 self._account(request, "conflict", reason, identity, serial, text)
                 return True
-            if exc.status == 403 or _NOT_SIGNER in text:
+            if exc.status == 403 or _NOT_SIGNER in body:
                 # RBAC (`update` on the status, or `sign` for this signer name): the operator's
                 # to fix; the next resync tries again with the status already signed.
                 log.error(
