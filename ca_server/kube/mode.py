@@ -193,7 +193,11 @@ class KubernetesMode:
         return [offline, RemoteClustersOnly(review, self.kube.cluster_id)]
 
     def impersonation_policy(self) -> ImpersonationPolicy:
-        if self._pods is None:
+        """The node authorizer when the pod cache serves requests (trusted node accounts or
+        offline validation; a cache kept for the Pod Certificate signer alone changes nothing
+        here), else refuse."""
+        offline = self.kube.token_review and self.kube.token_validation == "offline"
+        if self._pods is None or not (self.kube.trusted_node_accounts or offline):
             return DenyImpersonation()
         return NodeAuthorizer(
             self.kube.trusted_node_accounts,
