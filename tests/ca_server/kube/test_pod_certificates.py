@@ -6,12 +6,15 @@ test_pod_certificates.py."""
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
+import kubernetes.client
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from ca_server.config import TtlPolicy
 from ca_server.kube.cache_client import _pod
@@ -24,12 +27,15 @@ from ca_server.kube.pod_certificates.checks import (
     stub_public_key,
 )
 from ca_server.kube.pod_certificates.requests import ANSWERED, PendingRequest, request_from_json
+from ca_server.kube.pod_certificates.signer import PodCertificateSigner
 from ca_server.kube.pod_certificates.status import refused_status, status_body
 from ca_server.kube.pod_certificates.timing import (
     MIN_LIFETIME,
     LifetimeError,
     certificate_times,
 )
+from ca_server.metrics import CaMetrics
+from meshca.clock import FakeClock
 from meshca.pods import PodInfo, pod_info_from_json
 from tests.support.kubelet_pcr import generate_key, pod_body, stub_csr
 
@@ -220,3 +226,109 @@ def test_the_workers_cache_socket_carries_the_signers() -> None:
     assert wire is not None
     again = _pod("shop", "cart-1", wire)
     assert again == POD
+
+
+# -- the status write's outcomes, with the API server's own answers --------------------------
+
+
+class _StatusApi:
+    """Stands in for `CertificatesV1Api` at the one call the write makes: answers each update
+    with the next of `answers` (an `ApiException` is raised) and keeps the bodies sent."""
+
+    def __init__(self, *answers: ApiException | None) -> None:
+        self.answers = list(answers)
+        self.sent: list[dict[str, Any]] = []
+
+    def replace_namespaced_pod_certificate_request_status(
+        self, name: str, namespace: str, body: dict[str, Any], **_: Any
+    ) -> None:
+        self.sent.append(body)
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+
+
+def _refused(status: int, message: str) -> ApiException:
+    body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return ApiException(status=status, reason="refused", body=body)
+
+
+STALE = _refused(
+    409,
+    'Operation cannot be fulfilled on podcertificaterequests "req-1": the object has been modified',
+)
+TERMINAL = _refused(
+    422,
+    'PodCertificateRequest "req-1" is invalid: status: Invalid value: '
+    + "x" * 400
+    + ": immutable after PodCertificateRequest is issued, denied, or failed",
+)
+NOT_SIGNER = _refused(
+    422,
+    'PodCertificateRequest "req-1" is invalid: spec.signerName: Forbidden: User "meshca" is '
+    f'not permitted to "sign" for signer "{SIGNER}"',
+)
+BAD_STATUS = _refused(422, 'PodCertificateRequest "req-1" is invalid: status.beginRefreshAt: ...')
+
+
+def _signer(api: _StatusApi) -> tuple[PodCertificateSigner, CaMetrics]:
+    metrics = CaMetrics()
+    signer = PodCertificateSigner(
+        kubernetes.client.ApiClient(),
+        SIGNER,
+        is_leader=lambda: True,
+        pods=cast(Any, None),
+        accounts=None,
+        trust_domain="cluster.local",
+        metrics=metrics,
+        clock=FakeClock(NOW),
+    )
+    signer._api = api
+    return signer, metrics
+
+
+def _count(metrics: CaMetrics, outcome: str, reason: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "meshca_ca_pod_certificate_requests_total", {"outcome": outcome, "reason": reason}
+    )
+    return value or 0.0
+
+
+ISSUED = {"conditions": [{"type": "Issued"}]}
+
+
+@pytest.mark.parametrize("answer", [STALE, TERMINAL], ids=["409", "422-terminal"])
+def test_a_write_another_writer_won_is_a_conflict_not_an_error(answer: ApiException) -> None:
+    signer, metrics = _signer(_StatusApi(answer))
+    assert signer._write(pending(), ISSUED, "issued", "Issued", "spiffe://x")
+    assert _count(metrics, "conflict", "Issued") == 1
+    assert _count(metrics, "error", "Issued") == 0
+
+
+def test_a_write_refused_for_rbac_is_an_error_retried_later_with_the_same_status() -> None:
+    api = _StatusApi(NOT_SIGNER)
+    signer, metrics = _signer(api)
+    assert not signer._write(pending(), ISSUED, "issued", "Issued", "spiffe://x")
+    assert _count(metrics, "error", "Issued") == 1
+    assert len(api.sent) == 1  # no Failed written in its place: it would be refused as well
+
+
+def test_a_status_the_api_server_refuses_is_replaced_by_failed() -> None:
+    api = _StatusApi(BAD_STATUS, None)
+    signer, metrics = _signer(api)
+    assert signer._write(pending(), ISSUED, "issued", "Issued", "spiffe://x")
+    assert _count(metrics, "error", "Issued") == 1
+    assert _count(metrics, "failed", "SignerError") == 1
+    (condition,) = api.sent[1]["status"]["conditions"]
+    assert (condition["type"], condition["reason"]) == ("Failed", "SignerError")
+    assert "beginRefreshAt" in condition["message"]
+
+
+def test_a_written_status_is_not_answered_again_until_the_watch_shows_it() -> None:
+    signer, metrics = _signer(_StatusApi(None))
+    request = pending()
+    assert signer._write(request, ISSUED, "issued", "Issued", "spiffe://x")
+    assert (request.key, request.resource_version) in signer._written
+    assert _count(metrics, "issued", "Issued") == 1
+    signer._forget_answered([])  # the watch now shows it answered
+    assert signer._written == set()
