@@ -61,7 +61,11 @@ from ca_server.kube.pod_certificates.status import (
     refused_status,
     status_body,
 )
-from ca_server.kube.pod_certificates.timing import LifetimeError, certificate_times
+from ca_server.kube.pod_certificates.timing import (
+    LifetimeError,
+    certificate_times,
+    with_not_after,
+)
 from ca_server.kube.reconcile_loop import run_reconcile_loop
 from ca_server.kube.service_account_cache import AccountLookup
 from ca_server.metrics import CaMetrics
@@ -315,6 +319,10 @@ class PodCertificateSigner:
             None,
         )
         issued = signer.sign(public_key, identity, validity, csr=csr)
+        if issued.not_after != times.not_after:
+            # The authority changed between reading its expiry and signing, and cut the leaf
+            # short: the status must carry the leaf's own times (the API server re-checks them).
+            times = with_not_after(times, issued.not_after, self._handover())
         chain = "".join(issued.cert_chain[:-1])  # leaf and CA chain; the roots come from CTBs
         status = issued_status(chain, times, identity.uri, now)
         serial = format(issued.serial, "x")

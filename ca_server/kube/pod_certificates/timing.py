@@ -72,6 +72,14 @@ def certificate_times(
     return PodCertificateTimes(not_before, not_after, refresh)
 
 
+def with_not_after(
+    times: PodCertificateTimes, not_after: datetime, planned_handover: datetime | None
+) -> PodCertificateTimes:
+    """`times` for a leaf that ended up with another `not_after` (its refresh point again)."""
+    refresh = _refresh_at(times.not_before, not_after, planned_handover)
+    return PodCertificateTimes(times.not_before, not_after, refresh)
+
+
 def _refresh_at(
     not_before: datetime, not_after: datetime, planned_handover: datetime | None
 ) -> datetime:

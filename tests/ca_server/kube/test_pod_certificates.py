@@ -33,6 +33,7 @@ from ca_server.kube.pod_certificates.timing import (
     MIN_LIFETIME,
     LifetimeError,
     certificate_times,
+    with_not_after,
 )
 from ca_server.metrics import CaMetrics
 from meshca.clock import FakeClock
@@ -332,3 +333,11 @@ def test_a_written_status_is_not_answered_again_until_the_watch_shows_it() -> No
     assert _count(metrics, "issued", "Issued") == 1
     signer._forget_answered([])  # the watch now shows it answered
     assert signer._written == set()
+
+
+def test_a_leaf_cut_short_by_its_authority_gets_its_own_times() -> None:
+    times = certificate_times(NOW, 86400, POLICY, AUTHORITY_END, None)
+    end = times.not_before + timedelta(hours=4)
+    cut = with_not_after(times, end, None)
+    assert (cut.not_before, cut.not_after) == (times.not_before, end)
+    assert cut.begin_refresh_at == times.not_before + timedelta(hours=2)
