@@ -32,6 +32,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -63,6 +64,7 @@ from ca_server.kube.pod_certificates.status import (
 )
 from ca_server.kube.pod_certificates.timing import (
     LifetimeError,
+    PodCertificateTimes,
     certificate_times,
     with_not_after,
 )
@@ -85,6 +87,17 @@ _REUSE_SIGNED = timedelta(minutes=1)  # a status whose write failed is retried a
 _TERMINAL_MARK = "immutable after PodCertificateRequest is issued"
 _NOT_SIGNER = 'is not permitted to "sign"'
 Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class _Signed:
+    """A signed leaf's status, until it is written."""
+
+    at: datetime
+    status: dict[str, Any]
+    identity: str
+    serial: str
+    times: PodCertificateTimes
 
 
 def _full_message(exc: ApiException) -> str:
@@ -139,7 +152,7 @@ class PodCertificateSigner:
         # (request, resourceVersion) this replica answered, until the watch shows the answer.
         self._written: set[tuple[Key, str]] = set()
         # A signed status whose write failed (not refused): retried as it was, briefly.
-        self._unsent: dict[tuple[Key, str], tuple[datetime, dict[str, Any]]] = {}
+        self._unsent: dict[tuple[Key, str], _Signed] = {}
         self._fresh = True  # the next pass lists from the API server (leadership gained)
         self._wait = self._resync
         self._wake = threading.Event()
@@ -265,7 +278,7 @@ class PodCertificateSigner:
         self._written &= still
         now = self._clock.now()
         self._unsent = {
-            k: v for k, v in self._unsent.items() if k in still and now - v[0] < _REUSE_SIGNED
+            k: v for k, v in self._unsent.items() if k in still and now - v.at < _REUSE_SIGNED
         }
         keys = {r.key for r in pending}
         for key in list(self._seen):  # one C call: safe against the watch thread's inserts
@@ -277,7 +290,7 @@ class PodCertificateSigner:
         now = self._clock.now()
         unsent = self._unsent.get((request.key, request.resource_version))
         if unsent is not None:
-            self._write(request, unsent[1], "issued", "Issued", None)
+            self._issue(request, unsent)
             return None
         key = stub_public_key(request.stub_csr)
         if isinstance(key, Refusal):
@@ -325,12 +338,21 @@ class PodCertificateSigner:
             times = with_not_after(times, issued.not_after, self._handover())
         chain = "".join(issued.cert_chain[:-1])  # leaf and CA chain; the roots come from CTBs
         status = issued_status(chain, times, identity.uri, now)
-        serial = format(issued.serial, "x")
-        if self._write(request, status, "issued", "Issued", identity.uri, serial=serial):
-            self._metrics.leaves.record(IssuedLeaf(identity.uri, serial, now, issued.not_after))
-        else:
-            self._unsent[(request.key, request.resource_version)] = (now, status)
+        self._issue(request, _Signed(now, status, identity.uri, format(issued.serial, "x"), times))
         return None
+
+    def _issue(self, request: PendingRequest, signed: _Signed) -> None:
+        """Writes a signed leaf's status; kept for a retry when the write failed."""
+        written = self._write(
+            request, signed.status, "issued", "Issued", signed.identity, serial=signed.serial
+        )
+        key = (request.key, request.resource_version)
+        if written:
+            self._unsent.pop(key, None)
+            leaf = IssuedLeaf(signed.identity, signed.serial, signed.at, signed.times.not_after)
+            self._metrics.leaves.record(leaf)
+        else:
+            self._unsent[key] = signed
 
     def _refuse(self, request: PendingRequest, refusal: Refusal, now: datetime) -> None:
         outcome = refusal.condition.lower()

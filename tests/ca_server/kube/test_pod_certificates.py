@@ -27,7 +27,7 @@ from ca_server.kube.pod_certificates.checks import (
     stub_public_key,
 )
 from ca_server.kube.pod_certificates.requests import ANSWERED, PendingRequest, request_from_json
-from ca_server.kube.pod_certificates.signer import PodCertificateSigner
+from ca_server.kube.pod_certificates.signer import PodCertificateSigner, _Signed
 from ca_server.kube.pod_certificates.status import refused_status, status_body
 from ca_server.kube.pod_certificates.timing import (
     MIN_LIFETIME,
@@ -341,3 +341,20 @@ def test_a_leaf_cut_short_by_its_authority_gets_its_own_times() -> None:
     cut = with_not_after(times, end, None)
     assert (cut.not_before, cut.not_after) == (times.not_before, end)
     assert cut.begin_refresh_at == times.not_before + timedelta(hours=2)
+
+
+def test_a_failed_write_is_retried_with_the_leaf_already_signed() -> None:
+    """A status whose write failed (the API server unreachable, a 5xx) is sent again as it was
+    at the next pass: no second leaf for the request."""
+    api = _StatusApi(_refused(503, "the server is currently unable to handle the request"), None)
+    signer, metrics = _signer(api)
+    request = pending()
+    times = certificate_times(NOW, 86400, POLICY, AUTHORITY_END, None)
+    signed = _Signed(NOW, ISSUED, "spiffe://cluster.local/ns/shop/sa/cart", "abc", times)
+    signer._issue(request, signed)
+    assert signer._unsent[(request.key, request.resource_version)] is signed
+    assert signer._answer(request) is None  # the next pass: the same status, written now
+    assert api.sent[0] == api.sent[1]
+    assert signer._unsent == {}
+    assert _count(metrics, "error", "Issued") == 1 and _count(metrics, "issued", "Issued") == 1
+    assert [leaf.serial_hex for leaf in metrics.leaves.latest()] == ["abc"]
