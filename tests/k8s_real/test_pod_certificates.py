@@ -468,7 +468,8 @@ def test_with_workers_one_process_signs_from_the_supervisors_pod_cache(
     tmp_path: Path,
 ) -> None:
     """`--workers 2`: the pods are cached once, in the supervisor (its socket carries the pods'
-    podCertificate signers), and each worker is a replica under the Lease, so one signs."""
+    podCertificate signers), and each worker is a replica under the Lease, so one watches the
+    requests and signs."""
     account = make_account(plane, tmp_path / "account")
     sign_for(plane, account, REPLICA_SIGNER)
     namespace = f"workers-{next(_names)}"
@@ -498,6 +499,14 @@ def test_with_workers_one_process_signs_from_the_supervisors_pod_cache(
         assert cond is not None and cond["reason"] == "NoPodCertificateVolume"
         lines = audit_lines(ca)
         assert len(lines) == 11 and len({line["pid"] for line in lines}) == 1
+        # Only the worker holding the Lease listed and watched the requests.
+        user = f"system:serviceaccount:{account.namespace}:{account.name}"
+        agents = {
+            event["userAgent"]
+            for event in plane.audit_events(user)
+            if (event.get("objectRef") or {}).get("resource") == "podcertificaterequests"
+        }
+        assert len(agents) == 1, agents
     finally:
         ca.stop()
         assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)

@@ -1,14 +1,16 @@
 """The Pod Certificate signer: answers this CA's PodCertificateRequests, one status each.
 
-Every replica watches the requests for its signer name (`meshca.paged_informer`, field selector
-`spec.signerName`); only the holder of the CA's Lease (`ca_server.kube.leader`, the one the
-root publisher follows) answers them, so each request is signed by one replica. A replica that
-gains the Lease first reads the pending requests fresh from the API server (one LIST), not from
-its watch, so it neither waits for a resync nor re-signs a request the previous leader answered
-a moment before it stopped. Every status update carries the resourceVersion the decision was
-made on: a write that races another writer is refused (409, or 422 once the request is
-terminal) and counted as `conflict`, never applied twice. Under `--workers N` each worker is a
-replica with its own Lease identity, so the same rule makes one process the signer.
+Only the holder of the CA's Lease (`ca_server.kube.leader`, the one the root publisher
+follows) watches the requests for its signer name (`meshca.paged_informer`, field selector
+`spec.signerName`) and answers them, so each request is signed by one replica and the others
+hold nothing. A replica that gains the Lease first reads the pending requests fresh from the
+API server (one LIST) while its watch starts, so it neither waits for the watch to sync nor
+re-signs a request the previous leader answered a moment before it stopped. Every status
+update carries the resourceVersion the decision was made on: a write that races another writer
+is refused (409, or 422 once the request is terminal) and counted as `conflict`, never applied
+twice. Under `--workers N` each worker is a
+replica with its own Lease identity, so the same rule makes one process the signer (and the
+one that watches).
 
 For each pending request (`checks`): the stub CSR's key must be one meshca signs (else
 `Denied`/`UnsupportedKeyType`); the pod it names must be in the CA's pod cache with that UID,
@@ -22,7 +24,8 @@ root: the pod trusts the roots the ClusterTrustBundles carry). Each decision is 
 
 Concurrency: one daemon thread runs the passes (`reconcile_loop`), woken by the watch, by
 leadership changes and by the retry timer of requests waiting for their pod; its API calls and
-signing block only that thread. The watch runs in the informer's thread; pod lookups go to the
+signing block only that thread. The watch runs in the informer's thread, started and stopped
+by the election thread (`leadership_changed`, under a lock with `stop`); pod lookups go to the
 local cache (a dictionary read) or, in a worker, over the supervisor's socket.
 """
 
@@ -139,15 +142,9 @@ class PodCertificateSigner:
         self._ttl: TtlPolicy | None = None
         self._handover: Callable[[], datetime | None] = lambda: None
         self._selector = f"spec.signerName={signer_name}"
-        restarts = metrics.kube_watch_restarts
-        self.requests: PagedInformer[StoredRequest] = PagedInformer(
-            "podcertificaterequests",
-            self._api.list_pod_certificate_request_for_all_namespaces,
-            self._first_seen,
-            list_kwargs={"field_selector": self._selector},
-            on_change=self.kick,
-            on_restart=lambda cause: restarts.labels("podcertificaterequests", cause).inc(),
-        )
+        # The watch of the requests, while this replica holds the Lease (None otherwise).
+        self.requests: PagedInformer[StoredRequest] | None = None
+        self._watch_lock = threading.Lock()
         self._seen: dict[Key, float] = {}  # monotonic time each pending request was first seen
         # (request, resourceVersion) this replica answered, until the watch shows the answer.
         self._written: set[tuple[Key, str]] = set()
@@ -172,21 +169,45 @@ class PodCertificateSigner:
         self.kick()
 
     def leadership_changed(self, leading: bool) -> None:
-        if leading:
-            self._fresh = True
-            self.kick()
+        """Gained: watch the requests and answer the pending ones at once (listed fresh);
+        lost: stop watching (the new leader answers)."""
+        with self._watch_lock:
+            if self._stopping.is_set():
+                return
+            if leading:
+                if self.requests is None:
+                    self.requests = self._watch()
+                    self.requests.start()
+                self._fresh = True
+            elif self.requests is not None:
+                self.requests.stop()
+                self.requests = None
+        self.kick()
 
     def kick(self) -> None:
         self._wake.set()
 
     def start(self) -> None:
-        self.requests.start()
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopping.set()
+        with self._watch_lock:
+            self._stopping.set()
+            if self.requests is not None:
+                self.requests.stop()
+                self.requests = None
         self._wake.set()
-        self.requests.stop()
+
+    def _watch(self) -> PagedInformer[StoredRequest]:
+        restarts = self._metrics.kube_watch_restarts
+        return PagedInformer(
+            "podcertificaterequests",
+            self._api.list_pod_certificate_request_for_all_namespaces,
+            self._first_seen,
+            list_kwargs={"field_selector": self._selector},
+            on_change=self.kick,
+            on_restart=lambda cause: restarts.labels("podcertificaterequests", cause).inc(),
+        )
 
     # -- the informer's transform (watch thread) -------------------------------------------
 
@@ -227,10 +248,11 @@ class PodCertificateSigner:
                 log.warning("could not list the pending PodCertificateRequests: %s", detail)
                 return False
             self._fresh = False
-        elif self.requests.synced:
-            pending = [v for v in self.requests.items().values() if isinstance(v, PendingRequest)]
         else:
-            return True  # the sync will kick
+            requests = self.requests
+            if requests is None or not requests.synced:
+                return True  # the sync will kick
+            pending = [v for v in requests.items().values() if isinstance(v, PendingRequest)]
         self._forget_answered(pending)
         pending.sort(key=lambda r: (r.created or self._clock.now(), r.key))
         retry_at: datetime | None = None
