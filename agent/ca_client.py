@@ -268,6 +268,7 @@ class CaClient:
             agent_id=report.agent_id,
             trust_bundle_sha256=report.bundle_digest or "",
             leaf_authorities=sorted(report.leaf_authorities),
+            jwt_kids=report.jwt_kids,
         )
         try:
             response = await stub.Report(

@@ -33,7 +33,7 @@ from agent.file_mounted import FileMountedSource, FileWatcher
 from agent.file_output import FileOutput
 from agent.identity_source import IdentitySource
 from agent.identity_sources import identity_source_for
-from agent.jwt_svids import JwtCa
+from agent.jwt_svids import JwtSvidSource
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport, new_agent_id
 from agent.reporter import PeriodicReporter
@@ -78,9 +78,9 @@ class CertificateSource(Protocol):
         ...
 
     @property
-    def jwt_ca(self) -> JwtCa | None:
-        """Who signs JWT-SVIDs for the Workload API: the CA client, or None when the
-        certificates are file-mounted (no CA: the JWT profile is not served)."""
+    def jwt_svids(self) -> JwtSvidSource | None:
+        """The Workload API's JWT-SVIDs (signed by the CA; their bundle is in the periodic
+        report), or None when the certificates are file-mounted (no CA: not served)."""
         ...
 
 
@@ -97,6 +97,7 @@ class CaCertificateSource:
         root_file: RootFileWatch | None,
         reporter: PeriodicReporter | None,
         taint_file: TaintFileWatch | None,
+        jwt_svids: JwtSvidSource,
     ) -> None:
         self.scheduler = scheduler
         self.identities = identities
@@ -105,10 +106,7 @@ class CaCertificateSource:
         self.root_file = root_file
         self.reporter = reporter
         self.taint_file = taint_file
-
-    @property
-    def jwt_ca(self) -> JwtCa:
-        return self.ca_client
+        self.jwt_svids: JwtSvidSource | None = jwt_svids
 
     @property
     def pods(self) -> PodDirectory | None:
@@ -229,10 +227,11 @@ def certificate_source_for(
     identities = identity_source_for(
         config, tokens, clock, scheduler.policy.backoff, scheduler.source_failed
     )
+    jwt_svids = JwtSvidSource(ca_client, clock)
     reporter = None
     if config.report_interval:
         reporter = PeriodicReporter(
-            ca_client, scheduler, report, clock, config.report_interval, metrics
+            ca_client, scheduler, report, clock, config.report_interval, metrics, jwt=jwt_svids
         )
     return CaCertificateSource(
         scheduler,
@@ -242,4 +241,5 @@ def certificate_source_for(
         root_file=root_file,
         reporter=reporter,
         taint_file=taint_file,
+        jwt_svids=jwt_svids,
     )

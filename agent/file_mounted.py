@@ -486,7 +486,7 @@ class FileMountedSource:
 
     # No pods behind mounted files (node mode excludes FILE_MOUNTED_CERTS).
     pods = None
-    jwt_ca = None  # no CA: no JWT-SVIDs
+    jwt_svids = None  # no CA: no JWT-SVIDs
 
     @property
     def last_error(self) -> str | None:

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from agent.errors import CaClientError
 from certs import CertsError, SpiffeId
 from meshca.clock import Clock
+from meshca.wire import MAX_JWT_KID, MAX_REPORTED_JWT_KIDS
 from meshca_proto import jwt_svid_pb2
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,16 @@ class JwtSvidSource:
     @property
     def bundle(self) -> JwtBundle | None:
         return self._bundle
+
+    def held_kids(self) -> tuple[str, ...]:
+        """What the periodic report tells the CA (`agent.reporter`): the kids of the bundle
+        held, in its order (the CA lists the active and prepared keys first), at most
+        `MAX_REPORTED_JWT_KIDS`; none before the first JWT call (no bundle held: the first call
+        fetches the current one, so nothing here can be stale)."""
+        if self._bundle is None:
+            return ()
+        kids = (kid for kid in self._bundle.keys if len(kid) <= MAX_JWT_KID)
+        return tuple(kids)[:MAX_REPORTED_JWT_KIDS]
 
     def _poll(self) -> None:
         """Starts the bundle poll at the first JWT call (it also drops tainted tokens)."""

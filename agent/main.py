@@ -44,7 +44,6 @@ from agent.config import AgentConfig, ConfigError, add_agent_arguments
 from agent.errors import AgentFailed, SocketPathRefused
 from agent.file_mounted import FileSecretProvider, FileWatcher
 from agent.file_output import FileOutput
-from agent.jwt_svids import JwtSvidSource
 from agent.metrics import AgentMetrics
 from agent.sds import SdsServer, SecretResolver
 from agent.secrets import SecretCache
@@ -241,8 +240,7 @@ def _workload_api_for(
     if config.workload_api_socket is None:
         return None
     # JWT-SVIDs need a CA to sign them: not served for file-mounted certificates.
-    jwt_ca = certificates.jwt_ca
-    jwt = JwtSvidSource(jwt_ca, clock) if jwt_ca is not None else None
+    jwt = certificates.jwt_svids
     if not config.node_mode:
         return WorkloadApiServer(
             cache,

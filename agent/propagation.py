@@ -51,6 +51,8 @@ class AgentReport:
     agent_id: str
     bundle_digest: str | None
     leaf_authorities: frozenset[str]
+    # The kids of the JWT bundle the agent holds, in the bundle's order (none: it holds none).
+    jwt_kids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,10 @@ class PropagationReport:
     agent_id: str
     bundle_digest: Callable[[], str | None]
 
-    def periodic(self, leaf_authorities: frozenset[str]) -> AgentReport:
-        return AgentReport(self.agent_id, self.bundle_digest(), leaf_authorities)
+    def periodic(
+        self, leaf_authorities: frozenset[str], jwt_kids: tuple[str, ...] = ()
+    ) -> AgentReport:
+        return AgentReport(self.agent_id, self.bundle_digest(), leaf_authorities, jwt_kids)
 
     def headers(self, authority: str | None) -> tuple[tuple[str, str], ...]:
         headers = [(AGENT_ID_HEADER, self.agent_id)]

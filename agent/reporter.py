@@ -3,9 +3,11 @@
 Every `interval` (± 20 %, so agents started together do not report together) the agent sends
 what its CSRs already carry as headers (`agent.propagation`): its agent id, the digest of the
 trust bundle it serves and the authorities of the leaves it serves — so the CA's coverage
-figures are fresh between renewals. The answer lists the authorities the CA has tainted; the
-reporter hands them to the one scheduler (`CertificateScheduler.taints_learned`), which
-re-signs the affected leaves paced over the taint window. Pod and node agents alike: one report
+figures are fresh between renewals — and the kids of the JWT bundle it holds
+(`agent.jwt_svids.JwtSvidSource.held_kids`), which the CA's JWT key activation waits for.
+The answer lists the authorities the CA has tainted; the reporter hands them to the one
+scheduler (`CertificateScheduler.taints_learned`), which re-signs the affected leaves paced
+over the taint window. Pod and node agents alike: one report
 per agent, covering all its identities. The taint notice beside the root file
 (`agent.taint_file`) usually tells the agent first, within seconds; the report is the source
 that needs nothing but the CA connection (a root file from elsewhere, a CA that publishes no
@@ -37,6 +39,7 @@ import grpc
 
 from agent.ca_client import CaClient
 from agent.errors import CaClientError, CaRequestError, TokenError
+from agent.jwt_svids import JwtSvidSource
 from agent.metrics import AgentMetrics
 from agent.propagation import PropagationReport
 from agent.scheduler import CertificateScheduler
@@ -66,6 +69,7 @@ class PeriodicReporter:
     interval: timedelta
     metrics: AgentMetrics
     rng: random.Random = field(default_factory=random.Random)
+    jwt: JwtSvidSource | None = None  # the Workload API's JWT-SVIDs, whose bundle it reports
     sent: int = 0
 
     async def run(self) -> None:
@@ -104,7 +108,8 @@ class PeriodicReporter:
 
     async def report_once(self) -> int:
         """One report; returns how many identities were rescheduled for a taint."""
-        report = self.propagation.periodic(self.scheduler.leaf_authorities())
+        kids = self.jwt.held_kids() if self.jwt is not None else ()
+        report = self.propagation.periodic(self.scheduler.leaf_authorities(), kids)
         tainted = await self.client.report(report, timeout=self.deadline)
         self.sent += 1
         self._count("OK")

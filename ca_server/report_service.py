@@ -2,7 +2,8 @@
 
 Between renewals a meshca agent tells the CA what it holds — the same facts as the `x-meshca-*`
 headers on its CSRs (`ca_server.wire`): its agent id, the digest of the trust bundle it
-serves and the authorities of the leaves it serves — so coverage
+serves, the authorities of the leaves it serves and the kids of the JWT bundle it holds — so
+coverage
 (`ca_server.fleet.agent_reports`) stays fresh while nobody renews. The answer lists the tainted
 authorities (with how long ago each was tainted), which is how every agent, due a renewal or not,
 learns that leaves must be re-signed (`agent.rotation.RotationPolicy.taint_resign_delay` paces
@@ -47,7 +48,9 @@ from ca_server.fleet import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,
+    MAX_JWT_KID,
     MAX_REPORTED_AUTHORITIES,
+    MAX_REPORTED_JWT_KEYS,
     AgentReports,
     valid_agent_id,
 )
@@ -60,7 +63,8 @@ from meshca_proto import report_pb2, report_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# An agent's report is well under 2 KiB (an id, a digest, up to 8 authority IDs); four times
+# An agent's report is well under 2 KiB (an id, a digest, up to 8 authority IDs and 8 JWT
+# kids); four times
 # that is refused before protobuf parses it.
 MAX_REPORT_BYTES = 8 * 1024
 
@@ -131,6 +135,7 @@ class AgentReportService(report_pb2_grpc.AgentReportServiceServicer):
                 request.trust_bundle_sha256,
                 list(request.leaf_authorities),
                 self._clock.now(),
+                jwt_keys=list(request.jwt_kids),
             )
         except RequestError as exc:
             await self._refuse(context, exc)
@@ -161,21 +166,27 @@ def check_report_size(request: report_pb2.AgentReportRequest) -> None:
         ("agent_id", len(request.agent_id), MAX_AGENT_ID),
         ("trust_bundle_sha256", len(request.trust_bundle_sha256), MAX_DIGEST),
         ("leaf_authorities", len(request.leaf_authorities), MAX_REPORTED_AUTHORITIES),
+        ("jwt_kids", len(request.jwt_kids), MAX_REPORTED_JWT_KEYS),
     )
+    lists = ("leaf_authorities", "jwt_kids")
     for name, size, cap in caps:
         if size > cap:
             raise InvalidRequestError(
                 "report-too-large",
-                f"{name} holds {size} {'entries' if name == 'leaf_authorities' else 'characters'}"
+                f"{name} holds {size} {'entries' if name in lists else 'characters'}"
                 f", at most {cap} are accepted: send the agent's own report",
             )
-    longest = max((len(a) for a in request.leaf_authorities), default=0)  # at most 8 lengths
-    if longest > MAX_AUTHORITY:
-        raise InvalidRequestError(
-            "report-too-large",
-            f"a leaf_authorities entry holds {longest} characters, at most {MAX_AUTHORITY} "
-            "(an authority ID in hex) are accepted",
-        )
+    entries = (
+        ("leaf_authorities", request.leaf_authorities, MAX_AUTHORITY, "an authority ID in hex"),
+        ("jwt_kids", request.jwt_kids, MAX_JWT_KID, "a JWK thumbprint"),
+    )
+    for name, values, cap, what in entries:
+        longest = max((len(v) for v in values), default=0)  # at most 8 lengths
+        if longest > cap:
+            raise InvalidRequestError(
+                "report-too-large",
+                f"a {name} entry holds {longest} characters, at most {cap} ({what}) are accepted",
+            )
 
 
 _REPORT_MESSAGE = report_pb2.AgentReportRequest.DESCRIPTOR.full_name

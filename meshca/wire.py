@@ -21,7 +21,8 @@ expect).
 `MAX_REPORT_INTERVAL` bounds the agent's `--report-interval` (it jitters each wait by up to
 20 %), and the CA's expiry of a report is derived from it
 (`ca_server.fleet.entries`): a live agent refreshes its entry well before it expires,
-a gone one stops counting soon after."""
+a gone one stops counting soon after. The report names at most `MAX_REPORTED_JWT_KIDS` kids of
+the agent's JWT bundle, each at most `MAX_JWT_KID` characters (a JWK thumbprint is 43)."""
 
 from datetime import timedelta
 
@@ -37,3 +38,5 @@ CA_TLS_NAME = "istiod.istio-system.svc"
 CA_SERVING_HOSTS = ("localhost", "127.0.0.1", CA_TLS_NAME)
 
 MAX_REPORT_INTERVAL = timedelta(minutes=10)
+MAX_REPORTED_JWT_KIDS = 8
+MAX_JWT_KID = 64

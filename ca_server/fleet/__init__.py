@@ -19,8 +19,8 @@ Modules:
 - `merge`: every process's published snapshot merged (`merge_snapshots`, `SnapshotCache`),
   and when a gone process's snapshot is spent;
 - `coverage`: which authorities the fleet trusts and serves (`authority_coverage`,
-  `subset_digests`),
-  and the activation gate's figure (`gate_coverage` -> `AgentCoverage`);
+  `subset_digests`), the activation gate's figure (`gate_coverage` -> `AgentCoverage`), and
+  the JWT key's (`jwt_coverage`: agents report the kids they hold);
 - `leaf_ledger`: live leaves per authority per process (`LeafLedger`) and where a process
   publishes them with its table (`LedgerSink`; `DirectoryLedgerSink` for `--data-dir`, the
   Kubernetes sink is `ca_server.kube.replica_reports`);
@@ -41,6 +41,7 @@ from ca_server.fleet.coverage import (
     Coverage,
     authority_coverage,
     gate_coverage,
+    jwt_coverage,
     subset_digests,
 )
 from ca_server.fleet.entries import (
@@ -48,7 +49,9 @@ from ca_server.fleet.entries import (
     MAX_AGENT_ID,
     MAX_AUTHORITY,
     MAX_DIGEST,
+    MAX_JWT_KID,
     MAX_REPORTED_AUTHORITIES,
+    MAX_REPORTED_JWT_KEYS,
     REPORT_HEADERS,
     REPUBLISH_EVERY,
     STALE_AFTER,
@@ -82,7 +85,9 @@ __all__ = [
     "MAX_AGENT_ID",
     "MAX_AUTHORITY",
     "MAX_DIGEST",
+    "MAX_JWT_KID",
     "MAX_REPORTED_AUTHORITIES",
+    "MAX_REPORTED_JWT_KEYS",
     "REPORT_HEADERS",
     "REPUBLISH_EVERY",
     "STALE_AFTER",
@@ -109,6 +114,7 @@ __all__ = [
     "gate_coverage",
     "generation_of",
     "heartbeat_text",
+    "jwt_coverage",
     "ledger_spent",
     "merge_snapshots",
     "parse_heartbeat",

@@ -37,18 +37,22 @@ from ca_server.authn import Caller
 from ca_server.fleet.entries import (
     EXPIRE_AFTER,
     MAX_REPORTED_AUTHORITIES,
+    MAX_REPORTED_JWT_KEYS,
     REPUBLISH_EVERY,
     SNAPSHOT_FORMAT,
     AgentEntry,
+    EntryContent,
     FleetEntry,
     FleetReports,
     Instance,
     PodVerdict,
     PodWatch,
     instance_of,
+    published_fields,
     valid_agent_id,
     valid_authority,
     valid_digest,
+    valid_jwt_kid,
 )
 from ca_server.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
 from meshca.logs import audit
@@ -58,8 +62,8 @@ MAX_CALLERS = 1000
 OTHER_CALLERS = "(other)"
 
 
-def _joined(authorities: Iterable[str]) -> str | None:
-    return ",".join(sorted(set(authorities))[:MAX_REPORTED_AUTHORITIES]) or None
+def _joined(authorities: Iterable[str], cap: int = MAX_REPORTED_AUTHORITIES) -> str | None:
+    return ",".join(sorted(set(authorities))[:cap]) or None
 
 
 class AgentReports:
@@ -92,15 +96,22 @@ class AgentReports:
         bundle: str | None,
         authorities: Sequence[str],
         now: datetime,
+        *,
+        jwt_keys: Sequence[str] = (),
     ) -> None:
         """One periodic report (`ca_server.report_service`, which has capped its fields): what
-        the caller's pod trusts and serves now, replacing what it said before."""
+        the caller's pod trusts and serves now, and the JWT kids it holds, replacing what it
+        said before."""
         instance = instance_of(caller)
         if instance is None:
             self._record_unknown(caller, now)
             return
         kept = [a for a in authorities[:MAX_REPORTED_AUTHORITIES] if valid_authority(a)]
-        self._record(caller, instance, valid_agent_id(label), valid_digest(bundle), now, kept)
+        kids = _joined(
+            (k for k in jwt_keys[:MAX_REPORTED_JWT_KEYS] if valid_jwt_kid(k)),
+            MAX_REPORTED_JWT_KEYS,
+        )
+        self._record(caller, instance, valid_agent_id(label), valid_digest(bundle), now, kept, kids)
 
     def record_csr(
         self,
@@ -127,6 +138,8 @@ class AgentReports:
         with self._lock:
             previous = self._agents.get(instance.key)
         serving: set[str] = set()
+        # A CSR says nothing of JWT keys: the same run's last report still holds.
+        kids = previous.jwt_keys if previous is not None and previous.label == label else None
         if previous is not None and previous.label == label and previous.authority:
             serving = set(previous.authority.split(","))
         elif renewed is not None:
@@ -136,7 +149,7 @@ class AgentReports:
         if issued_by:
             serving.add(issued_by)
         digest = valid_digest(headers.get(TRUST_BUNDLE_HEADER))
-        self._record(caller, instance, label, digest, now, sorted(serving))
+        self._record(caller, instance, label, digest, now, sorted(serving), kids)
 
     def _record(
         self,
@@ -146,13 +159,14 @@ class AgentReports:
         bundle: str | None,
         now: datetime,
         serving: Iterable[str],
+        jwt_keys: str | None = None,
     ) -> None:
         verdict = self.pods.verdict(instance) if self.pods is not None else PodVerdict(None)
         if verdict.live is False:
             return  # its pod is gone: nothing to count (authentication should have refused)
         stamp = now.timestamp()
         key = instance.key
-        content = (caller.identity.uri, label, bundle, _joined(serving), verdict.node)
+        content = (caller.identity.uri, label, bundle, _joined(serving), verdict.node, jwt_keys)
         with self._lock:
             previous = self._agents.pop(key, None)
             same = previous is not None and previous.content == content
@@ -257,7 +271,7 @@ class AgentReports:
             self.changed = False
             self._published = cutoff
             agents = [
-                (key, [e.identity, e.label, e.bundle, e.authority, e.node, e.refreshed, e.until])
+                (key, published_fields(e.content, e.refreshed, e.until))
                 for key, e in reversed(self._agents.items())
                 if e.until > cutoff
             ]
@@ -321,10 +335,9 @@ class AgentReports:
         return agents, unknown, evicted, callers
 
 
-def _fleet_content(
-    entry: FleetEntry,
-) -> tuple[str, str | None, str | None, str | None, str | None]:
-    return (entry.identity, entry.label, entry.bundle, _joined(entry.leaves), entry.node)
+def _fleet_content(entry: FleetEntry) -> EntryContent:
+    kids = _joined(entry.jwt_keys, MAX_REPORTED_JWT_KEYS)
+    return (entry.identity, entry.label, entry.bundle, _joined(entry.leaves), entry.node, kids)
 
 
 def _within(

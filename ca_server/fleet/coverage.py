@@ -11,6 +11,13 @@ entries a process cut to fit its published object or evicted (`unseen`), a snaps
 read (`unreadable`) — counts as *not trusting* for activation and as *maybe serving* for revoke,
 and every figure says how much that is.
 
+JWT keys (`jwt_coverage`): agents report the `kid`s of the JWT bundle they hold directly (a
+handful, each an RFC 7638 thumbprint), so no subset digests are needed: an agent holds kid X
+exactly when its report names X. An agent that holds no JWT bundle (none of its workloads made a
+JWT call: it fetches the current bundle, prepared key included, at the first one) has nothing
+to strand and is not counted; one that holds a bundle without X is reporting and does not hold
+it; unseen and unreadable count as for roots.
+
 The gate's figure (`gate_coverage` -> `AgentCoverage`) is what the self-signed activation gate
 and the plugged-in guard both ask; `AgentCoverage.reaches` is its rule (covered when nothing
 is known to be stranded, or when the fraction asked for trusts the new authority). When to give
@@ -69,14 +76,19 @@ class AgentCoverage:
         return counted == 0 or self.trusting >= fraction * counted
 
     def __str__(self) -> str:
+        return self.said("trust")
+
+    def said(self, verb: str) -> str:
+        """The figure in words: `verb` is what a covered agent does with the new authority
+        ("trust" a root, "hold" a JWT key)."""
         blind = ""
         if self.unseen:
-            blind += f", {self.unseen} unseen counted as not trusting"
+            blind += f", {self.unseen} unseen counted as not {verb}ing"
         if self.unreadable:
             blind += f", {self.unreadable} report(s) unreadable"
         if self.reporting + self.unseen == 0:
             return f"no agent reports{blind}"
-        return f"{self.trusting}/{self.reporting + self.unseen} reporting agents trust it{blind}"
+        return f"{self.trusting}/{self.reporting + self.unseen} reporting agents {verb} it{blind}"
 
 
 def subset_digests(
@@ -124,3 +136,14 @@ def authority_coverage(
         serving,
         fleet.unreadable,
     )
+
+
+def jwt_coverage(kid: str, fleet: FleetReports) -> AgentCoverage:
+    """The JWT key activation gate's figure for `kid` (the module's JWT rule): `trusting` is
+    the agents whose JWT bundle holds it, `reporting` those that hold any JWT bundle."""
+    holding = reporting = 0
+    for entry in fleet.entries.values():
+        if entry.jwt_keys:
+            reporting += 1
+            holding += kid in entry.jwt_keys
+    return AgentCoverage(holding, reporting, fleet.dropped, fleet.unreadable)

@@ -30,12 +30,19 @@ nothing changed, and a published snapshot older than `STALE_AFTER` (the longest 
 plus one republication, 14 min) belongs to a process that is gone: its agents have reported
 elsewhere since, so it stops counting (`ca_server.fleet.merge`).
 
+The periodic report also names the `kid`s of the JWT-SVID bundle the agent holds (none until a
+workload made a JWT call: it fetches the current bundle then), so the JWT key's activation can
+wait for them like the X.509 root's (`ca_server.fleet.coverage.jwt_coverage`). A published
+entry carries them only when there are some, as one more trailing field, so an entry of an
+agent that holds no JWT bundle is published exactly as before.
+
 `AgentEntry` is what one process holds for a pod; `FleetEntry` and `FleetReports` are what
 every reader sees once the processes' tables are merged.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,7 +50,7 @@ from typing import Any, Protocol
 
 from ca_server.authn import Caller
 from ca_server.wire import AGENT_ID_HEADER, LEAF_AUTHORITY_HEADER, TRUST_BUNDLE_HEADER
-from meshca.wire import MAX_REPORT_INTERVAL
+from meshca.wire import MAX_JWT_KID, MAX_REPORT_INTERVAL, MAX_REPORTED_JWT_KIDS
 
 REPORT_HEADERS = frozenset((AGENT_ID_HEADER, TRUST_BUNDLE_HEADER, LEAF_AUTHORITY_HEADER))
 EXPIRE_AFTER = 4 * MAX_REPORT_INTERVAL
@@ -58,9 +65,11 @@ MAX_AGENT_ID = 253
 MAX_DIGEST = 64
 MAX_AUTHORITY = 128
 MAX_REPORTED_AUTHORITIES = 8  # a fleet signs under a handful of authorities at most
+MAX_REPORTED_JWT_KEYS = MAX_REPORTED_JWT_KIDS  # published: prepared, active, a few old ones
 _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _AUTHORITY = re.compile(r"[0-9a-f]{2,128}")
+_JWT_KID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # base64url, as a JWK thumbprint
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # DNS-1123, as Kubernetes names
 _UID = re.compile(r"[A-Za-z0-9-]{1,64}")
 _CLUSTER = re.compile(r"[A-Za-z0-9._:-]{0,128}")
@@ -84,6 +93,17 @@ def valid_digest(value: str | None) -> str | None:
 
 def valid_authority(value: str | None) -> str | None:
     return valid(value, _AUTHORITY, MAX_AUTHORITY)
+
+
+def valid_jwt_kid(value: str | None) -> str | None:
+    return valid(value, _JWT_KID, MAX_JWT_KID)
+
+
+@functools.lru_cache(maxsize=256)
+def jwt_kid_set(text: str | None) -> frozenset[str]:
+    """The kids of a published entry's comma-joined field; most agents hold the same few
+    sets, so one frozenset each is shared by every entry that names it."""
+    return frozenset(filter(None, (text or "").split(",")))
 
 
 @dataclass(frozen=True)
@@ -145,6 +165,9 @@ class AgentEntry:
     # The authorities of the leaves it serves, sorted and comma-joined (None: named none).
     authority: str | None
     node: str | None  # from the pod informer, when one runs
+    # The kids of the JWT bundle it holds, sorted and comma-joined (None: holds none, or said
+    # nothing: an older agent, or only CSRs so far).
+    jwt_keys: str | None
     refreshed: float  # unix seconds of the last report
     until: float  # unix seconds after which the entry is forgotten
     # Unix seconds since when this process has held this content for the pod: a routine
@@ -153,9 +176,30 @@ class AgentEntry:
     since: float
 
     @property
-    def content(self) -> tuple[str, str | None, str | None, str | None, str | None]:
+    def content(self) -> EntryContent:
         """What a reader counts (not when it was said)."""
-        return (self.identity, self.label, self.bundle, self.authority, self.node)
+        return (self.identity, self.label, self.bundle, self.authority, self.node, self.jwt_keys)
+
+
+EntryContent = tuple[str, str | None, str | None, str | None, str | None, str | None]
+"""identity, label, bundle digest, leaf authorities, node, JWT kids (`AgentEntry`)."""
+
+
+def published_fields(content: EntryContent, *times: float) -> list[Any]:
+    """An entry as a snapshot or shard lists it: the first five of `content`, `times`, then
+    the JWT kids only when it holds some (an entry without them is as an older CA wrote it)."""
+    *counted, jwt_keys = content
+    return [*counted, *times, jwt_keys] if jwt_keys else [*counted, *times]
+
+
+def split_published(fields: list[Any], times: int) -> tuple[list[Any], str | None]:
+    """`published_fields` read back: (the five fields and `times` times, the JWT kids or
+    None). Raises `ValueError` for a list of any other length (the reader counts it as
+    unreadable)."""
+    if not isinstance(fields, list) or len(fields) not in (5 + times, 6 + times):
+        raise ValueError(f"an entry of {len(fields) if isinstance(fields, list) else '?'} fields")
+    jwt_keys = fields[5 + times] if len(fields) == 6 + times else None
+    return fields[: 5 + times], jwt_keys if isinstance(jwt_keys, str) else None
 
 
 @dataclass(frozen=True)
@@ -169,11 +213,12 @@ class FleetEntry:
     leaves: frozenset[str]  # authorities of the leaves it serves
     node: str | None
     refreshed: float
+    jwt_keys: frozenset[str] = frozenset()  # kids of the JWT bundle it holds (none: holds none)
 
     @classmethod
     def decoded(
         cls, key: Any, identity: Any, label: Any, bundle: Any, leaves: Any, node: Any,
-        refreshed: Any,
+        refreshed: Any, jwt_keys: str | None = None,
     ) -> FleetEntry:  # fmt: skip
         """An entry from its published JSON fields (a snapshot's or a shard's). An optional
         text of the wrong type reads as absent; a malformed `leaves` or `refreshed` raises, so
@@ -186,6 +231,7 @@ class FleetEntry:
             frozenset(filter(None, (leaves or "").split(","))),
             node if isinstance(node, str) else None,
             float(refreshed),
+            jwt_kid_set(jwt_keys),
         )
 
     @property

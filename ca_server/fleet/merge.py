@@ -35,6 +35,7 @@ from ca_server.fleet.entries import (
     FleetReports,
     Instance,
     PodWatch,
+    split_published,
 )
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,12 @@ def parse_snapshot(text: str) -> ParsedSnapshot:
     if not isinstance(agents, dict):
         raise TypeError("agents is not an object")
     entries = []
-    for key, (identity, label, bundle, authority, node, refreshed, until) in agents.items():
-        entry = FleetEntry.decoded(key, identity, label, bundle, authority, node, refreshed)
+    for key, fields in agents.items():
+        counted, jwt_keys = split_published(fields, times=2)
+        identity, label, bundle, authority, node, refreshed, until = counted
+        entry = FleetEntry.decoded(
+            key, identity, label, bundle, authority, node, refreshed, jwt_keys
+        )
         entries.append((entry, float(until)))
     return ParsedSnapshot(
         float(snapshot["published"]),

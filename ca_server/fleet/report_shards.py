@@ -44,7 +44,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ca_server.fleet.entries import STALE_AFTER, AgentEntry, FleetEntry, FleetReports
+from ca_server.fleet.entries import (
+    STALE_AFTER,
+    AgentEntry,
+    FleetEntry,
+    FleetReports,
+    published_fields,
+    split_published,
+)
 from ca_server.fleet.merge import is_spent
 
 log = logging.getLogger(__name__)
@@ -75,7 +82,8 @@ def generation_of(text: str) -> str:
 class Shard:
     index: int
     count: int
-    agents: dict[str, list[Any]]  # key -> [identity, label, bundle, authority, node, since]
+    # key -> [identity, label, bundle, authority, node, since(, JWT kids when it holds some)]
+    agents: dict[str, list[Any]]
     # A digest of the content (not comparable across processes: `hash()`), so a sink rewrites
     # a shard only when it changed.
     decision: str
@@ -117,10 +125,7 @@ def build_layout(
     rewrites every shard once). Beyond full shards the most recently refreshed entries are
     kept and the rest counted as dropped (unseen)."""
     agents, unknown, evicted, callers = view
-    sizes = [
-        _ENTRY_OVERHEAD + len(key) + sum(4 if v is None else len(v) for v in e.content)
-        for key, e in agents
-    ]
+    sizes = [_ENTRY_OVERHEAD + len(key) + _content_size(e) for key, e in agents]
     # A sixth spare for the hash's skew (a few percent at ~2,000 entries a shard) and growth;
     # the count in use is kept while it still leaves a twelfth spare and is at least half used,
     # so a fleet growing or shrinking slowly does not rewrite every shard at each step. A count
@@ -146,7 +151,7 @@ def build_layout(
             used[index] += size
             digest = hash((key, *e.content, e.since))
             decisions[index] = (decisions[index] + digest) % _DIGEST_MODULUS
-            buckets[index][key] = [*e.content, e.since]
+            buckets[index][key] = published_fields(e.content, e.since)
         if not cut or count >= max_shards:
             break
         count += 1
@@ -157,6 +162,14 @@ def build_layout(
     ]
     kept = {identity: counts for identity, counts in callers[:MAX_PUBLISHED_CALLERS]}
     return Layout(shards, unknown, dropped, kept)
+
+
+def _content_size(entry: AgentEntry) -> int:
+    """The published size of an entry's fields (`published_fields`): the JWT kids count only
+    when present (quotes and a comma)."""
+    *counted, jwt_keys = entry.content
+    size = sum(4 if v is None else len(v) for v in counted)
+    return size + (len(jwt_keys) + 3 if jwt_keys else 0)
 
 
 def heartbeat_text(layout: Layout, generations: Mapping[int, str], now: datetime) -> str:
@@ -224,8 +237,11 @@ def parse_shard(text: str, previous: ParsedShard | None = None) -> ParsedShard:
         if old_raw.get(key) == published:
             entries[key] = old_entries[key]
             continue
-        identity, label, bundle, authority, node, since = published
-        entries[key] = FleetEntry.decoded(key, identity, label, bundle, authority, node, since)
+        counted, jwt_keys = split_published(published, times=1)
+        identity, label, bundle, authority, node, since = counted
+        entries[key] = FleetEntry.decoded(
+            key, identity, label, bundle, authority, node, since, jwt_keys
+        )
     return ParsedShard(float(body["written"]), entries, raw)
 
 

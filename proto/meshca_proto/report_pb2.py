@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19meshca_proto/report.proto\x12\tmeshca.v1\"]\n\x12\x41gentReportRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1b\n\x13trust_bundle_sha256\x18\x02 \x01(\t\x12\x18\n\x10leaf_authorities\x18\x03 \x03(\t\";\n\x10TaintedAuthority\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1b\n\x13seconds_since_taint\x18\x02 \x01(\x01\"C\n\x13\x41gentReportResponse\x12,\n\x07tainted\x18\x01 \x03(\x0b\x32\x1b.meshca.v1.TaintedAuthority2_\n\x12\x41gentReportService\x12I\n\x06Report\x12\x1d.meshca.v1.AgentReportRequest\x1a\x1e.meshca.v1.AgentReportResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19meshca_proto/report.proto\x12\tmeshca.v1\"o\n\x12\x41gentReportRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1b\n\x13trust_bundle_sha256\x18\x02 \x01(\t\x12\x18\n\x10leaf_authorities\x18\x03 \x03(\t\x12\x10\n\x08jwt_kids\x18\x04 \x03(\t\";\n\x10TaintedAuthority\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1b\n\x13seconds_since_taint\x18\x02 \x01(\x01\"C\n\x13\x41gentReportResponse\x12,\n\x07tainted\x18\x01 \x03(\x0b\x32\x1b.meshca.v1.TaintedAuthority2_\n\x12\x41gentReportService\x12I\n\x06Report\x12\x1d.meshca.v1.AgentReportRequest\x1a\x1e.meshca.v1.AgentReportResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshca_proto.report_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AGENTREPORTREQUEST']._serialized_start=40
-  _globals['_AGENTREPORTREQUEST']._serialized_end=133
-  _globals['_TAINTEDAUTHORITY']._serialized_start=135
-  _globals['_TAINTEDAUTHORITY']._serialized_end=194
-  _globals['_AGENTREPORTRESPONSE']._serialized_start=196
-  _globals['_AGENTREPORTRESPONSE']._serialized_end=263
-  _globals['_AGENTREPORTSERVICE']._serialized_start=265
-  _globals['_AGENTREPORTSERVICE']._serialized_end=360
+  _globals['_AGENTREPORTREQUEST']._serialized_end=151
+  _globals['_TAINTEDAUTHORITY']._serialized_start=153
+  _globals['_TAINTEDAUTHORITY']._serialized_end=212
+  _globals['_AGENTREPORTRESPONSE']._serialized_start=214
+  _globals['_AGENTREPORTRESPONSE']._serialized_end=281
+  _globals['_AGENTREPORTSERVICE']._serialized_start=283
+  _globals['_AGENTREPORTSERVICE']._serialized_end=378
 # @@protoc_insertion_point(module_scope)

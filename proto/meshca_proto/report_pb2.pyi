@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentReportRequest(_message.Message):
-    __slots__ = ("agent_id", "trust_bundle_sha256", "leaf_authorities")
+    __slots__ = ("agent_id", "trust_bundle_sha256", "leaf_authorities", "jwt_kids")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRUST_BUNDLE_SHA256_FIELD_NUMBER: _ClassVar[int]
     LEAF_AUTHORITIES_FIELD_NUMBER: _ClassVar[int]
+    JWT_KIDS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     trust_bundle_sha256: str
     leaf_authorities: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_id: _Optional[str] = ..., trust_bundle_sha256: _Optional[str] = ..., leaf_authorities: _Optional[_Iterable[str]] = ...) -> None: ...
+    jwt_kids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., trust_bundle_sha256: _Optional[str] = ..., leaf_authorities: _Optional[_Iterable[str]] = ..., jwt_kids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaintedAuthority(_message.Message):
     __slots__ = ("id", "seconds_since_taint")
