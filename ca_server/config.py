@@ -191,6 +191,8 @@ class JwtSvidConfig:
     key_algorithm: str = "ES256"
     key_lifetime: timedelta = timedelta(days=1)
     jwks_max_age: timedelta = timedelta(minutes=5)
+    # The activation gate: this share of the agents holding a JWT bundle must hold the new key.
+    activate_at_coverage: float = 1.0
     oidc_listen: str | None = None
     oidc_issuer: str | None = None  # the tokens' `iss`; default http://<oidc_listen>
 
@@ -343,9 +345,14 @@ def _jwt_svid(args: argparse.Namespace) -> JwtSvidConfig:
         key_algorithm=args.jwt_key_algorithm,
         key_lifetime=args.jwt_key_ttl,
         jwks_max_age=args.jwks_max_age,
+        activate_at_coverage=args.jwt_activate_at_coverage,
         oidc_listen=args.oidc_listen or None,  # "": a worker (its supervisor serves discovery)
         oidc_issuer=args.oidc_issuer or None,
     )
+    if not 0 < jwt.activate_at_coverage <= 1:
+        raise ConfigError(
+            f"--jwt-activate-at-coverage {jwt.activate_at_coverage} must be a fraction in (0, 1]"
+        )
     if jwt.token_ttl < timedelta(seconds=30):
         raise ConfigError("--jwt-svid-ttl must be at least 30s, e.g. 5m")
     if jwt.key_lifetime <= 6 * jwt.token_ttl:

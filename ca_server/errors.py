@@ -74,6 +74,13 @@ class CaUnavailableError(RequestError):
     code = grpc.StatusCode.INTERNAL
 
 
+class SigningKeyUnavailableError(RequestError):
+    """The JWT-SVID signing key cannot sign now (it expires too soon: the CA was down past its
+    rotation, or rotation is off); the CA replaces it at its next key poll. Clients retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class DependencyUnavailableError(RequestError):
     """Something the CA depends on (the Kubernetes API server) did not answer; clients retry."""
 

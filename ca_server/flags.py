@@ -406,6 +406,15 @@ def _add_jwt_svid_arguments(ca: argparse.ArgumentParser) -> None:
         "is published at least this long before it signs",
     )
     ca.add_argument(
+        "--jwt-activate-at-coverage",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="at the 5/6 point, activate the prepared JWT-SVID key only once this fraction of "
+        "the agents that hold a JWT bundle report holding it (anyway once --activate-deadline "
+        "of the time left has passed, or two tokens' lives before the active key expires) [1.0]",
+    )
+    ca.add_argument(
         "--oidc-listen",
         default=None,
         metavar="HOST:PORT",

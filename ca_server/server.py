@@ -134,7 +134,7 @@ async def _serve(
     await driver.start()
     signer = driver.signer
     jwt_authority = jwt_authority_for(
-        config, clock, kube.clients.local if kube is not None else None
+        config, clock, kube.clients.local if kube is not None else None, fleet=driver.agents
     )
     await jwt_authority.start()
     oidc = (
@@ -216,6 +216,7 @@ async def _serve(
                 jwt_authority.issuer,
                 oidc.url if oidc is not None else None,
                 config.jwt.jwks_max_age,
+                jwt_authority.coverage.by_kid() if jwt_authority.coverage else None,
             ),
         )
     )

@@ -1,7 +1,7 @@
 """The CA's signing authority: where it comes from, who keeps it current, what it signed.
 
     AuthorityDriver (protocol)      start · run · signer · ttl_policy · tainted_since
-                                    · planned_handover · report · on_change
+                                    · planned_handover · report · on_change · agents
     ├── self_signed.SelfSignedDriver   authority slots every CA process shares (prepared /
     │     active / old, tainted), in `--data-dir` under its lock (`state_store`) or in Secret
     │     `istio-ca-secret` (`ca_server.kube.secret_root`); rotated on schedule, each step in a
@@ -72,7 +72,16 @@ from ca_server.authority.report import (
 from ca_server.authority.root_bundle import data_dir_lock
 from ca_server.authority.self_signed import SelfSignedDriver, audit_events, rotation_policy_for
 from ca_server.authority.signer import IssuedCertificate, LocalSigner, Signer
-from ca_server.authority.slots import AuthorityCommandError, AuthorityState, Phase
+from ca_server.authority.slots import (
+    GATE_DEADLINE_REASON,
+    GATE_WAITING,
+    AuthorityCommandError,
+    AuthorityState,
+    GateVerdict,
+    Phase,
+    gate_deadline,
+    gate_verdict,
+)
 from ca_server.authority.state_store import (
     LEGACY_CERT,
     STATE_FILE,
@@ -82,12 +91,14 @@ from ca_server.authority.state_store import (
 )
 from ca_server.config import CaConfig, TtlPolicy
 from ca_server.errors import CaSetupError
-from ca_server.fleet import AgentReports, DirectoryLedgerSink, LedgerSink
+from ca_server.fleet import AgentReports, DirectoryLedgerSink, FleetReports, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
 from meshca.clock import Clock
 
 __all__ = [
+    "GATE_DEADLINE_REASON",
+    "GATE_WAITING",
     "AuthorityCommandError",
     "AuthorityDriver",
     "AuthorityReport",
@@ -95,6 +106,7 @@ __all__ = [
     "AuthorityStateStore",
     "CaSetupError",
     "ClusterStores",
+    "GateVerdict",
     "IssuedCertificate",
     "LocalSigner",
     "Phase",
@@ -109,6 +121,8 @@ __all__ = [
     "check_data_dir",
     "data_dir_lock",
     "fleet_coverage",
+    "gate_deadline",
+    "gate_verdict",
     "longest_leaf",
     "open_shared_state",
     "refuse_short_lifetime",
@@ -149,6 +163,10 @@ class AuthorityDriver(Protocol):
     def planned_handover(self) -> datetime | None:
         """When the active authority is planned to stop signing (None: not planned); Pod
         Certificates are refreshed by then (`ca_server.kube.pod_certificates.timing`)."""
+        ...
+
+    def agents(self, now: datetime) -> FleetReports:
+        """Every CA process's agent reports, merged (blocking: call it in a worker thread)."""
         ...
 
     async def start(self) -> None:

@@ -19,7 +19,7 @@ from cryptography import x509
 
 from ca_server.authority.root_bundle import publish_root_bundle
 from ca_server.authority.signer import LocalSigner
-from ca_server.fleet import AgentReports, LeafLedger, LedgerSink
+from ca_server.fleet import AgentReports, FleetReports, LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import DEFAULT_TRUST_DOMAIN, SigningAuthority
 from meshca.clock import Clock
@@ -83,6 +83,11 @@ class DriverCore:
         publish_root_bundle(self.settings.data_dir, authority, tainted_since)
         self._metrics.record_authority(authority, root=gauge_root)
         self.on_change(authority)
+
+    def agents(self, now: datetime) -> FleetReports:
+        """Every CA process's agent reports, merged (blocking: a worker thread): what the
+        JWT-SVID key's activation gate counts (`ca_server.jwt_svid`)."""
+        return self.settings.ledger_sink.agents(now)
 
     def save_ledger(self) -> None:
         """Publishes this process's ledger and agent reports (blocking: worker thread)."""

@@ -19,12 +19,19 @@ Concurrency: see `driver` (one coroutine on the CA's loop; store I/O in worker t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ca_server.config import CaConfig
-from ca_server.jwt_svid.discovery import StoredJwks, discovery_server, status_section
+from ca_server.fleet import FleetReports
+from ca_server.jwt_svid.discovery import (
+    StoredJwks,
+    discovery_server,
+    key_rows,
+    status_section,
+)
 from ca_server.jwt_svid.driver import JwtAuthority
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState
 from ca_server.jwt_svid.service import JwtSvidService, add_jwt_svid_service
@@ -51,6 +58,7 @@ __all__ = [
     "cluster_jwt_key_store",
     "discovery_server",
     "jwt_authority_for",
+    "key_rows",
     "status_section",
     "stored_jwks_for",
 ]
@@ -82,9 +90,14 @@ def stored_jwks_for(config: CaConfig, clock: Clock) -> StoredJwks:
 
 
 def jwt_authority_for(
-    config: CaConfig, clock: Clock, cluster_api: Any | None = None
+    config: CaConfig,
+    clock: Clock,
+    cluster_api: Any | None = None,
+    fleet: Callable[[datetime], FleetReports] | None = None,
 ) -> JwtAuthority:
-    """The JWT authority `config` asks for (not started), its keys where `_store_for` says."""
+    """The JWT authority `config` asks for (not started), its keys where `_store_for` says;
+    its activation gate counts the agents in `fleet` (every CA process's reports, merged; the
+    authority driver's `agents`)."""
     jwt = config.jwt
     factory = JwtKeyFactory(jwt.key_algorithm, jwt.key_lifetime)
     store = _store_for(config, clock, cluster_api)
@@ -93,6 +106,8 @@ def jwt_authority_for(
         max_token_ttl=jwt.token_ttl,
         jwks_max_age=jwt.jwks_max_age,
         automatic=config.root_rotation,
+        activate_at_coverage=jwt.activate_at_coverage,
+        activate_deadline=config.activate_deadline,
     )
     return JwtAuthority(
         store,
@@ -101,6 +116,7 @@ def jwt_authority_for(
         clock,
         poll_interval=config.plugged_ca_poll_interval.total_seconds(),
         issuer=jwt.issuer,
+        fleet=fleet,
     )
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
+from ca_server.fleet import AgentCoverage
 from ca_server.jwt_svid.keys import JwtKeyState
 from ca_server.jwt_svid.store import JwtKeyStore
 from certs.jwk import JWT_ALGORITHMS, jwks_document
@@ -47,25 +48,57 @@ class PublishedJwks(Protocol):
     def issuer(self) -> str | None: ...
 
 
+def agents_fields(coverage: AgentCoverage) -> dict[str, Any]:
+    """A key's coverage as `meshca status` and `meshca authority show --jwt` print it: how
+    many of the agents holding a JWT bundle hold the key, of how many counted (unseen ones
+    included, as not holding), and what could not be read."""
+    return {
+        "holding": coverage.trusting,
+        "counted": coverage.reporting + coverage.unseen,
+        "unseen": coverage.unseen,
+        "unreadable": coverage.unreadable,
+        "text": coverage.said("hold"),
+    }
+
+
+def key_rows(
+    state: JwtKeyState, coverage: dict[str, AgentCoverage] | None = None
+) -> list[dict[str, Any]]:
+    """Each published key (active, prepared, old), with its coverage where `coverage` has
+    one (by kid)."""
+    rows: list[dict[str, Any]] = []
+    for key in state.ranked():
+        row: dict[str, Any] = {
+            "kid": key.kid,
+            "algorithm": key.algorithm,
+            "phase": key.phase.value,
+            "tainted": key.tainted,
+            "created_at": key.created_at.isoformat(),
+            "expires_at": key.not_after.isoformat(),
+        }
+        if coverage is not None and key.kid in coverage:
+            row["agents"] = agents_fields(coverage[key.kid])
+        rows.append(row)
+    return rows
+
+
 def status_section(
-    state: JwtKeyState, issuer: str | None, discovery: str | None, max_age: timedelta
+    state: JwtKeyState,
+    issuer: str | None,
+    discovery: str | None,
+    max_age: timedelta,
+    coverage: dict[str, AgentCoverage] | None = None,
 ) -> dict[str, Any]:
     """What `meshca status` shows of JWT-SVIDs (`/debug/ca`'s `jwt_svid`): the issuer, where
-    discovery is served, the cache lifetime it advertises, and each published key."""
+    discovery is served, the cache lifetime it advertises, each published key (the prepared
+    one with its agents' coverage, `coverage`), and why an activation waits, if it does."""
+    waiting = state.gate_waiting()
     return {
         "issuer": issuer,
         "discovery": f"{discovery}{DISCOVERY_PATH}" if discovery else None,
         "jwks_max_age_seconds": int(max_age.total_seconds()),
-        "keys": [
-            {
-                "kid": key.kid,
-                "algorithm": key.algorithm,
-                "phase": key.phase.value,
-                "tainted": key.tainted,
-                "expires_at": key.not_after.isoformat(),
-            }
-            for key in state.ranked()
-        ],
+        "keys": key_rows(state, coverage),
+        "activation_waiting": waiting.reason if waiting is not None else None,
     }
 
 

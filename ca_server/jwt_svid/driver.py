@@ -7,20 +7,37 @@ transaction, so a prepare or an activation happens once for the whole group, whi
 gets there first. Between polls, every process signs with the same active key and publishes the
 same JWKS — one key set for the trust domain, never one per replica.
 
-Concurrency: `run()` is one coroutine on the CA's event loop; store reads and writes run in a
-worker thread; `mint` and `jwks` run on the event loop and read the current state once.
+The activation gate's figure (`ca_server.fleet.jwt_coverage`) is read from every CA process's
+agent reports (`fleet`: the authority driver's `agents`, the same merge the X.509 gate reads,
+so workers and replicas count each other's agents) only while a prepared key exists: each poll
+while its activation is due, else at most every `COVERAGE_REFRESH` for `coverage` (what
+`meshca status` shows).
+
+Concurrency: `run()` is one coroutine on the CA's event loop; store reads and writes, and the
+decision (which may read the fleet's reports or make a key), run in a worker thread; `mint`
+and `jwks` run on the event loop and read the current state once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from ca_server.authority import Phase
+from ca_server.authority import GATE_DEADLINE_REASON, Phase
+from ca_server.fleet import AgentCoverage, FleetReports, jwt_coverage
 from ca_server.jwt_svid.discovery import oidc_jwks_of
-from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState, scheduled_step
+from ca_server.jwt_svid.keys import (
+    JwtKey,
+    JwtKeyPolicy,
+    JwtKeyState,
+    no_reports,
+    scheduled_step,
+)
 from ca_server.jwt_svid.minting import MintedToken, mint_jwt_svid
 from ca_server.jwt_svid.store import JwtKeyFactory, JwtKeyStore
 from certs import SpiffeId
@@ -29,6 +46,21 @@ from meshca.clock import Clock
 from meshca.logs import audit
 
 log = logging.getLogger(__name__)
+
+COVERAGE_REFRESH = 30.0  # seconds between reads of the fleet for `coverage` alone
+_MAX_STEPS_PER_POLL = 4  # a recovery is drop + prepare + activate
+
+
+@dataclass(frozen=True)
+class KeyCoverage:
+    """The prepared key's coverage as last read, and when (what `meshca status` shows)."""
+
+    kid: str
+    coverage: AgentCoverage
+    at: datetime
+
+    def by_kid(self) -> dict[str, AgentCoverage]:
+        return {self.kid: self.coverage}
 
 
 class JwtAuthority:
@@ -41,7 +73,7 @@ class JwtAuthority:
         *,
         poll_interval: float,
         issuer: str | None = None,
-        covered: Callable[[str], bool] = lambda kid: True,
+        fleet: Callable[[datetime], FleetReports] | None = None,
     ) -> None:
         self._store = store
         self._factory = factory
@@ -49,7 +81,10 @@ class JwtAuthority:
         self._clock = clock
         self._poll_interval = poll_interval
         self.issuer = issuer
-        self._covered = covered
+        self._fleet = fleet
+        self._coverage_lock = threading.Lock()
+        self._coverage_read = float("-inf")  # monotonic seconds of the last fleet read
+        self.coverage: KeyCoverage | None = None  # the prepared key's, while there is one
         self._state: JwtKeyState | None = None
         self._jwks = b""
         self._oidc_jwks = b""
@@ -115,27 +150,63 @@ class JwtAuthority:
         self._adopt(state, self._store.fingerprint())
 
     async def step(self) -> None:
-        """One poll: reload if another writer changed the keys, then apply what is due."""
+        """One poll: reload if another writer changed the keys, then apply what is due (one
+        step after another, so a recovery completes within the poll)."""
         fingerprint = await asyncio.to_thread(self._store.fingerprint)
         if fingerprint != self._fingerprint:
             state = await asyncio.to_thread(self._store.read)
             self._adopt(state, fingerprint)
-        now = self._clock.now()
-        due = scheduled_step(self.state, self.policy, now, self._new_key, self._covered)
-        if due is None:
-            return
-        before = self.state.history
-        state = await asyncio.to_thread(self._store.transact, self._scheduled)
-        for event in state.history[len(before) :] if state.history[: len(before)] == before else ():
-            audit("jwt-key", outcome=event.event, kid=event.kid, reason=event.reason)
-        self._adopt(state, await asyncio.to_thread(self._store.fingerprint))
+        for _ in range(_MAX_STEPS_PER_POLL):
+            if await asyncio.to_thread(self._scheduled, self.state) is None:
+                break
+            before = self.state.history
+            state = await asyncio.to_thread(self._store.transact, self._scheduled)
+            fresh = state.history[len(before) :] if state.history[: len(before)] == before else ()
+            for event in fresh:
+                audit("jwt-key", outcome=event.event, kid=event.kid, reason=event.reason)
+                self._tell(event.event, event.kid, event.reason)
+            self._adopt(state, await asyncio.to_thread(self._store.fingerprint))
+        if self.state.prepared is None:
+            self.coverage = None
+        elif time.monotonic() - self._coverage_read >= COVERAGE_REFRESH:
+            await asyncio.to_thread(self._coverage_of, self.state.prepared.kid)
+
+    @staticmethod
+    def _tell(event: str, kid: str, reason: str) -> None:
+        """Says loudly what the operator should look into: an activation the gate gave up
+        waiting for, or one forced by an active key that could no longer sign."""
+        if event == "activated" and (
+            reason.startswith(GATE_DEADLINE_REASON) or "activated at once" in reason
+        ):
+            log.warning("JWT-SVID key %s activated: %s", kid, reason)
+        elif event in ("activation-gated", "prepared", "activated"):
+            log.info("JWT-SVID key %s %s: %s", kid, event, reason)
 
     def _new_key(self) -> JwtKey:
         return self._factory.new(self._clock.now(), Phase.PREPARED)
 
     def _scheduled(self, state: JwtKeyState) -> JwtKeyState | None:
-        """The step, decided again inside the transaction on what is stored now."""
-        return scheduled_step(state, self.policy, self._clock.now(), self._new_key, self._covered)
+        """The step due on `state` (blocking: a worker thread); decided again inside the
+        transaction on what is stored then."""
+        return scheduled_step(
+            state, self.policy, self._clock.now(), self._new_key, self._coverage_of
+        )
+
+    def _coverage_of(self, kid: str) -> AgentCoverage:
+        """The gate's figure for `kid`, from every CA process's reports (blocking), read at
+        most once per poll interval (the decision asks twice: before and in the transaction)."""
+        if self._fleet is None:
+            return no_reports(kid)
+        with self._coverage_lock:
+            known = self.coverage
+            fresh = time.monotonic() - self._coverage_read < self._poll_interval
+            if known is not None and known.kid == kid and fresh:
+                return known.coverage
+            now = self._clock.now()
+            counted = jwt_coverage(kid, self._fleet(now))
+            self.coverage = KeyCoverage(kid, counted, now)
+            self._coverage_read = time.monotonic()
+            return counted
 
     async def run(self) -> None:
         while True:

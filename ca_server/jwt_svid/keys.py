@@ -2,16 +2,34 @@
 
 Each key sits in the same phases as an X.509 authority (`ca_server.authority.Phase`): `prepared`
 (published in the JWT bundle and the discovery JWKS, not signing), `active` (the one key that
-signs), `old` (no longer signing, still published so the tokens it signed verify until they
-expire), and an `old` key may be `tainted` (agents drop the tokens it signed) and then revoked
-(unpublished at once). The same operator rules hold: only a prepared key activates, only an old
-one is tainted, only a tainted one is revoked.
+signs), `old` (no longer signing, still published so the tokens it signed verify), and an `old`
+key may be `tainted` (agents drop the tokens it signed) and then revoked (unpublished at once).
+The same operator rules hold: only a prepared key activates, only an old one is tainted, only a
+tainted one is revoked.
 
-Activation has one more rule than the X.509 root's, because relying parties outside the mesh
-cache the JWKS and no agent report can see them: a prepared key activates only once it has been
-published for `jwks_max_age` (the `Cache-Control: max-age` the discovery endpoint advertises),
-as well as at the clock's 5/6 point and, with `--activate-at-coverage`, once that share of the
-reporting agents hold it (`ca_server.authority`'s gate rules).
+**An old key stays published until it is revoked or expires.** No token outlives its key (a
+token's `exp` is capped at the key's `not_after`), so past its expiry a key verifies nothing and
+leaves the JWKS by itself; before that only the operator's revoke removes it, whatever the
+tokens' TTL: a relying party that caches a token's verdict, a clock that runs behind, or an
+operator who activated early (a suspected compromise) all keep being served by the JWKS until
+the operator decides otherwise. With the schedule below that is one old key for the last
+sixth of its life.
+
+Activation waits for three things: the clock's 5/6 point; publication for `jwks_max_age` (the
+`Cache-Control: max-age` the discovery endpoint advertises: relying parties outside the mesh
+cache the JWKS and no agent report can see them); and the agents' coverage — `activate_at_coverage`
+of the agents that hold a JWT bundle report holding the prepared kid
+(`ca_server.fleet.jwt_coverage`, with the X.509 gate's conservative rules and its verdict,
+`ca_server.authority.gate_verdict`). Coverage gives way at the gate's deadline (the X.509
+rule, `gate_deadline` with `activate_deadline`) or two tokens' lives before the active key
+expires, whichever is first, with a reason that says so; while it waits, one
+`activation-gated` event says why (what `meshca authority show --jwt` prints).
+
+**An active key that can no longer sign** (the CA was down past its rotation, or the prepared
+key was never published long enough) is replaced at once under automatic rotation: a usable
+prepared key is activated, else a new one is prepared and activated — no waiting for the JWKS
+cache lifetime or coverage, since no token can be signed meanwhile (minting answers
+`UNAVAILABLE`); relying parties that cached the JWKS refuse the new kid until they refetch.
 
 Pure: `now` is passed in; nothing here reads files or clocks.
 """
@@ -22,12 +40,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from ca_server.authority import AuthorityCommandError, Phase
+from ca_server.authority import (
+    GATE_DEADLINE_REASON,
+    GATE_WAITING,
+    AuthorityCommandError,
+    GateVerdict,
+    Phase,
+    gate_deadline,
+    gate_verdict,
+)
+from ca_server.fleet import AgentCoverage
 from certs import PrivateKey
 from certs.jwk import jwk_thumbprint, key_algorithm, public_jwk
 
 HISTORY_LIMIT = 50
 KID_PREFIX_MIN = 8
+# A key closer than this to its expiry signs nothing: a shorter token is not worth handing out.
+MIN_TOKEN_LIFETIME = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
@@ -52,6 +81,10 @@ class JwtKey:
     def lifetime(self) -> timedelta:
         return self.not_after - self.created_at
 
+    def can_sign(self, now: datetime) -> bool:
+        """Whether a token signed now would live at least `MIN_TOKEN_LIFETIME`."""
+        return now + MIN_TOKEN_LIFETIME <= self.not_after
+
     def jwk(self) -> dict[str, str]:
         return public_jwk(self.key)
 
@@ -59,7 +92,8 @@ class JwtKey:
 @dataclass(frozen=True)
 class JwtEvent:
     at: datetime
-    event: str  # prepared | activated | retired | dropped | tainted | revoked
+    # prepared | activated | retired | dropped | tainted | revoked | activation-gated
+    event: str
     kid: str
     reason: str = ""
 
@@ -73,8 +107,20 @@ class JwtKeyPolicy:
     jwks_max_age: timedelta = timedelta(minutes=5)  # what relying parties may cache
     convergence: timedelta = timedelta(seconds=15)  # every replica has seen a change
     automatic: bool = True
+    # The coverage gate: this share of the agents holding a JWT bundle hold the prepared key...
+    activate_at_coverage: float = 1.0
+    # ... or this share of the time from the 5/6 point to the active key's expiry has passed.
+    activate_deadline: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0 < self.activate_at_coverage <= 1:
+            raise ValueError(
+                f"the JWT activation coverage ({self.activate_at_coverage}) must be in (0, 1]"
+            )
+        if not 0 <= self.activate_deadline < 1:
+            raise ValueError(
+                f"the JWT activation deadline ({self.activate_deadline}) must be in [0, 1)"
+            )
         if self.activate_lead <= self.max_token_ttl:
             raise ValueError(
                 f"the JWT key lifetime ({self.lifetime}) must be more than six times the "
@@ -89,6 +135,14 @@ class JwtKeyPolicy:
     @property
     def activate_lead(self) -> timedelta:
         return self.lifetime / 6
+
+    def coverage_deadline(self, active: JwtKey) -> datetime:
+        """When the coverage gate gives way: the X.509 gate's deadline from the 5/6 point, but
+        never later than two tokens' lives before the active key expires (the tokens it signs
+        while waiting are cut to its remaining life)."""
+        since = active.not_after - self.activate_lead
+        deadline = gate_deadline(since, active.not_after, self.activate_deadline)
+        return min(deadline, active.not_after - 2 * self.max_token_ttl)
 
     def published_long_enough(self, prepared: JwtKey, now: datetime) -> bool:
         """The activation rule relying parties need: the key has been in the JWKS at least
@@ -215,32 +269,106 @@ class JwtKeyState:
         keys = [k for k in self.keys if k is not key]
         return self._with(keys, JwtEvent(now, "dropped", key.kid, reason))
 
+    def noted(self, event: JwtEvent) -> JwtKeyState:
+        """The same keys with one more history event (the gate's `activation-gated`)."""
+        return self._with(list(self.keys), event)
+
+    def gate_waiting(self) -> JwtEvent | None:
+        """The gate's waiting event for the prepared key, while its activation is held."""
+        prepared = self.prepared
+        if prepared is None:
+            return None
+        for event in reversed(self.history):
+            if event.kid == prepared.kid:
+                return event if event.event == GATE_WAITING else None
+        return None
+
+
+def no_reports(kid: str) -> AgentCoverage:
+    """The coverage where no agent reports (nothing known to be stranded: covered)."""
+    return AgentCoverage(0, 0)
+
 
 def scheduled_step(
     state: JwtKeyState,
     policy: JwtKeyPolicy,
     now: datetime,
     new_key: Callable[[], JwtKey],
-    covered: Callable[[str], bool] = lambda kid: True,
+    coverage_of: Callable[[str], AgentCoverage] = no_reports,
 ) -> JwtKeyState | None:
-    """The next automatic change due at `now`, or `None`. An old key is dropped once no token
-    it signed can still be valid; the active one is succeeded at half its life (prepare) and
-    five sixths (activate, once published for the JWKS cache lifetime and `covered`)."""
+    """The next automatic change due at `now`, or `None` (one step per call; the driver calls
+    again while something changes). An old key leaves once expired (else only by revoke); an
+    active key that can no longer sign is replaced at once; otherwise the active one is
+    succeeded at half its life (prepare) and five sixths (activate, once published for the
+    JWKS cache lifetime and covered: the module docstring). `coverage_of` is asked only when
+    a gated activation is due."""
     for old in state.old:
-        retired = old.retired_at or now
-        if now >= min(old.not_after, retired + policy.max_token_ttl + policy.convergence):
-            return state.drop(old, now, "its last token has expired")
+        if now >= old.not_after:
+            return state.drop(old, now, "expired: no token it signed is still valid")
     if not policy.automatic:
         return None
     active = state.active
+    if not active.can_sign(now):
+        return _replace_unusable(state, now, new_key)
     if state.prepared is None and now >= active.not_after - policy.prepare_lead:
         return state.prepare(new_key, now, "scheduled: half of the active key's life")
     prepared = state.prepared
     if prepared is not None and now >= active.not_after - policy.activate_lead:
         if not policy.published_long_enough(prepared, now):
             return None
-        # The coverage gate gives way before the active key is too short to sign a whole token.
-        if not covered(prepared.kid) and now < active.not_after - 2 * policy.max_token_ttl:
-            return None
-        return state.activate(None, now, "scheduled: five sixths of the active key's life")
+        return _gated_activation(state, policy, now, coverage_of)
     return None
+
+
+def _replace_unusable(
+    state: JwtKeyState, now: datetime, new_key: Callable[[], JwtKey]
+) -> JwtKeyState:
+    """One step towards an active key that can sign, when the current one cannot: a prepared
+    key that cannot sign either is dropped, a missing one is prepared, and the prepared one is
+    activated at once (nothing can be signed while waiting for the JWKS cache or coverage)."""
+    prepared = state.prepared
+    expired = f"the active key {state.active.kid} expired at {state.active.not_after.isoformat()}"
+    if prepared is not None and not prepared.can_sign(now):
+        return state.drop(prepared, now, f"{expired} and so did this prepared key")
+    if prepared is None:
+        return state.prepare(new_key, now, f"{expired}: a new key at once")
+    return state.activate(
+        None,
+        now,
+        f"{expired} (the CA was down past its rotation?): activated at once, before the JWKS "
+        "cache lifetime and coverage; relying parties that cached the JWKS refetch it to "
+        "find the new kid",
+    )
+
+
+def _gated_activation(
+    state: JwtKeyState,
+    policy: JwtKeyPolicy,
+    now: datetime,
+    coverage_of: Callable[[str], AgentCoverage],
+) -> JwtKeyState | None:
+    """The activation at the 5/6 point: now if covered, at the gate's deadline anyway (with a
+    reason that says so), else one `activation-gated` event and nothing until the next call."""
+    prepared = state.prepared
+    assert prepared is not None
+    covered = coverage_of(prepared.kid)
+    fraction = policy.activate_at_coverage
+    deadline = policy.coverage_deadline(state.active)
+    verdict = gate_verdict(covered, fraction, deadline, now)
+    if verdict is GateVerdict.COVERED:
+        reason = f"scheduled: five sixths of the active key's life; {covered.said('hold')}"
+        return state.activate(None, now, reason)
+    if verdict is GateVerdict.DEADLINE:
+        return state.activate(
+            None,
+            now,
+            f"{GATE_DEADLINE_REASON}: only {covered.said('hold')} (wanted {fraction:.0%}); "
+            "activated anyway before the active key's tokens get too short",
+        )
+    if state.gate_waiting() is not None:
+        return None
+    reason = (
+        f"waiting until {fraction:.0%} of the agents holding a JWT bundle hold it (now "
+        f"{covered.said('hold')}); activates anyway at {deadline.isoformat()}"
+    )
+    return state.noted(JwtEvent(now, GATE_WAITING, prepared.kid, reason))

@@ -16,13 +16,12 @@ from datetime import datetime, timedelta
 
 import jwt
 
-from ca_server.errors import CaUnavailableError, InvalidRequestError
-from ca_server.jwt_svid.keys import JwtKey
+from ca_server.errors import InvalidRequestError, SigningKeyUnavailableError
+from ca_server.jwt_svid.keys import MIN_TOKEN_LIFETIME, JwtKey
 from certs import SpiffeId
 
 MAX_AUDIENCES = 32
 MAX_AUDIENCE_BYTES = 512
-MIN_TOKEN_LIFETIME = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
@@ -67,13 +66,17 @@ def mint_jwt_svid(
     issuer: str | None = None,
 ) -> MintedToken:
     """Signs the token with `key` (the active one). A key too close to its end to sign a
-    useful token is `CaUnavailableError`: the rotation is late, the caller retries."""
+    useful token is `SigningKeyUnavailableError` (UNAVAILABLE: the caller retries; the message
+    tells the operator what replaces the key)."""
     expires = min(now + ttl, key.not_after)
     if expires - now < MIN_TOKEN_LIFETIME:
-        raise CaUnavailableError(
-            "jwt-key-expiring",
-            "the active JWT-SVID key expires too soon to sign a token; the CA's key rotation "
-            "is late (see `meshca authority show`); retry shortly",
+        raise SigningKeyUnavailableError(
+            "jwt-key-expired",
+            f"the active JWT-SVID key {key.kid} expires at {key.not_after.isoformat()} and can "
+            "no longer sign a token (was the CA down past its key rotation?). With automatic "
+            "rotation the CA activates a new key at its next key poll: retry shortly. With "
+            "--no-root-rotation run `meshca authority prepare --jwt` then `meshca authority "
+            "activate --jwt --force`; `meshca authority show --jwt` shows the keys",
         )
     issued_at = int(now.timestamp())
     claims: dict[str, object] = {

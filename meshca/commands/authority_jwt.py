@@ -6,6 +6,9 @@ The rules are the X.509 authority's (only a prepared key activates, only an old 
 only a tainted one is revoked) plus the one relying parties need: `activate` refuses a key
 published for less than `--jwks-max-age` (the CA's; they may still hold a JWKS without it) unless
 `--force`. A taint reaches the agents within their bundle poll: they drop the tokens it signed.
+`show` gives each key's coverage — how many of the agents holding a JWT bundle report holding
+it (`ca_server.fleet.jwt_coverage`, from every CA process's published reports) — and why a due
+activation waits, if it does.
 With `--kubeconfig` (Kubernetes mode) the keys are in Secret `meshca-jwt-keys` of
 `--namespace`, changed with the resourceVersion read (as the CA replicas change it).
 """
@@ -19,7 +22,8 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-from ca_server.authority import AuthorityCommandError, CaSetupError, Phase
+from ca_server.authority import AuthorityCommandError, CaSetupError, Phase, SlotFactory
+from ca_server.fleet import AgentCoverage, jwt_coverage
 from ca_server.jwt_svid import (
     JWT_STATE_FILE,
     JwtKeyFactory,
@@ -27,8 +31,11 @@ from ca_server.jwt_svid import (
     JwtKeyStore,
     LocalJwtKeyStore,
     cluster_jwt_key_store,
+    key_rows,
 )
+from certs import DEFAULT_TRUST_DOMAIN, KeySpec
 from meshca.clock import SystemClock
+from meshca.commands.authority_view import open_target, read_fleet
 from meshca.durations import parse_duration
 from meshca.logs import audit
 
@@ -49,14 +56,29 @@ def run_jwt(args: argparse.Namespace) -> int:
                 )
                 return 2
             state = store.read() if args.verb == "show" else _change(args, store, max_age, name)
+        coverage = _coverage(args, state, name)
     except AuthorityCommandError as exc:
         print(f"{name}: refused: {exc}", file=sys.stderr)
         return 3
     except CaSetupError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
-    print(_render(state, args.output))
+    print(_render(state, coverage, args.output))
     return 0
+
+
+def _coverage(
+    args: argparse.Namespace, state: JwtKeyState, name: str
+) -> dict[str, AgentCoverage] | None:
+    """Each key's coverage from every CA process's agent reports (None: unreadable, said on
+    stderr), where the X.509 slots' `show` reads them."""
+    # Only the reports are read: the factory would make a first X.509 authority, never done here.
+    unused = SlotFactory(KeySpec(), DEFAULT_TRUST_DOMAIN, timedelta(days=1))
+    with open_target(args, unused, "meshca-authority") as target:
+        fleet = read_fleet(target.ledgers, name)
+    if fleet is None:
+        return None
+    return {key.kid: jwt_coverage(key.kid, fleet) for key in state.keys}
 
 
 @contextlib.contextmanager
@@ -112,28 +134,19 @@ def _change(
     return state
 
 
-def _rows(state: JwtKeyState) -> list[dict[str, object]]:
-    return [
-        {
-            "kid": key.kid,
-            "algorithm": key.algorithm,
-            "phase": key.phase.value,
-            "tainted": key.tainted,
-            "created_at": key.created_at.isoformat(),
-            "expires_at": key.not_after.isoformat(),
-        }
-        for key in state.ranked()
-    ]
-
-
-def _render(state: JwtKeyState, output: str) -> str:
-    rows = _rows(state)
+def _render(state: JwtKeyState, coverage: dict[str, AgentCoverage] | None, output: str) -> str:
+    rows = key_rows(state, coverage)
+    waiting = state.gate_waiting()
     if output == "json":
-        return json.dumps({"jwt_keys": rows}, indent=1)
-    lines = [f"{'KID':<44} {'ALG':<6} {'PHASE':<9} {'TAINTED':<8} EXPIRES"]
+        shown = {"jwt_keys": rows, "activation_waiting": waiting.reason if waiting else None}
+        return json.dumps(shown, indent=1)
+    lines = [f"{'KID':<44} {'ALG':<6} {'PHASE':<9} {'TAINTED':<8} {'EXPIRES':<26} AGENTS"]
     lines += [
         f"{r['kid']!s:<44} {r['algorithm']!s:<6} {r['phase']!s:<9} "
-        f"{'yes' if r['tainted'] else 'no':<8} {r['expires_at']}"
+        f"{'yes' if r['tainted'] else 'no':<8} {r['expires_at']:<26} "
+        f"{r['agents']['text'] if 'agents' in r else 'unknown'}"
         for r in rows
     ]
+    if waiting is not None:
+        lines.append(f"activation of the prepared key: {waiting.reason}")
     return "\n".join(lines)

@@ -232,10 +232,13 @@ def render_jwt_svid(section: dict[str, Any] | None) -> list[str]:
     )
     rows = [
         [k["kid"], k["algorithm"], k["phase"], "yes" if k["tainted"] else "no",
-         _time(k["expires_at"])]
+         _time(k["expires_at"]), k["agents"]["text"] if k.get("agents") else "-"]
         for k in section["keys"]
     ]  # fmt: skip
-    return ["", head, _table(["KID", "ALG", "PHASE", "TAINTED", "EXPIRES"], rows)]
+    lines = ["", head, _table(["KID", "ALG", "PHASE", "TAINTED", "EXPIRES", "AGENTS"], rows)]
+    if section.get("activation_waiting"):
+        lines.append(f"activation of the prepared key: {section['activation_waiting']}")
+    return lines
 
 
 def _rates_over(rates: dict[str, Any]) -> str:

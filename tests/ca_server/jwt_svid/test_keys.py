@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import grpc
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from ca_server.authority import AuthorityCommandError, Phase
-from ca_server.errors import CaUnavailableError, InvalidRequestError
+from ca_server.errors import InvalidRequestError, SigningKeyUnavailableError
+from ca_server.fleet import AgentCoverage
 from ca_server.jwt_svid.keys import JwtKey, JwtKeyPolicy, JwtKeyState, scheduled_step
 from ca_server.jwt_svid.minting import (
     MAX_AUDIENCE_BYTES,
@@ -90,6 +92,10 @@ def test_the_schedule_prepares_at_half_and_activates_at_five_sixths_once_publish
     assert [k.phase for k in active.ranked()] == [Phase.ACTIVE, Phase.OLD]
 
 
+HOLDING = AgentCoverage(trusting=3, reporting=3)
+LACKING = AgentCoverage(trusting=2, reporting=3)
+
+
 def test_activation_waits_for_the_jwks_cache_lifetime_and_for_coverage():
     factory = JwtKeyFactory("ES256", LIFE)
     state = first_state()
@@ -97,15 +103,79 @@ def test_activation_waits_for_the_jwks_cache_lifetime_and_for_coverage():
     prepared = state.prepare(lambda: factory.new(late, Phase.PREPARED), late, "operator")
     assert prepared.prepared is not None
     soon = late + POLICY.jwks_max_age
-    assert scheduled_step(prepared, POLICY, soon, no_key) is None
+    assert scheduled_step(prepared, POLICY, soon, no_key, lambda kid: HOLDING) is None
     after = soon + POLICY.convergence
-    assert scheduled_step(prepared, POLICY, after, no_key, covered=lambda kid: False) is None
-    done = scheduled_step(prepared, POLICY, after, no_key, covered=lambda kid: True)
+    asked: list[str] = []
+
+    def lacking(kid: str) -> AgentCoverage:
+        asked.append(kid)
+        return LACKING
+
+    # Not covered: one `activation-gated` event saying why and until when, then nothing.
+    gated = scheduled_step(prepared, POLICY, after, no_key, lacking)
+    assert gated is not None and gated.prepared is not None
+    assert asked == [prepared.prepared.kid]
+    waiting = gated.gate_waiting()
+    assert waiting is not None and "2/3 reporting agents hold it" in waiting.reason
+    assert scheduled_step(gated, POLICY, after, no_key, lacking) is None
+    done = scheduled_step(gated, POLICY, after, no_key, lambda kid: HOLDING)
     assert done is not None and done.active.kid == prepared.prepared.kid
-    # The coverage gate gives way before the active key is too short to sign a whole token.
-    deadline = T0 + LIFE - 2 * POLICY.max_token_ttl
-    forced = scheduled_step(prepared, POLICY, deadline, no_key, covered=lambda kid: False)
-    assert forced is not None and forced.active.kid == prepared.prepared.kid
+    assert "3/3 reporting agents hold it" in done.history[-2].reason
+
+
+def test_the_coverage_gate_gives_way_at_its_deadline_with_a_reason():
+    factory = JwtKeyFactory("ES256", LIFE)
+    early = T0 + LIFE / 2
+    state = first_state().prepare(lambda: factory.new(early, Phase.PREPARED), early, "s")
+    five_sixths = T0 + LIFE * 5 / 6
+    # The X.509 gate's deadline: half the time from the 5/6 point to the active key's expiry.
+    deadline = five_sixths + (LIFE / 6) * POLICY.activate_deadline
+    assert POLICY.coverage_deadline(state.active) == deadline
+    before = scheduled_step(state, POLICY, deadline - timedelta(seconds=1), no_key,
+                            lambda kid: LACKING)  # fmt: skip
+    assert before is not None and before.gate_waiting() is not None
+    forced = scheduled_step(before, POLICY, deadline, no_key, lambda kid: LACKING)
+    assert forced is not None and forced.active.kid != state.active.kid
+    assert forced.history[-2].reason.startswith("gate deadline passed: only 2/3")
+    # Never later than two tokens' lives before the active key expires.
+    short = JwtKeyPolicy(lifetime=LIFE, max_token_ttl=timedelta(minutes=50))
+    assert short.coverage_deadline(state.active) == T0 + LIFE - timedelta(minutes=100)
+
+
+def test_unseen_and_unreadable_reports_hold_the_gate_and_no_reports_pass_it():
+    assert not AgentCoverage(3, 3, unseen=1).reaches(1.0)
+    assert not AgentCoverage(3, 3, unreadable=1).reaches(0.5)
+    assert AgentCoverage(0, 0).reaches(1.0)
+    assert AgentCoverage(19, 20).reaches(0.95) and not AgentCoverage(18, 20).reaches(0.95)
+
+
+def test_an_active_key_that_can_no_longer_sign_is_replaced_at_once():
+    """After downtime past the whole rotation: no waiting for the JWKS cache or coverage
+    (nothing can be signed meanwhile); a prepared key that expired too is dropped first."""
+    factory = JwtKeyFactory("ES256", LIFE)
+    state = first_state()
+    back = T0 + LIFE + timedelta(hours=1)
+    new: list[JwtKey] = []
+
+    def make() -> JwtKey:
+        new.append(factory.new(back, Phase.PREPARED))
+        return new[-1]
+
+    prepared = scheduled_step(state, POLICY, back, make, lambda kid: LACKING)
+    assert prepared is not None and prepared.prepared is not None
+    assert prepared.history[-1].reason.startswith(f"the active key {state.active.kid} expired")
+    active = scheduled_step(prepared, POLICY, back, no_key, lambda kid: LACKING)
+    assert active is not None and active.active.kid == new[0].kid
+    assert "activated at once" in active.history[-2].reason
+    gone = scheduled_step(active, POLICY, back, no_key)
+    assert gone is not None and [k.kid for k in gone.keys] == [new[0].kid]
+    # A prepared key as old as the active one is no use either.
+    stale = state.prepare(lambda: factory.new(T0, Phase.PREPARED), T0, "operator")
+    dropped = scheduled_step(stale, POLICY, back, no_key)
+    assert dropped is not None and dropped.prepared is None and dropped.active == state.active
+    # Only under automatic rotation: an operator's CA waits for the operator.
+    manual = JwtKeyPolicy(lifetime=LIFE, max_token_ttl=TTL, automatic=False)
+    assert scheduled_step(state, manual, back, no_key) is None
 
 
 def test_operator_rules_match_the_x509_authoritys():
@@ -127,14 +197,21 @@ def test_operator_rules_match_the_x509_authoritys():
     assert [k["kid"] for k in state.published()] == [state.active.kid]
 
 
-def test_an_old_key_is_dropped_once_its_last_token_expired():
+def test_an_old_key_stays_published_until_revoked_or_expired():
+    """The issue's rule: tokens it signed live on; no token outlives the key, so its expiry
+    is the latest it can matter."""
     factory = JwtKeyFactory("ES256", LIFE)
-    state = first_state().prepare(lambda: factory.new(T0, Phase.PREPARED), T0, "operator")
-    state = state.activate(None, T0, "operator")
-    still = T0 + POLICY.max_token_ttl
-    assert scheduled_step(state, POLICY, still, no_key) is None
-    gone = scheduled_step(state, POLICY, still + POLICY.convergence, no_key)
-    assert gone is not None and len(gone.keys) == 1
+    hour = T0 + timedelta(hours=1)
+    state = first_state().prepare(lambda: factory.new(hour, Phase.PREPARED), hour, "operator")
+    state = state.activate(None, hour, "operator")  # early: the old key has most of its life
+    old = state.old[0]
+    manual = JwtKeyPolicy(lifetime=LIFE, max_token_ttl=TTL, automatic=False)  # no other step
+    long_after = T0 + LIFE - timedelta(seconds=1)
+    assert scheduled_step(state, manual, long_after, no_key) is None
+    assert old.kid in [k["kid"] for k in state.published()]
+    gone = scheduled_step(state, manual, old.not_after, no_key)
+    assert gone is not None and [k.kid for k in gone.keys] == [state.active.kid]
+    assert gone.history[-1].event == "dropped"
 
 
 def test_the_encoding_round_trips_and_refuses_a_key_under_another_kid():
@@ -169,5 +246,8 @@ def test_a_token_never_outlives_its_key_and_a_dying_key_signs_nothing():
     near = key.not_after - timedelta(minutes=2)
     minted = mint_jwt_svid(key, ID, ("x",), TTL, near)
     assert minted.expires_at <= key.not_after
-    with pytest.raises(CaUnavailableError):
-        mint_jwt_svid(key, ID, ("x",), TTL, key.not_after - timedelta(seconds=5))
+    with pytest.raises(SigningKeyUnavailableError) as refused:
+        mint_jwt_svid(key, ID, ("x",), TTL, key.not_after + timedelta(hours=3))
+    assert refused.value.code is grpc.StatusCode.UNAVAILABLE
+    assert "meshca authority prepare --jwt" in refused.value.message
+    assert key.kid in refused.value.message
