@@ -16,7 +16,7 @@ What is served (messages: `meshca_proto/workload.proto`, the SPIFFE specificatio
   (`spiffe://<td>`), at once and on every change; a bundle change needs no new leaf.
 - `FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`: the JWT profile
   (`agent.workload.jwt_profile`), when the agent has a CA to sign tokens (`jwt`); an agent
-  serving file-mounted certificates answers UNIMPLEMENTED, saying so.
+  serving file-mounted certificates answers FAILED_PRECONDITION, saying what to configure.
 
 Every call must carry the metadata `workload.spiffe.io: true` (the specification's guard against
 a browser or SSRF relaying a request to the socket); without it: INVALID_ARGUMENT "security
@@ -101,8 +101,10 @@ REFUSAL_REASONS = (
     REFUSED_JWT_REQUEST,
 )
 JWT_NOT_SERVED = (
-    "this meshca agent serves file-mounted X.509-SVIDs: it has no CA to sign JWT-SVIDs, so "
-    "there is no JWT-SVID, JWT bundle or JWT validation here (docs/workload-api.md)"
+    "this meshca agent serves file-mounted X.509-SVIDs (FILE_MOUNTED_CERTS): it has no CA to "
+    "sign JWT-SVIDs, so there is no JWT-SVID, JWT bundle or JWT validation here; for JWT-SVIDs "
+    "run the agent against the meshca CA instead (CA_ADDR and a token, without "
+    "FILE_MOUNTED_CERTS: docs/workload-api.md#jwt-svids-need-the-ca)"
 )
 
 
@@ -355,7 +357,9 @@ class _Servicer:
     def _jwt_source(self, request: Any, context: grpc.aio.ServicerContext) -> JwtSvidSource:
         self._check(request, context)
         if self._server.jwt is None:
-            raise _Refused(REFUSED_JWT, grpc.StatusCode.UNIMPLEMENTED, JWT_NOT_SERVED)
+            # Not UNIMPLEMENTED: the profile is implemented; this agent's configuration lacks
+            # what it needs, which the caller cannot change by retrying.
+            raise _Refused(REFUSED_JWT, grpc.StatusCode.FAILED_PRECONDITION, JWT_NOT_SERVED)
         return self._server.jwt
 
     async def FetchJWTSVID(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

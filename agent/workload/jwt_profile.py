@@ -2,7 +2,7 @@
 
 Served by `agent.workload.api` when the agent gets its certificates from a CA (a
 `agent.jwt_svids.JwtSvidSource`); an agent serving file-mounted certificates has no CA to sign
-tokens and answers UNIMPLEMENTED, as before.
+tokens and answers FAILED_PRECONDITION, saying what to configure (`api.JWT_NOT_SERVED`).
 
 - `FetchJWTSVID`: the caller's own identity only — the pod agent's, or in node mode the attested
   pod's (the resource the caller was resolved to, which the CA's node authorizer checks again).

@@ -139,9 +139,13 @@ def test_fields_the_request_does_not_have_change_nothing(hosted: Hosted, issued:
     assert svid.spiffe_id == "spiffe://cluster.local/ns/default/sa/app"
 
 
-def test_jwt_calls_without_a_ca_are_unimplemented_and_say_why(hosted: Hosted) -> None:
+def test_jwt_calls_without_a_ca_are_a_failed_precondition_that_says_what_to_configure(
+    hosted: Hosted,
+) -> None:
     """A server with no CA to sign tokens (file-mounted certificates; here none is given)
-    refuses the JWT profile; with a CA it is served (tests/e2e/test_workload_api_jwt.py)."""
+    refuses the JWT profile — not UNIMPLEMENTED: the configuration lacks the CA, and the
+    message says how to give it one; with a CA it is served
+    (tests/e2e/test_workload_api_jwt.py)."""
     requests: dict[str, bytes] = {
         "FetchJWTSVID": workload_pb2.JWTSVIDRequest(audience=["a"]).SerializeToString(),
         "FetchJWTBundles": workload_pb2.JWTBundlesRequest().SerializeToString(),
@@ -153,13 +157,13 @@ def test_jwt_calls_without_a_ca_are_unimplemented_and_say_why(hosted: Hosted) ->
         details = refused(
             hosted,
             partial(raw_call, hosted.socket, method, request),
-            grpc.StatusCode.UNIMPLEMENTED,
+            grpc.StatusCode.FAILED_PRECONDITION,
             "no CA to sign JWT-SVIDs",
             REFUSED_JWT,
         )
-        assert "file-mounted" in details
+        assert "FILE_MOUNTED_CERTS" in details and "CA_ADDR" in details
     # py-spiffe sees the same status through its own API.
-    with client_for(hosted.socket) as client, pytest.raises(Exception, match="UNIMPLEMENTED"):
+    with client_for(hosted.socket) as client, pytest.raises(Exception, match="FAILED_PRECOND"):
         client.fetch_jwt_svid({"audience"})
 
 

@@ -143,7 +143,7 @@ def node_server(
     attested through the relay against `pods` and the files under `proc_root`. `pidfd_option`
     replaces the relay's `SO_PEERPIDFD` (one the kernel does not know: the start-time way);
     `before_inspect` runs on the loop after the relay took a caller, before it is inspected.
-    `jwt`: the JWT-SVIDs it serves (none: the JWT profile answers UNIMPLEMENTED)."""
+    `jwt`: the JWT-SVIDs it serves (none: the JWT profile answers FAILED_PRECONDITION)."""
     cache = SecretCache()
     metrics = AgentMetrics(SystemClock())
 

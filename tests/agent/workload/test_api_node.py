@@ -189,7 +189,7 @@ def test_a_workload_that_tries_never_receives_another_workloads_key(
     served = [r for r in results if "spiffe_id" in r]
     assert len(served) == 6  # py-spiffe, four forged headers, the forged field: all orders'
     assert all(r["key_sha256"] == key_digest(issued[ORDERS]) for r in served)
-    assert by_how["jwt"]["error"] == "UNIMPLEMENTED"
+    assert by_how["jwt"]["error"] == "FAILED_PRECONDITION"
     direct = by_how["private socket"]
     assert direct["error"] == "PERMISSION_DENIED"
     assert "did not come through the node agent's Workload API socket" in direct["details"]
