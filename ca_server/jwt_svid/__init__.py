@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ca_server.config import CaConfig
-from ca_server.fleet import FleetReports
+from ca_server.fleet import DirectoryLedgerSink, FleetReports
 from ca_server.jwt_svid.discovery import (
     StoredJwks,
     discovery_server,
@@ -78,15 +78,22 @@ def _store_for(config: CaConfig, clock: Clock, cluster_api: Any | None) -> JwtKe
 
 def stored_jwks_for(config: CaConfig, clock: Clock) -> StoredJwks:
     """What `meshca ca --workers N`'s supervisor serves on `--oidc-listen`: the keys its
-    workers share, read from the same store (its own API client in Kubernetes mode)."""
+    workers share, read from the same store (its own API client in Kubernetes mode), and for
+    its status the prepared key's coverage from the reports the workers publish."""
     api = None
+    fleet: Callable[[datetime], FleetReports]
     if config.kube is not None:
+        from ca_server.kube.replica_reports import ConfigMapLedgerSink
         from meshca.kube_client import build_api_client
 
         agent = f"meshca-ca/{config.kube.instance_id}-supervisor"
         api = build_api_client(config.kube.kubeconfig, pool_size=2, user_agent=agent)
+        fleet = ConfigMapLedgerSink(api, config.kube.namespace, agent).agents
+    else:
+        fleet = DirectoryLedgerSink(config.data_dir, "supervisor").agents
     store = _store_for(config, clock, api)
-    return StoredJwks(store, config.jwt.issuer, config.plugged_ca_poll_interval.total_seconds())
+    refresh = config.plugged_ca_poll_interval.total_seconds()
+    return StoredJwks(store, config.jwt.issuer, refresh, fleet)
 
 
 def jwt_authority_for(

@@ -25,10 +25,10 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from ca_server.fleet import AgentCoverage
+from ca_server.fleet import AgentCoverage, FleetReports, jwt_coverage
 from ca_server.jwt_svid.keys import JwtKeyState
 from ca_server.jwt_svid.store import JwtKeyStore
 from certs.jwk import JWT_ALGORITHMS, jwks_document
@@ -141,10 +141,18 @@ class StoredJwks:
     supervisor): re-read when asked and `refresh` seconds have passed (a store read is cheap:
     a file, or one GET of the Secret). Thread-safe: the HTTP handlers run on a pool."""
 
-    def __init__(self, store: JwtKeyStore, issuer: str | None, refresh: float) -> None:
+    def __init__(
+        self,
+        store: JwtKeyStore,
+        issuer: str | None,
+        refresh: float,
+        fleet: Callable[[datetime], FleetReports] | None = None,
+    ) -> None:
         self._store = store
         self.issuer = issuer
         self._refresh = refresh
+        self._fleet = fleet  # every CA process's agent reports, for `coverage`
+        self._coverage: tuple[float, str, AgentCoverage] | None = None
         self._lock = threading.Lock()
         self._read_at = float("-inf")
         self._fingerprint = ""
@@ -165,3 +173,20 @@ class StoredJwks:
                     self._fingerprint = fingerprint
                 self._read_at = time.monotonic()
             return self._state
+
+    def coverage(self) -> dict[str, AgentCoverage] | None:
+        """The prepared key's coverage (what the workers' gate counts), re-read at most every
+        `refresh` seconds when asked; None without a prepared key or a fleet to read."""
+        prepared = self.state.prepared
+        if prepared is None or self._fleet is None:
+            return None
+        with self._lock:
+            cached = self._coverage
+            if (
+                cached is None
+                or cached[1] != prepared.kid
+                or (time.monotonic() - cached[0] >= self._refresh)
+            ):
+                counted = jwt_coverage(prepared.kid, self._fleet(datetime.now(UTC)))
+                cached = self._coverage = (time.monotonic(), prepared.kid, counted)
+            return {cached[1]: cached[2]}

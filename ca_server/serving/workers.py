@@ -301,7 +301,11 @@ class WorkerSupervisor:
                 )
                 servers.append(oidc)
                 self._jwt_status = lambda: status_section(
-                    jwks.state, jwks.issuer, oidc.url, self._config.jwt.jwks_max_age
+                    jwks.state,
+                    jwks.issuer,
+                    oidc.url,
+                    self._config.jwt.jwks_max_age,
+                    jwks.coverage(),
                 )
             if self._config.debug_listen is not None:
                 servers.append(

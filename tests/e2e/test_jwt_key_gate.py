@@ -35,7 +35,8 @@ from meshca_proto import jwt_svid_pb2, jwt_svid_pb2_grpc
 from tests.support.agent_process import AgentProcess
 from tests.support.authority_cli import data_dir_target, meshca_authority
 from tests.support.ca_process import CaProcess
-from tests.support.processes import wait_for
+from tests.support.processes import free_port, wait_for
+from tests.support.status_cli import status_json
 
 pytestmark = pytest.mark.process
 
@@ -81,15 +82,29 @@ def due_with_a_published_prepared_key(state: JwtKeyState) -> JwtKeyState:
     return JwtKeyState((*keys, prepared), state.history)
 
 
+def status_agents(ca: CaProcess, kid: str) -> tuple[int, int] | None:
+    """What `meshca status` of the CA says of `kid`'s coverage (`/debug/ca`)."""
+    keys = status_json(ca.debug_address)["jwt_svid"]["keys"]
+    row = next((k for k in keys if k["kid"] == kid), None)
+    if row is None or "agents" not in row:
+        return None
+    return row["agents"]["holding"], row["agents"]["counted"]
+
+
+@pytest.mark.parametrize("workers", [(), ("--workers", "2")], ids=["one-process", "workers"])
 def test_activation_waits_until_every_agent_holding_a_jwt_bundle_holds_the_new_key(
-    workdir: Path, starts_processes: None
+    workdir: Path, starts_processes: None, workers: tuple[str, ...]
 ):
+    """Under `--workers 2` the agents' reports land on either worker: each worker's gate counts
+    both workers' (the merged reports), and the supervisor's status shows the same figure."""
     ca = CaProcess(
         workdir / "ca",
         "--ca-reload-interval", "200ms",
         "--jwks-max-age", "2s",
         "--jwt-key-ttl", "1h",
         "--jwt-svid-ttl", "1m",
+        "--oidc-listen", f"127.0.0.1:{free_port()}",  # the supervisor's JWT status needs it
+        *workers,
     )  # fmt: skip
     ca.start()
     agents = [
@@ -129,6 +144,7 @@ def test_activation_waits_until_every_agent_holding_a_jwt_bundle_holds_the_new_k
         # `fast` polls its bundle (15 s) and reports it; `frozen` cannot.
         wait_for(lambda: agents_of(ca, prepared.kid) == (1, 2), 30, "one of two holding it")
         wait_for(lambda: show(ca)["activation_waiting"], 10, "the gate to say why it waits")
+        wait_for(lambda: status_agents(ca, prepared.kid) == (1, 2), 10, "meshca status")
         # Noted once, when the gate first held it (before or after `fast` caught up).
         assert re.search(r"[01]/2 reporting agents hold it", show(ca)["activation_waiting"])
         state = store(ca).read()
