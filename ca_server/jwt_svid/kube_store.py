@@ -38,7 +38,6 @@ from meshca.clock import Clock
 log = logging.getLogger(__name__)
 
 JWT_SECRET_NAME = "meshca-jwt-keys"
-_ATTEMPTS = 10
 
 
 class KubeJwtKeyStore:
@@ -77,24 +76,14 @@ class KubeJwtKeyStore:
         return "<absent>" if secret is None else str(secret.metadata.resource_version)
 
     def transact(self, change: JwtStateChange) -> JwtKeyState:
-        for _ in range(_ATTEMPTS):
-            secret = self._get()
-            if secret is None:
-                current = self._last or self._factory.first_state(self._clock.now())
-                must_write = True
-            else:
-                current, must_write = self._decode(secret), False
-            updated = change(current)
-            if updated is None and not must_write:
-                self._last = current
-                return current
-            final = updated or current
-            if self._write(secret, final):
-                self._last = final
-                return final
-        raise CaSetupError(
-            f"{self.description} kept changing under {_ATTEMPTS} attempts to update it; retry"
+        self._last = self._secret.transact(
+            lambda secret: (self._decode(secret), False), self._first, change, self._write
         )
+        return self._last
+
+    def _first(self) -> JwtKeyState:
+        """No Secret: the last state known (it was deleted), else a first key."""
+        return self._last or self._factory.first_state(self._clock.now())
 
     def _decode(self, secret: Any) -> JwtKeyState:
         where = f"Secret {self.namespace}/{JWT_SECRET_NAME}"

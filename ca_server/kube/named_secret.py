@@ -3,7 +3,8 @@ resourceVersion read, so concurrent writers never overwrite each other.
 
 Both stores of shared signing state use it — the authority slots (`secret_root`, Secret
 `istio-ca-secret`) and the JWT-SVID keys (`ca_server.jwt_svid.kube_store`, Secret
-`meshca-jwt-keys`) — so both say the same about a conflict, a refusal and what RBAC to grant.
+`meshca-jwt-keys`) — so both say the same about a conflict, a refusal and what RBAC to grant,
+and both change their state with one optimistic loop (`transact`).
 
 Concurrency: blocking calls; the stores run them in worker threads.
 """
@@ -11,8 +12,8 @@ Concurrency: blocking calls; the stores run them in worker threads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import kubernetes.client
 import urllib3.exceptions
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT = (3.0, 10.0)
 _NOT_FOUND, _CONFLICT = 404, 409
+ATTEMPTS = 10
+
+State = TypeVar("State")
 
 
 class NamedSecret:
@@ -80,6 +84,31 @@ class NamedSecret:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise CaSetupError(f"cannot write {self.description}: {exc}") from exc
         return True
+
+    def transact(
+        self,
+        decode: Callable[[Any], tuple[State, bool]],
+        first: Callable[[], State],
+        change: Callable[[State], State | None],
+        write: Callable[[Any, State], bool],
+    ) -> State:
+        """Read, `change`, write with the resourceVersion read, again after a conflict:
+        `decode` turns the Secret into (state, whether it must be rewritten even unchanged),
+        `first` is the state to create when there is none, `write(secret, state)` is False
+        when another writer got there first. Returns the state stored (`change` returning
+        None: nothing to write). Raises `CaSetupError` after `ATTEMPTS` conflicts."""
+        for _ in range(ATTEMPTS):
+            secret = self.read()
+            current, must_write = (first(), True) if secret is None else decode(secret)
+            updated = change(current)
+            if updated is None and not must_write:
+                return current
+            final = updated or current
+            if write(secret, final):
+                return final
+        raise CaSetupError(
+            f"{self.description} kept changing under {ATTEMPTS} attempts to update it; retry"
+        )
 
     def _api_failure(self, verb: str, exc: ApiException) -> str:
         hint = ""

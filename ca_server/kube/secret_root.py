@@ -60,8 +60,6 @@ CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN, KEY = (
     "key.pem",
 )
 SLOTS = "meshca-authorities.json"
-_ATTEMPTS = 10
-
 SecretData = dict[str, str]  # key -> base64 value, as on the wire
 
 
@@ -155,28 +153,18 @@ class KubeAuthorityStateStore:
         return self._read() is not None
 
     def transact(self, change: StateChange) -> AuthorityState:
-        for _ in range(_ATTEMPTS):
-            secret = self._read()
-            if secret is None:
-                current, must_write = (
-                    self._last or self._factory.first_state(self._clock.now()),
-                    True,
-                )
-            else:
-                data = dict(secret.data or {})
-                current, must_write = state_from_secret_data(data, self._clock.now())
-                self._loaded_fingerprint = data_fingerprint(data)
-            updated = change(current)
-            if updated is None and not must_write:
-                self._last = current
-                return current
-            final = updated or current
-            if self._write(secret, final):
-                self._last = final
-                return final
-        raise CaSetupError(
-            f"{self.description} kept changing under {_ATTEMPTS} attempts to update it; retry"
-        )
+        self._last = self._secret.transact(self._decode, self._first, change, self._write)
+        return self._last
+
+    def _first(self) -> AuthorityState:
+        """No Secret: the last state known (it was deleted), else a first authority."""
+        return self._last or self._factory.first_state(self._clock.now())
+
+    def _decode(self, secret: Any) -> tuple[AuthorityState, bool]:
+        data = dict(secret.data or {})
+        current, must_write = state_from_secret_data(data, self._clock.now())
+        self._loaded_fingerprint = data_fingerprint(data)
+        return current, must_write
 
     def _write(self, secret: Any, state: AuthorityState) -> bool:
         """Creates or replaces the Secret; False when another writer got there first."""
