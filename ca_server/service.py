@@ -224,17 +224,23 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
                 hint = str(error.retry_after_ms)
                 context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, hint),))
         self._metrics.denials.labels(error.reason, error.code.name).inc()
-        audit(
-            "denied",
-            outcome="denied",
-            code=error.code.name,
-            reason=error.reason,
-            detail=error.message,
-            caller=caller.subject if caller else None,
-            identity=caller.identity.uri if caller else None,
-            peer=peer,
-        )
+        audit_refusal("denied", error, caller, peer)
         await context.abort(error.code, error.message)
+
+
+def audit_refusal(event: str, error: RequestError, caller: Caller | None, peer: str) -> None:
+    """The audit line of a refused request (`CreateCertificate`'s `denied`, and the JWT-SVID
+    service's): what was refused, why, and who asked, as far as authentication got."""
+    audit(
+        event,
+        outcome="denied",
+        code=error.code.name,
+        reason=error.reason,
+        detail=error.message,
+        caller=caller.subject if caller else None,
+        identity=caller.identity.uri if caller else None,
+        peer=peer,
+    )
 
 
 # Headers that decide who the caller is: one value each, or the request is ambiguous.

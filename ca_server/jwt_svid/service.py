@@ -29,7 +29,7 @@ from ca_server.errors import (
 from ca_server.impersonation import ImpersonationPolicy
 from ca_server.jwt_svid.driver import JwtAuthority
 from ca_server.jwt_svid.minting import checked_audiences
-from ca_server.service import authn_request
+from ca_server.service import audit_refusal, authn_request
 from ca_server.wire import JWT_SVID_SERVICE, RETRY_PUSHBACK_TRAILER
 from certs import CertsError, SpiffeId
 from meshca.grpc_services import Undecodable, add_service, lenient_decoder
@@ -138,16 +138,7 @@ async def _refuse(
 ) -> None:
     if isinstance(error, OverloadedError):
         context.set_trailing_metadata(((RETRY_PUSHBACK_TRAILER, str(error.retry_after_ms)),))
-    audit(
-        "jwt-svid-denied",
-        outcome="denied",
-        code=error.code.name,
-        reason=error.reason,
-        detail=error.message,
-        caller=caller.subject if caller else None,
-        identity=caller.identity.uri if caller else None,
-        peer=context.peer(),
-    )
+    audit_refusal("jwt-svid-denied", error, caller, context.peer())
     await context.abort(error.code, error.message)
 
 
