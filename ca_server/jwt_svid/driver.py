@@ -11,7 +11,8 @@ The activation gate's figure (`ca_server.fleet.jwt_coverage`) is read from every
 agent reports (`fleet`: the authority driver's `agents`, the same merge the X.509 gate reads,
 so workers and replicas count each other's agents) only while a prepared key exists: each poll
 while its activation is due, else at most every `COVERAGE_REFRESH` for `coverage` (what
-`meshca status` shows).
+`meshca status` shows). Reports that cannot be read at all count as unreadable: the gate holds
+until its deadline, as for the X.509 root.
 
 Concurrency: `run()` is one coroutine on the CA's event loop; store reads and writes, and the
 decision (which may read the fleet's reports or make a key), run in a worker thread; `mint`
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -168,7 +168,7 @@ class JwtAuthority:
             self._adopt(state, await asyncio.to_thread(self._store.fingerprint))
         if self.state.prepared is None:
             self.coverage = None
-        elif time.monotonic() - self._coverage_read >= COVERAGE_REFRESH:
+        elif self._clock.monotonic() - self._coverage_read >= COVERAGE_REFRESH:
             await asyncio.to_thread(self._coverage_of, self.state.prepared.kid)
 
     @staticmethod
@@ -199,13 +199,18 @@ class JwtAuthority:
             return no_reports(kid)
         with self._coverage_lock:
             known = self.coverage
-            fresh = time.monotonic() - self._coverage_read < self._poll_interval
+            fresh = self._clock.monotonic() - self._coverage_read < self._poll_interval
             if known is not None and known.kid == kid and fresh:
                 return known.coverage
             now = self._clock.now()
-            counted = jwt_coverage(kid, self._fleet(now))
+            try:
+                counted = jwt_coverage(kid, self._fleet(now))
+            except Exception as exc:  # an API or file failure: nobody knows who holds it
+                if self.coverage is None or not self.coverage.coverage.unreadable:
+                    log.warning("cannot read the agents' reports for the JWT key gate: %s", exc)
+                counted = AgentCoverage(0, 0, unreadable=1)
             self.coverage = KeyCoverage(kid, counted, now)
-            self._coverage_read = time.monotonic()
+            self._coverage_read = self._clock.monotonic()
             return counted
 
     async def run(self) -> None:
