@@ -159,10 +159,11 @@ class JwtAuthority:
         for _ in range(_MAX_STEPS_PER_POLL):
             if await asyncio.to_thread(self._scheduled, self.state) is None:
                 break
-            before = self.state.history
+            before = set(self.state.history)
             state = await asyncio.to_thread(self._store.transact, self._scheduled)
-            fresh = state.history[len(before) :] if state.history[: len(before)] == before else ()
-            for event in fresh:
+            # Not a slice past the old length: the history is capped (`keys.HISTORY_LIMIT`),
+            # so once full a new event pushes the oldest out.
+            for event in (e for e in state.history if e not in before):
                 audit("jwt-key", outcome=event.event, kid=event.kid, reason=event.reason)
                 self._tell(event.event, event.kid, event.reason)
             self._adopt(state, await asyncio.to_thread(self._store.fingerprint))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ca_server.jwt_svid import (
     JwtKeyState,
     LocalJwtKeyStore,
 )
+from ca_server.jwt_svid.keys import HISTORY_LIMIT, JwtEvent
 from meshca.clock import FakeClock
 
 LIFE = timedelta(hours=1)
@@ -100,3 +102,33 @@ def test_the_gate_reads_the_fleet_only_when_due_holds_on_unreadable_reports_then
     asyncio.run(scenario())
     warnings = [r for r in caplog.records if "cannot read the agents' reports" in r.message]
     assert len(warnings) == 1
+
+
+def test_a_step_is_audited_when_the_history_is_full(tmp_path: Path, caplog):
+    """The history keeps the last `HISTORY_LIMIT` events: a new one pushes the oldest out, and
+    the process that applied it still writes its audit line."""
+    clock = FakeClock(datetime.now(UTC))
+    store = LocalJwtKeyStore(tmp_path, FACTORY, clock)
+    first = store.read()
+    old = tuple(
+        JwtEvent(clock.now() - timedelta(days=n), "prepared", "x" * 43, "long ago")
+        for n in range(HISTORY_LIMIT, 0, -1)
+    )
+    store.transact(lambda state: _due(JwtKeyState(state.keys, old)))
+    prepared = store.read().prepared
+    assert prepared is not None and first.active.kid != prepared.kid
+    held = _fleet(frozenset({prepared.kid}))
+    policy = JwtKeyPolicy(lifetime=LIFE, max_token_ttl=timedelta(minutes=1))
+    authority = JwtAuthority(
+        store, FACTORY, policy, clock, poll_interval=60.0, fleet=lambda now: held
+    )
+
+    async def scenario() -> None:
+        await authority.start()
+        caplog.set_level(logging.INFO, logger="meshca.audit")
+        await authority.step()
+
+    asyncio.run(scenario())
+    assert store.read().active.kid == prepared.kid
+    audited = [r.audit for r in caplog.records if getattr(r, "audit", None)]
+    assert {(a["outcome"], a["kid"]) for a in audited} >= {("activated", prepared.kid)}
