@@ -37,6 +37,7 @@ from meshca.commands.authority_view import (
     open_target,
     read_fleet,
     read_live_leaves,
+    taint_or_revoke,
 )
 from meshca.durations import parse_duration
 from meshca.logs import configure_logging
@@ -203,11 +204,8 @@ def _change(
             activated = state.activate(args.id, now, "operator")
             refuse_unfit(activated.active, now, longest_leaf(state, max_ttl))
             return activated
-        if args.id is None:
-            raise AuthorityCommandError(f"`{name}` needs the authority ID (see `show`)")
-        if args.verb == "taint":
-            return state.taint(args.id, now)
-        return state.revoke(args.id, now)
+        needs = f"`{name}` needs the authority ID (see `show`)"
+        return taint_or_revoke(state, args.verb, args.id, now, needs)
 
     state = store.transact(change)
     seen = set(before[0].history) if before else set()

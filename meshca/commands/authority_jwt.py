@@ -35,7 +35,7 @@ from ca_server.jwt_svid import (
 )
 from certs import DEFAULT_TRUST_DOMAIN, KeySpec
 from meshca.clock import SystemClock
-from meshca.commands.authority_view import open_target, read_fleet
+from meshca.commands.authority_view import open_target, read_fleet, taint_or_revoke
 from meshca.durations import parse_duration
 from meshca.logs import audit
 
@@ -120,11 +120,8 @@ def _change(
                         "without it; wait, or pass --force"
                     )
             return state.activate(args.id, now, "operator")
-        if args.id is None:
-            raise AuthorityCommandError(f"`{name}` needs the key's kid (see `show --jwt`)")
-        if args.verb == "taint":
-            return state.taint(args.id, now)
-        return state.revoke(args.id, now)
+        needs = f"`{name}` needs the key's kid (see `show --jwt`)"
+        return taint_or_revoke(state, args.verb, args.id, now, needs)
 
     state = store.transact(change)
     seen = set(before[0].history) if before else set()

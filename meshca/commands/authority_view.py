@@ -16,9 +16,14 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
-from ca_server.authority import SharedState, SlotFactory, open_shared_state
+from ca_server.authority import (
+    AuthorityCommandError,
+    SharedState,
+    SlotFactory,
+    open_shared_state,
+)
 from ca_server.config import DEFAULT_NAMESPACE
 from ca_server.fleet import FleetReports, LedgerSink
 from meshca.clock import SystemClock
@@ -50,6 +55,27 @@ def add_target_arguments(
 
 
 Target = SharedState  # the slots' store and every CA process's published figures
+
+
+class Retirable(Protocol):
+    """What the last two verbs change: the X.509 slots or the JWT-SVID keys."""
+
+    def taint(self, ident: str, now: datetime, /) -> Self: ...
+
+    def revoke(self, ident: str, now: datetime, /) -> Self: ...
+
+
+Retiring = TypeVar("Retiring", bound=Retirable)
+
+
+def taint_or_revoke(
+    state: Retiring, verb: str, ident: str | None, now: datetime, needs: str
+) -> Retiring:
+    """`meshca authority taint|revoke ID` (with or without `--jwt`): the same rules on both,
+    each state's own refusals; without an ID, refused saying it `needs` one."""
+    if ident is None:
+        raise AuthorityCommandError(needs)
+    return state.taint(ident, now) if verb == "taint" else state.revoke(ident, now)
 
 
 @contextlib.contextmanager
