@@ -41,6 +41,7 @@ from tests.support.status_cli import status_json
 pytestmark = pytest.mark.process
 
 LIFE = timedelta(hours=1)
+SHOW_EVERY = 0.3  # seconds between `meshca authority show` runs (each is a Python process)
 FACTORY = JwtKeyFactory("ES256", LIFE)
 
 
@@ -133,7 +134,7 @@ def test_activation_waits_until_every_agent_holding_a_jwt_bundle_holds_the_new_k
             with WorkloadApiClient(f"unix:{agent.directory / 'wl.sock'}") as client:
                 client.fetch_jwt_bundles()
         # `idle` serves no JWT workload: it holds no JWT bundle and is not counted.
-        wait_for(lambda: agents_of(ca, first) == (2, 2), 20, "both JWT agents reporting the key")
+        wait_for(lambda: agents_of(ca, first) == (2, 2), 20, "both reporting the key", SHOW_EVERY)
 
         assert frozen.proc is not None
         os.kill(frozen.proc.pid, signal.SIGSTOP)  # its last report: the first key only
@@ -142,9 +143,9 @@ def test_activation_waits_until_every_agent_holding_a_jwt_bundle_holds_the_new_k
         prepared = store(ca).read().prepared
         assert prepared is not None
         # `fast` polls its bundle (15 s) and reports it; `frozen` cannot.
-        wait_for(lambda: agents_of(ca, prepared.kid) == (1, 2), 30, "one of two holding it")
-        wait_for(lambda: show(ca)["activation_waiting"], 10, "the gate to say why it waits")
-        wait_for(lambda: status_agents(ca, prepared.kid) == (1, 2), 10, "meshca status")
+        wait_for(lambda: agents_of(ca, prepared.kid) == (1, 2), 30, "one holding it", SHOW_EVERY)
+        wait_for(lambda: show(ca)["activation_waiting"], 10, "the gate saying why", SHOW_EVERY)
+        wait_for(lambda: status_agents(ca, prepared.kid) == (1, 2), 10, "meshca status", SHOW_EVERY)
         # Noted once, when the gate first held it (before or after `fast` caught up).
         assert re.search(r"[01]/2 reporting agents hold it", show(ca)["activation_waiting"])
         state = store(ca).read()
