@@ -134,7 +134,11 @@ async def _serve(
     await driver.start()
     signer = driver.signer
     jwt_authority = jwt_authority_for(
-        config, clock, kube.clients.local if kube is not None else None, fleet=driver.agents
+        config,
+        clock,
+        kube.clients.local if kube is not None else None,
+        fleet=driver.agents,
+        registry=metrics.registry,
     )
     await jwt_authority.start()
     oidc = (

@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from ca_server.config import CaConfig
 from ca_server.fleet import DirectoryLedgerSink, FleetReports
 from ca_server.jwt_svid.discovery import (
@@ -101,6 +103,7 @@ def jwt_authority_for(
     clock: Clock,
     cluster_api: Any | None = None,
     fleet: Callable[[datetime], FleetReports] | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> JwtAuthority:
     """The JWT authority `config` asks for (not started), its keys where `_store_for` says;
     its activation gate counts the agents in `fleet` (every CA process's reports, merged; the
@@ -124,6 +127,7 @@ def jwt_authority_for(
         poll_interval=config.plugged_ca_poll_interval.total_seconds(),
         issuer=jwt.issuer,
         fleet=fleet,
+        registry=registry,
     )
 
 

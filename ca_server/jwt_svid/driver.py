@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
 from ca_server.authority import GATE_DEADLINE_REASON, Phase
 from ca_server.fleet import AgentCoverage, FleetReports, jwt_coverage
 from ca_server.jwt_svid.discovery import oidc_jwks_of
@@ -49,6 +51,24 @@ log = logging.getLogger(__name__)
 
 COVERAGE_REFRESH = 30.0  # seconds between reads of the fleet for `coverage` alone
 _MAX_STEPS_PER_POLL = 4  # a recovery is drop + prepare + activate
+
+
+class JwtGateGauges:
+    """The JWT key gate as metrics, named like the X.509 gate's."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.waiting = Gauge(
+            "meshca_ca_jwt_activation_gate_waiting",
+            "1 while a due JWT-SVID key activation waits for the agents to hold the key",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.deadline = Counter(
+            "meshca_ca_jwt_activation_gate_deadline",
+            "JWT-SVID key activations this CA process made at the gate's deadline, below the "
+            "coverage --jwt-activate-at-coverage asked for",
+            registry=registry,
+        )
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,7 @@ class JwtAuthority:
         poll_interval: float,
         issuer: str | None = None,
         fleet: Callable[[datetime], FleetReports] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._store = store
         self._factory = factory
@@ -82,6 +103,7 @@ class JwtAuthority:
         self._poll_interval = poll_interval
         self.issuer = issuer
         self._fleet = fleet
+        self._gauges = JwtGateGauges(registry) if registry is not None else None
         self._coverage_lock = threading.Lock()
         self._coverage_read = float("-inf")  # monotonic seconds of the last fleet read
         self.coverage: KeyCoverage | None = None  # the prepared key's, while there is one
@@ -166,7 +188,11 @@ class JwtAuthority:
             for event in (e for e in state.history if e not in before):
                 audit("jwt-key", outcome=event.event, kid=event.kid, reason=event.reason)
                 self._tell(event.event, event.kid, event.reason)
+                if self._gauges is not None and event.reason.startswith(GATE_DEADLINE_REASON):
+                    self._gauges.deadline.inc()
             self._adopt(state, await asyncio.to_thread(self._store.fingerprint))
+        if self._gauges is not None:
+            self._gauges.waiting.set(1 if self.state.gate_waiting() is not None else 0)
         if self.state.prepared is None:
             self.coverage = None
         elif self._clock.monotonic() - self._coverage_read >= COVERAGE_REFRESH:

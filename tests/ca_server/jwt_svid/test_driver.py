@@ -11,6 +11,8 @@ import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from ca_server.authority import Phase
 from ca_server.fleet import FleetEntry, FleetReports
 from ca_server.jwt_svid import (
@@ -70,7 +72,13 @@ def test_the_gate_reads_the_fleet_only_when_due_holds_on_unreadable_reports_then
         return answer
 
     policy = JwtKeyPolicy(lifetime=LIFE, max_token_ttl=timedelta(minutes=1))
-    authority = JwtAuthority(store, FACTORY, policy, clock, poll_interval=60.0, fleet=fleet)
+    registry = CollectorRegistry()
+    authority = JwtAuthority(
+        store, FACTORY, policy, clock, poll_interval=60.0, fleet=fleet, registry=registry
+    )
+
+    def gauge() -> float | None:
+        return registry.get_sample_value("meshca_ca_jwt_activation_gate_waiting")
 
     async def scenario() -> None:
         await authority.start()
@@ -85,6 +93,7 @@ def test_the_gate_reads_the_fleet_only_when_due_holds_on_unreadable_reports_then
         waiting = authority.state.gate_waiting()
         assert waiting is not None and "1 report(s) unreadable" in waiting.reason
         assert authority.state.active.kid != prepared.kid
+        assert gauge() == 1
         await authority.step()  # still within the poll interval: the figure read is kept
         assert len(asked) == 1
         # The next poll reads again: one agent of two lacks the key, then both hold it.
@@ -98,6 +107,7 @@ def test_the_gate_reads_the_fleet_only_when_due_holds_on_unreadable_reports_then
         clock.advance(61)
         await authority.step()
         assert authority.state.active.kid == prepared.kid
+        assert gauge() == 0
 
     asyncio.run(scenario())
     warnings = [r for r in caplog.records if "cannot read the agents' reports" in r.message]
