@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from ca_server.fleet import jwt_coverage
 from ca_server.fleet.agent_reports import AgentReports
 from ca_server.fleet.entries import REPUBLISH_EVERY
 from ca_server.fleet.leaf_ledger import LeafLedger
@@ -83,3 +84,24 @@ def test_agent_reports_are_sharded_exactly_and_rewritten_only_when_they_change(
         cm["metadata"]["name"] for cm in kube_api.list("configmaps", namespace=CA_NAMESPACE)
     ] == [report_name("ca-0")]
     assert len(sink.agents(later).entries) == 100
+
+
+def test_the_jwt_kids_agents_hold_reach_every_replica_through_the_configmaps(
+    kube_api: KubeApiServer,
+) -> None:
+    """The JWT key gate's figure in Kubernetes mode: each replica publishes the kids its agents
+    reported in its shards, and any replica's merge counts them all (`jwt_coverage`)."""
+    now = datetime.now(UTC)
+    new, old = "N" * 43, "O" * 43
+    held = {"ca-0": [new, old], "ca-1": [old]}
+    for replica, kids in held.items():
+        agents = AgentReports()
+        agents.record_report(pod_caller(f"agent-{replica}"), "a", "ab" * 32, [], now, jwt_keys=kids)
+        agents.record_report(pod_caller(f"idle-{replica}"), "a", "ab" * 32, [], now)
+        sink = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, replica)
+        sink.save(LeafLedger(), agents, now)
+    fleet = ConfigMapLedgerSink(kube_api.api_client(), CA_NAMESPACE, "reader").agents(now)
+    assert len(fleet.entries) == 4
+    counted = jwt_coverage(new, fleet)
+    assert (counted.trusting, counted.reporting) == (1, 2)  # the idle agents are not counted
+    assert jwt_coverage(old, fleet).reaches(1.0)
