@@ -140,10 +140,15 @@ def _render(state: JwtKeyState, coverage: dict[str, AgentCoverage] | None, outpu
     lines = [f"{'KID':<44} {'ALG':<6} {'PHASE':<9} {'TAINTED':<8} {'EXPIRES':<26} AGENTS"]
     lines += [
         f"{r['kid']!s:<44} {r['algorithm']!s:<6} {r['phase']!s:<9} "
-        f"{'yes' if r['tainted'] else 'no':<8} {r['expires_at']:<26} "
+        f"{'yes' if r['tainted'] else 'no':<8} {_seconds(str(r['expires_at'])):<26} "
         f"{r['agents']['text'] if 'agents' in r else 'unknown'}"
         for r in rows
     ]
     if waiting is not None:
         lines.append(f"activation of the prepared key: {waiting.reason}")
     return "\n".join(lines)
+
+
+def _seconds(when: str) -> str:
+    """An ISO 8601 time as the table shows it: to the second."""
+    return datetime.fromisoformat(when).isoformat(timespec="seconds")
