@@ -35,13 +35,10 @@ from datetime import timedelta
 from typing import Any
 
 import kubernetes.client
-import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
-from ca_server.kube.reconcile_loop import run_reconcile_loop
+from ca_server.kube.reconcile_loop import guarded_write, run_reconcile_loop
 from ca_server.metrics import CaMetrics
 from meshca.informer import Informer
-from meshca.kube_client import api_error_text
 from meshca.taint_notice import TAINT_NOTICE_NAME
 
 log = logging.getLogger(__name__)
@@ -213,37 +210,19 @@ class RootConfigMapPublisher:
             ),
             data=wanted.data(current.data if current else {}),
         )
-        try:
+
+        def call() -> object:
             if current is None:
-                self._core.create_namespaced_config_map(
+                return self._core.create_namespaced_config_map(
                     namespace, body, _request_timeout=_REQUEST_TIMEOUT
                 )
-            else:
-                self._core.replace_namespaced_config_map(
-                    CONFIGMAP_NAME, namespace, body, _request_timeout=_REQUEST_TIMEOUT
-                )
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                # Namespace gone, or someone changed it since our watch saw it: the watch
-                # will show the new state and trigger another pass.
-                self._metrics.root_configmap_writes.labels(operation, "conflict").inc()
-                log.info(
-                    "%s of %s/%s raced another change (HTTP %s); will re-check",
-                    operation,
-                    namespace,
-                    CONFIGMAP_NAME,
-                    exc.status,
-                )
-                return True
-            self._metrics.root_configmap_writes.labels(operation, "error").inc()
-            log.warning(
-                "could not %s %s/%s: %s", operation, namespace, CONFIGMAP_NAME, api_error_text(exc)
+            return self._core.replace_namespaced_config_map(
+                CONFIGMAP_NAME, namespace, body, _request_timeout=_REQUEST_TIMEOUT
             )
-            return False
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            self._metrics.root_configmap_writes.labels(operation, "error").inc()
-            log.warning("could not %s %s/%s: %s", operation, namespace, CONFIGMAP_NAME, exc)
-            return False
-        self._metrics.root_configmap_writes.labels(operation, "ok").inc()
-        log.info("%sd %s/%s", operation, namespace, CONFIGMAP_NAME)
-        return True
+
+        return guarded_write(
+            f"{operation} {namespace}/{CONFIGMAP_NAME}",
+            call,
+            lambda result: self._metrics.root_configmap_writes.labels(operation, result).inc(),
+            log,
+        )
