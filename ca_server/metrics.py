@@ -229,6 +229,33 @@ class CaMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
+        self.trust_bundle_writes = Counter(
+            "meshca_ca_trust_bundle_writes",
+            "Writes of the CA's ClusterTrustBundles, by operation (create, update, delete) and "
+            "result",
+            ["operation", "result"],
+            registry=r,
+        )
+        self.trust_bundles_wanted = Gauge(
+            "meshca_ca_trust_bundles_wanted",
+            "ClusterTrustBundles the CA wants (one per root for --pod-certificate-signer, plus "
+            "Istio's with --istio-cluster-trust-bundle)",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.trust_bundles_published = Gauge(
+            "meshca_ca_trust_bundles_published",
+            "Of those, how many the API server holds as wanted (this replica's watch)",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.trust_bundles_in_step = Gauge(
+            "meshca_ca_trust_bundles_in_step",
+            "1 when the ClusterTrustBundles are exactly what the CA wants (nothing to create, "
+            "update or delete)",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.kube_watch_restarts = Counter(
             "meshca_ca_kube_watch_restarts",
             "Re-lists of a watched Kubernetes resource, by resource and cause",

@@ -147,7 +147,7 @@ async def _serve(
         else None
     )
     if kube is not None:
-        await kube.start(signer.authority, driver.tainted_since)
+        await kube.start(signer.authority, driver.tainted_since, driver.root_phases)
         kube.sign_pod_certificates(signer, driver.ttl_policy, driver.planned_handover)
 
     started = clock.now()

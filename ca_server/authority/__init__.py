@@ -169,6 +169,11 @@ class AuthorityDriver(Protocol):
         """Every CA process's agent reports, merged (blocking: call it in a worker thread)."""
         ...
 
+    def root_phases(self) -> dict[str, Phase]:
+        """Each root of the published bundle by authority ID, with its phase (Kubernetes mode
+        labels the roots' ClusterTrustBundles with it)."""
+        ...
+
     async def start(self) -> None:
         """Loads the first authority and publishes `root-cert.pem`; raises `CaSetupError`
         for unusable material."""

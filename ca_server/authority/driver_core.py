@@ -18,7 +18,8 @@ from pathlib import Path
 from cryptography import x509
 
 from ca_server.authority.root_bundle import publish_root_bundle
-from ca_server.authority.signer import LocalSigner
+from ca_server.authority.signer import LocalSigner, anchor_of
+from ca_server.authority.slots import Phase, authority_id
 from ca_server.fleet import AgentReports, FleetReports, LeafLedger, LedgerSink
 from ca_server.metrics import CaMetrics
 from certs import DEFAULT_TRUST_DOMAIN, SigningAuthority
@@ -88,6 +89,24 @@ class DriverCore:
         """Every CA process's agent reports, merged (blocking: a worker thread): what the
         JWT-SVID key's activation gate counts (`ca_server.jwt_svid`)."""
         return self.settings.ledger_sink.agents(now)
+
+    def root_phases(self) -> dict[str, Phase]:
+        """Each root of the bundle by authority ID, with its phase (what the ClusterTrustBundles
+        are labelled with). Without slots (a plugged-in CA) it is read off the bundle: the root
+        the signing chain ends at is active, a newer one prepared (the operator's A+B step), an
+        older one old (the B-only step has not come yet)."""
+        authority = self.signer.authority
+        anchor = anchor_of(authority)
+        phases = {}
+        for root in authority.roots:
+            if anchor is None or root == anchor:
+                phase = Phase.ACTIVE
+            elif root.not_valid_before_utc > anchor.not_valid_before_utc:
+                phase = Phase.PREPARED
+            else:
+                phase = Phase.OLD
+            phases[authority_id(root)] = phase
+        return phases
 
     def save_ledger(self) -> None:
         """Publishes this process's ledger and agent reports (blocking: worker thread)."""

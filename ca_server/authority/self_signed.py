@@ -240,6 +240,10 @@ class SelfSignedDriver(DriverCore):
             return self.policy.activation_deadline(active)
         return due
 
+    def root_phases(self) -> dict[str, Phase]:
+        """Each slot's phase by authority ID (the state this process converged on)."""
+        return {slot.id: slot.phase for slot in self.state.slots}
+
     async def start(self) -> None:
         """Brings the shared state up to date and starts signing with its active slot."""
         before = await asyncio.to_thread(self._store.read)

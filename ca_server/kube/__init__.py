@@ -12,8 +12,11 @@ because the node agent watches pods with it too):
 - `named_secret`: read and write one Secret by name (the authority slots', the JWT keys').
 - `leader`: the Lease that decides which replica writes ConfigMaps.
 - `root_publisher`: ConfigMap `istio-ca-root-cert` in every namespace.
+- `trust_bundles`: with `--pod-certificate-signer`, one ClusterTrustBundle per root, labelled
+  with its phase (and Istio's `istio.io:istiod-ca:root-cert` with `--istio-cluster-trust-bundle`).
 - `istiod_tls`: istiod's serving certificate in Secret `istiod-tls` (istiod with its CA off).
-- `reconcile_loop`: the wake-or-resync loop those two leader-driven writers run.
+- `reconcile_loop`: the wake-or-resync loop those leader-driven writers run, and the guard
+  around each of their writes.
 - `watched_cache`: the start, stop and progress every cluster-wide cache below shares (one
   `meshca.paged_informer.PagedInformer` each: paginated raw-JSON lists, compact values).
 - `pod_cache` / `node_authorizer`: impersonation by trusted node agents (ztunnel); the pod
@@ -51,6 +54,8 @@ covers them), in istiod's namespace Secret `istiod-tls` by name only (get, updat
 Secrets create, Leases, ConfigMaps delete; ConfigMaps in all namespaces; Pods,
 Namespaces and ServiceAccounts list/watch; get on /.well-known/openid-configuration and
 /openid/v1/jwks; with `--pod-certificate-signer`, PodCertificateRequests list/watch and their
-status update (and `sign` on the signer name, which the API server checks on that update).
-Touch no other Secret: the RBAC grants no other.
+status update (and `sign` on the signer name, which the API server checks on that update), and
+ClusterTrustBundles list/watch (field selector `spec.signerName`, or Istio's by name), create,
+update and delete, with `attest` on `certificates.k8s.io/signers` for the signer (and for
+`istio.io/istiod-ca` with the Istio bundle). Touch no other Secret: the RBAC grants no other.
 """

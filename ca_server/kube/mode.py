@@ -28,6 +28,7 @@ from datetime import datetime
 
 from ca_server.authn import Authenticator
 from ca_server.authority import Signer
+from ca_server.authority.slots import authority_id
 from ca_server.authority.state_store import SlotFactory
 from ca_server.config import CaConfig, KubeConfig, TtlPolicy
 from ca_server.impersonation import DenyImpersonation, ImpersonationPolicy
@@ -49,6 +50,7 @@ from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.service_account_cache import AccountLookup
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
+from ca_server.kube.trust_bundles import Root, TrustBundlePublisher, TrustBundleStatus
 from ca_server.kube.watched_cache import CacheProgress
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
@@ -91,8 +93,11 @@ class KubernetesMode:
         # Every replica's reports, watched: the self-signed driver reads them every round.
         self._replica_reports = ReplicaReportsWatch(self.clients.local, kube.namespace)
         self._tainted_since: Callable[[], Mapping[str, datetime]] = dict  # set by `start`
+        self._root_phases: Callable[[], Mapping[str, str]] = dict  # set by `start`
         self._istiod_tls: IstiodTlsPublisher | None = None
-        if kube.publish_root or kube.istiod_tls or kube.pod_certificate_signer:
+        self._trust_bundles: TrustBundlePublisher | None = None
+        publish_bundles = kube.pod_certificate_signer is not None or kube.istio_cluster_trust_bundle
+        if kube.publish_root or kube.istiod_tls or publish_bundles:
             self._elector = LeaseElector(
                 self.clients.local,
                 kube.namespace,
@@ -106,6 +111,15 @@ class KubernetesMode:
                 self.clients.local,
                 self._elector.is_leader,
                 metrics,
+                resync_interval=kube.resync_interval,
+            )
+        if publish_bundles and self._elector is not None:
+            self._trust_bundles = TrustBundlePublisher(
+                self.clients.local,
+                self._elector.is_leader,
+                metrics,
+                signer=kube.pod_certificate_signer,
+                istio_bundle=kube.istio_cluster_trust_bundle,
                 resync_interval=kube.resync_interval,
             )
         if kube.istiod_tls and self._elector is not None:
@@ -212,12 +226,15 @@ class KubernetesMode:
         self,
         authority: SigningAuthority,
         tainted_since: Callable[[], Mapping[str, datetime]] = dict,
+        root_phases: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         """Starts the watches and the election; returns once (for offline token validation)
         the issuer's keys are read, without waiting for the caches to sync. `tainted_since`
-        gives the taints the root ConfigMaps carry beside the bundle (read at each change of
-        the authority)."""
+        gives the taints the root ConfigMaps carry beside the bundle, `root_phases` each root's
+        phase the ClusterTrustBundles are labelled with (both read at each change of the
+        authority)."""
         self._tainted_since = tainted_since
+        self._root_phases = root_phases
         if self._issuer_keys is not None:
             await asyncio.to_thread(self._issuer_keys.load)
         self._replica_reports.start()  # until it has synced, readers list
@@ -231,6 +248,9 @@ class KubernetesMode:
             self._istiod_tls.start()
         if self._pod_signer is not None:
             self._pod_signer.start()  # answers once `sign_pod_certificates` gave it a signer
+        if self._trust_bundles is not None:
+            self._set_trust_bundles(authority)
+            self._trust_bundles.start()
         if self._elector is not None:
             self._elector.start()
         if self.caches is not None:
@@ -259,9 +279,26 @@ class KubernetesMode:
             self._publisher.set_root(authority.root_bundle_pem, self._taint_notice())
         if self._istiod_tls is not None:
             self._istiod_tls.set_authority(authority)
+        if self._trust_bundles is not None:
+            self._set_trust_bundles(authority)
 
     def _taint_notice(self) -> str:
         return encode_taint_notice(self._tainted_since())
+
+    def _set_trust_bundles(self, authority: SigningAuthority) -> None:
+        """Each root with its phase and taint, for the ClusterTrustBundles (a root the driver
+        names no phase for is counted active: it is in the bundle, so pods must trust it)."""
+        assert self._trust_bundles is not None
+        phases, tainted = self._root_phases(), self._tainted_since()
+        roots = []
+        for cert in authority.roots:
+            ident = authority_id(cert)
+            roots.append(Root(cert, ident, str(phases.get(ident, "active")), ident in tainted))
+        self._trust_bundles.set_roots(roots, authority.root_bundle_pem)
+
+    def trust_bundle_status(self) -> TrustBundleStatus | None:
+        """The ClusterTrustBundles as this replica's watch sees them; None when not published."""
+        return self._trust_bundles.status() if self._trust_bundles is not None else None
 
     async def stop(self) -> None:
         self._replica_reports.stop()
@@ -271,6 +308,8 @@ class KubernetesMode:
             self._istiod_tls.stop()
         if self._pod_signer is not None:
             self._pod_signer.stop()
+        if self._trust_bundles is not None:
+            self._trust_bundles.stop()
         if self.caches is not None:
             await asyncio.to_thread(self.caches.stop)
         if self._remote is not None:
@@ -289,3 +328,5 @@ class KubernetesMode:
             self._istiod_tls.kick()
         if self._pod_signer is not None:
             self._pod_signer.leadership_changed(leading)
+        if leading and self._trust_bundles is not None:
+            self._trust_bundles.kick()

@@ -154,8 +154,48 @@ def ca_rates(current: Snapshot, previous: Snapshot | None) -> dict[str, Any]:
     }
 
 
+TRUST_BUNDLE_GAUGES = {
+    "wanted": "meshca_ca_trust_bundles_wanted",
+    "published": "meshca_ca_trust_bundles_published",
+    "in_step": "meshca_ca_trust_bundles_in_step",
+}
+
+
+def trust_bundles(current: Snapshot) -> dict[str, Any] | None:
+    """The ClusterTrustBundles as the CA's watch sees them (docs/trust-bundles.md), from its
+    gauges; None when it publishes none (no --pod-certificate-signer)."""
+    figures = {
+        k: current.counters.get(name, {}).get((), 0.0) for k, name in TRUST_BUNDLE_GAUGES.items()
+    }
+    if not figures["wanted"]:
+        return None
+    return {
+        "wanted": int(figures["wanted"]),
+        "published": int(figures["published"]),
+        "in_step": figures["in_step"] == 1,
+    }
+
+
 def ca_json(current: Snapshot, previous: Snapshot | None) -> dict[str, Any]:
-    return {**current.document, "rates": ca_rates(current, previous)}
+    return {
+        **current.document,
+        "rates": ca_rates(current, previous),
+        "trust_bundles": trust_bundles(current),
+    }
+
+
+def render_trust_bundles(section: dict[str, Any] | None) -> list[str]:
+    if not section:
+        return []
+    state = (
+        "in step"
+        if section["in_step"]
+        else "NOT in step (being written, or the Lease holder cannot: see its log)"
+    )
+    return [
+        "",
+        f"ClusterTrustBundles: {section['published']} of {section['wanted']} published, {state}",
+    ]
 
 
 def render_ca(document: dict[str, Any]) -> str:
@@ -181,6 +221,7 @@ def render_ca(document: dict[str, Any]) -> str:
         ),
         "",
         render_slots(document),
+        *render_trust_bundles(document.get("trust_bundles")),
         *render_jwt_svid(document.get("jwt_svid")),
         "",
         f"requests {rates['requests']['total']:.0f} ({rates['requests']['per_second']:.2f}/s), "

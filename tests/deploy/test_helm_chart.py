@@ -110,6 +110,32 @@ def test_values_change_what_they_name(helm: Helm):
     assert not [r for r in role_rules if "istiod-tls" in r.get("resourceNames", [])]
 
 
+def test_pod_certificates_turn_on_the_signer_and_istio_bundle(helm: Helm):
+    """The signer's RBAC is granted by default (as deploy/base); `enabled` passes the flag,
+    `istioClusterTrustBundle` the Istio flag and `attest` on Istio's signer."""
+    attest = {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "verbs": ["attest"]}
+
+    def rendered(*values: str) -> tuple[list[str], list[dict[str, Any]]]:
+        objects = _by_key(helm.template(*values))
+        spec = objects[("Deployment", "istio-system", "meshca")]["spec"]["template"]["spec"]
+        return spec["containers"][0]["args"], objects[("ClusterRole", None, "meshca")]["rules"]
+
+    args, rules = rendered()
+    assert not [a for a in args if "pod-certificate-signer" in a or "cluster-trust-bundle" in a]
+    assert [r for r in rules if r.get("resources") == ["signers"]] == [
+        {**attest, "resourceNames": ["meshca.io/spiffe"]}
+    ]
+    args, rules = rendered(
+        *("--set", "podCertificates.enabled=true", "--set", "podCertificates.signer=ex.com/a"),
+        *("--set", "podCertificates.istioClusterTrustBundle=true"),
+    )
+    assert "--pod-certificate-signer=ex.com/a" in args and "--istio-cluster-trust-bundle" in args
+    assert [r for r in rules if r.get("resources") == ["signers"]] == [
+        {**attest, "resourceNames": ["ex.com/a"]},
+        {**attest, "resourceNames": ["istio.io/istiod-ca"]},
+    ]
+
+
 BAD_VALUES = {
     "wrong type": ("replicaCount=two", "replicaCount"),
     "unknown key": ("replicas=3", "replicas"),
@@ -118,6 +144,7 @@ BAD_VALUES = {
     "not an account list": ("caTrustedNodeAccounts=ztunnel", "caTrustedNodeAccounts"),
     "not a pull policy": ("image.pullPolicy=Sometimes", "pullPolicy"),
     "not a signer name": ("podCertificateSigner=meshca", "podCertificateSigner"),
+    "not a signer name": ("podCertificates.signer=spiffe", "signer"),
 }
 
 

@@ -18,7 +18,13 @@ import pytest
 
 from tests.support.ca_process import CaProcess
 from tests.support.deploy_rbac import Rule, is_allowed, required_rule
-from tests.support.kube_api_calls import CA_RBAC, contract_rules, describe
+from tests.support.kube_api_calls import (
+    ATTEST_REFUSAL,
+    CA_RBAC,
+    attest_rule,
+    contract_rules,
+    describe,
+)
 from tests.support.real_kube import AppliedRbac, RealControlPlane, apply_deploy_rbac
 
 _names = itertools.count(1)
@@ -92,6 +98,16 @@ def api_calls(plane: RealControlPlane, account: Account) -> list[tuple[Rule, int
             account.namespace,
             ref.get("name"),  # the authorizer's: a list/watch's field-selector name too
         )
+        attest = attest_rule(ref.get("name")) if resource == "clustertrustbundles" else None
+        if attest is not None and event["verb"] in ("create", "update"):
+            # Admission's `attest` check, after RBAC allowed the write: refused, it is the
+            # attest rule that is missing, not the write's.
+            message = event.get("responseStatus", {}).get("message", "")
+            if code == 403 and ATTEST_REFUSAL in message:
+                calls += [(rule, 200), (attest, 403)]
+                continue
+            if code != 403:
+                calls.append((attest, code))
         calls.append((rule, code))
     return calls
 

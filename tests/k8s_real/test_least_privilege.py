@@ -10,9 +10,10 @@ nothing is granted that nobody needs.
 
 Four pieces of work cover every rule: the CA's default mode (TokenReview, the authority
 Secret, root ConfigMaps under the Lease, its replica report, `meshca authority prepare` as the
-CA's account), the CA with offline token validation (pod and ServiceAccount informers, the
-issuer's keys), the node agent (pods on its node), and the Pod Certificate signer (its
-requests, their status, `sign` on its name: deploy/overlays/pod-certificates).
+CA's account, its roots as ClusterTrustBundles of deploy/'s signer), the CA with offline token
+validation (pod and ServiceAccount informers, the issuer's keys), the node agent (pods on its
+node), and the Pod Certificate signer (its requests, their status, `sign` on its name:
+deploy/overlays/pod-certificates).
 """
 
 from __future__ import annotations
@@ -36,15 +37,18 @@ from ca_server.kube.replica_reports import LABELS as REPORT_LABELS
 from ca_server.kube.replica_reports import report_name
 from ca_server.kube.root_publisher import CONFIGMAP_NAME
 from ca_server.kube.secret_root import SECRET_NAME
+from ca_server.kube.trust_bundles import TRUST_LABEL, bundle_prefix
 from tests.k8s_real.conftest import Account, api_calls, make_account, unique
 from tests.support.authority_cli import cluster_target, meshca_authority
 from tests.support.ca_process import CaProcess
 from tests.support.deploy_rbac import Rule
 from tests.support.kube_api_calls import (
+    ATTEST_REFUSAL,
     CA_RBAC,
     DEPLOY_SIGNER,
     NODE_AGENT_RBAC,
     POD_CERTIFICATE_RBAC,
+    POD_CERTIFICATE_SIGNER,
     contract_rules,
     describe,
 )
@@ -57,10 +61,12 @@ from tests.support.kubelet_pcr import (
     pod_body,
     read_pcr,
 )
+from tests.support.pki import TestCa
 from tests.support.processes import MeshcaProcess, free_port, http_status, wait_for
 from tests.support.real_kube import RealControlPlane
 
 DISCOVERY_BINDING = "system:service-account-issuer-discovery"
+TRUST_BUNDLE_DISCOVERY_BINDING = "system:cluster-trust-bundle-discovery"
 SECRETS = ("cacerts", "other")  # Secrets beside istio-ca-secret in the CA's namespace
 
 
@@ -129,9 +135,23 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
     """TokenReview, the authority Secret (read, create, watch; updated by `meshca authority
     prepare` run as the CA's account), the JWT-SVID keys' Secret (read, create; updated by
     `meshca authority prepare --jwt`), root ConfigMaps (one stale copy to update) under the
-    Lease, the replica report (a gone replica's spent one to delete), and istiod's Secret
-    istiod-tls (created, then updated when `prepare` adds a root to its ca.crt)."""
+    Lease, the replica report (a gone replica's spent one to delete), istiod's Secret
+    istiod-tls (created, then updated when `prepare` adds a root to its ca.crt), and the
+    ClusterTrustBundles of deploy/'s signer (a planted one to delete, the CA's own created,
+    then edited by someone else and restored; `prepare` adds one)."""
     core = work.plane.core
+    bundles: Any = kubernetes.client.CertificatesV1Api(work.plane.admin())
+    for stale_bundle in _signer_bundles(bundles):
+        bundles.delete_cluster_trust_bundle(stale_bundle.metadata.name)
+    planted = bundle_prefix(POD_CERTIFICATE_SIGNER) + unique("planted")
+    bundles.create_cluster_trust_bundle(
+        kubernetes.client.V1ClusterTrustBundle(
+            metadata=kubernetes.client.V1ObjectMeta(name=planted),
+            spec=kubernetes.client.V1ClusterTrustBundleSpec(
+                signer_name=POD_CERTIFICATE_SIGNER, trust_bundle=_any_root_pem()
+            ),
+        )
+    )
     stale = unique("stale")
     work.plane.create_namespace(stale)
     core.create_namespaced_config_map(
@@ -149,9 +169,10 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
             data={"leaves.json": json.dumps({"0" * 40: {"1000": 7}})},
         ),
     )
-    ca = work.ca()
+    ca = work.ca("--pod-certificate-signer", POD_CERTIFICATE_SIGNER)
     if not work.ready(ca):
         return lambda: False
+    edited = _edit_own_bundle(work, bundles)
     token, identity = work.workload_token()
     try:
         issued = len(issue(ca, token, identity)) == 2
@@ -192,8 +213,13 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
                 raise
             return False
         istiod_bundle = base64.b64decode((istiod.data or {}).get("ca.crt", "")).decode()
+        own = [b for b in _signer_bundles(bundles) if b.metadata.name != planted]
+        restored = edited and all((b.metadata.labels or {}).get(TRUST_LABEL) for b in own)
         return (
             issued
+            and restored
+            and len(own) == 2  # the active root's and the prepared one's; the planted one gone
+            and len(_signer_bundles(bundles)) == 2
             and result.returncode == 0
             and jwt_result.returncode == 0
             and renewed
@@ -202,6 +228,40 @@ def ca_default_mode(work: Work) -> Callable[[], bool]:
         )
 
     return done
+
+
+def _signer_bundles(bundles: Any) -> list[Any]:
+    return list(
+        bundles.list_cluster_trust_bundle(
+            field_selector=f"spec.signerName={POD_CERTIFICATE_SIGNER}"
+        ).items
+    )
+
+
+def _any_root_pem() -> str:
+    return TestCa().root_pem
+
+
+def _edit_own_bundle(work: Work, bundles: Any) -> bool:
+    """Once the CA's own bundle exists, takes its trust label off (as someone else could): the
+    CA must update it back. False if it never appeared (its create or attest refused)."""
+
+    def appeared() -> bool:
+        own = _signer_bundles(bundles)
+        if any((b.metadata.labels or {}).get(TRUST_LABEL) for b in own):
+            return True
+        return work.expected is not None and work.expected in work.output()
+
+    try:
+        wait_for(appeared, 15, "the CA's ClusterTrustBundle", 0.1)
+    except TimeoutError:
+        return False
+    for bundle in _signer_bundles(bundles):
+        if (bundle.metadata.labels or {}).get(TRUST_LABEL):
+            bundle.metadata.labels = {"edited": "by-someone"}
+            bundles.replace_cluster_trust_bundle(bundle.metadata.name, bundle)
+            return True
+    return False
 
 
 def ca_offline_validation(work: Work, *flags: str) -> Callable[[], bool]:
@@ -319,6 +379,8 @@ def refusal_text(rule: Rule) -> str:
         return f'is not permitted to "sign" for signer "{rule.name}"'
     if rule.resource.startswith("/"):
         return f'cannot {rule.verb} path "{rule.resource}"'
+    if rule.verb == "attest":
+        return f'{ATTEST_REFUSAL} "{rule.name}"'
     return f'cannot {rule.verb} resource "{rule.resource}" in API group "{rule.api_group}"'
 
 
@@ -336,23 +398,35 @@ def _case_id(case: tuple[Rule, str, WorkFn]) -> str:
     return f"{account}:{rule.scope}:{rule.api_group or 'core'}/{rule.resource}{name}:{rule.verb}"
 
 
+def _without_binding(plane: RealControlPlane, name: str) -> Iterator[None]:
+    api: Any = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
+    saved = api.read_cluster_role_binding(name)
+    api.delete_cluster_role_binding(name)
+    try:
+        yield
+    finally:
+        saved.metadata = kubernetes.client.V1ObjectMeta(
+            name=name,
+            labels=saved.metadata.labels,
+            annotations=saved.metadata.annotations,
+        )
+        api.create_cluster_role_binding(saved)
+
+
 @pytest.fixture
 def without_default_discovery_binding(control_plane: RealControlPlane) -> Iterator[None]:
     """Kubernetes binds the issuer-discovery URLs to every ServiceAccount by default
     (ClusterRoleBinding system:service-account-issuer-discovery); a cluster may drop that
     binding, and then deploy/'s own rule is what lets offline validation read the keys."""
-    api: Any = kubernetes.client.RbacAuthorizationV1Api(control_plane.admin())
-    saved = api.read_cluster_role_binding(DISCOVERY_BINDING)
-    api.delete_cluster_role_binding(DISCOVERY_BINDING)
-    try:
-        yield
-    finally:
-        saved.metadata = kubernetes.client.V1ObjectMeta(
-            name=DISCOVERY_BINDING,
-            labels=saved.metadata.labels,
-            annotations=saved.metadata.annotations,
-        )
-        api.create_cluster_role_binding(saved)
+    yield from _without_binding(control_plane, DISCOVERY_BINDING)
+
+
+@pytest.fixture
+def without_default_trust_bundle_binding(control_plane: RealControlPlane) -> Iterator[None]:
+    """Likewise, every ServiceAccount may read ClusterTrustBundles by default
+    (ClusterRoleBinding system:cluster-trust-bundle-discovery); without it, deploy/'s list and
+    watch are what let the CA see its bundles."""
+    yield from _without_binding(control_plane, TRUST_BUNDLE_DISCOVERY_BINDING)
 
 
 @pytest.mark.parametrize(("rule", "account", "work_fn"), CASES, ids=[_case_id(c) for c in CASES])
@@ -366,6 +440,8 @@ def test_each_rule_is_needed_and_its_absence_fails_loudly(
 ):
     if rule.resource.startswith("/"):
         request.getfixturevalue("without_default_discovery_binding")
+    if rule.resource == "clustertrustbundles" and rule.verb in ("list", "watch"):
+        request.getfixturevalue("without_default_trust_bundle_binding")
     grant = make_account(control_plane, tmp_path / "account", deploy_account=account, drop=rule)
     expected = refusal_text(rule)
     work = Work(control_plane, grant, tmp_path, expected)

@@ -31,6 +31,8 @@ from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, requ
 from tests.support.kube_api import RequestRecord
 
 CA_NAMESPACE = "istio-system"
+# The signer name deploy/ configures RBAC for (`--pod-certificate-signer`, docs/trust-bundles.md).
+POD_CERTIFICATE_SIGNER = "meshca.io/spiffe"
 # Where an xdist worker hands the rules its Kubernetes tests needed to the controller.
 RBAC_NEEDED_KEY = "meshca_k8s_rbac_needed"
 
@@ -74,6 +76,16 @@ CA_RBAC: frozenset[Rule] = frozenset(
             for resource in ("namespaces", "pods")
             for verb in ("list", "watch")
         ),
+        # ClusterTrustBundles of the CA's signer (--pod-certificate-signer): watched (field
+        # selector spec.signerName), one created per root, relabelled through a rotation,
+        # restored when edited, deleted when the root leaves the bundle or meshca does not want
+        # it; writing one with a signer needs `attest` on that signer (the API server's
+        # ClusterTrustBundleAttest admission).
+        *(
+            Rule("certificates.k8s.io", "clustertrustbundles", verb, "cluster")
+            for verb in ("list", "watch", "create", "update", "delete")
+        ),
+        Rule("certificates.k8s.io", "signers", "attest", "cluster", POD_CERTIFICATE_SIGNER),
         # Offline token validation: the token's ServiceAccount (exists, with the token's uid).
         *(Rule("", "serviceaccounts", verb, "cluster") for verb in ("list", "watch")),
         # Offline token validation: the service-account issuer and its keys (non-resource
@@ -107,6 +119,21 @@ POD_CERTIFICATE_RBAC: frozenset[Rule] = frozenset(
 NODE_AGENT_RBAC: frozenset[Rule] = frozenset(
     Rule("", "pods", verb, "cluster") for verb in ("list", "watch")
 )
+
+
+ATTEST_REFUSAL = "user not permitted to attest for signerName"
+"""How the API server words a ClusterTrustBundle write refused for want of `attest`."""
+
+
+def attest_rule(bundle_name: str | None) -> Rule | None:
+    """The `attest` a write of the ClusterTrustBundle `bundle_name` needs (its ClusterTrust-
+    BundleAttest admission check, which the audit log does not show on its own): on the signer
+    its name begins with (`<signer, / → :>:<rest>`, as the API server reads it back); None for
+    a bundle without a signer."""
+    if not bundle_name or ":" not in bundle_name:
+        return None
+    signer = bundle_name.rsplit(":", 1)[0].replace(":", "/")
+    return Rule("certificates.k8s.io", "signers", "attest", "cluster", signer)
 
 
 def api_group_of(path: str) -> str:

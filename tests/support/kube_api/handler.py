@@ -30,7 +30,7 @@ from .errors import ApiError
 from .faults import Fault
 from .issuer import DISCOVERY_PATH, JWKS_PATH
 from .recorder import RequestRecord
-from .resources import NAMESPACES, PODS, ResourceType
+from .resources import CLUSTERTRUSTBUNDLES, NAMESPACES, PODS, ResourceType
 from .routes import TOKENREVIEW_PATH, Route, parse_route, verb_for
 from .selectors import parse_field_selector, parse_label_selector
 from .store import BOOKMARK, Watcher
@@ -242,6 +242,8 @@ class KubeApiHandler(BaseHTTPRequestHandler):
                     "unless the WatchList feature gate is enabled",
                 )
             fault = self._apply_fault(verb, resource)
+            if route.rt is CLUSTERTRUSTBUNDLES and verb in ("create", "update"):
+                self._attest(method, verb, route, body)
             if verb == "watch":
                 record.code = 200
                 self._watch(route, query, fault)
@@ -264,6 +266,43 @@ class KubeApiHandler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self._send_json(500, error.to_status())
             self.close_connection = True
+
+    def _attest(self, method: str, verb: str, route: Route, body: Any) -> None:
+        """What kube-apiserver checks of a ClusterTrustBundle write with a signer: the name's
+        prefix, an unchanged signer, and (ClusterTrustBundleAttest admission) that the writer
+        may `attest` for the signer — recorded as that authorization check, so the RBAC
+        contract sees the verb; this server allows it."""
+        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
+        signer = spec.get("signerName") or ""
+        name = ((body or {}).get("metadata") or {}).get("name", "")
+        if not signer:
+            return
+        prefix = signer.replace("/", ":") + ":"
+        if not name.startswith(prefix):
+            raise errors.invalid(
+                "ClusterTrustBundle",
+                name,
+                f"metadata.name: Invalid value: {name!r}: ClusterTrustBundle for signerName "
+                f"{signer} must be named with prefix {prefix}",
+            )
+        if verb == "update" and route.name is not None:
+            current = self.backend.store.get(CLUSTERTRUSTBUNDLES, None, route.name)
+            if (current.get("spec") or {}).get("signerName", "") != signer:
+                raise errors.invalid(
+                    "ClusterTrustBundle", name, "spec.signerName: Invalid value: field is immutable"
+                )
+        self.backend.recorder.record(
+            RequestRecord(
+                method,
+                self.path,
+                "attest",
+                "signers",
+                None,
+                signer,
+                code=200,
+                user_agent=self.headers.get("User-Agent"),
+            )
+        )
 
     def _apply_fault(self, verb: str, resource: str) -> Fault | None:
         """Delays and/or fails the request if a matching fault is armed (`faults.py`). A 410

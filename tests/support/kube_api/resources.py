@@ -58,6 +58,14 @@ PODS = ResourceType(
 )
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True)
 SERVICEACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True)
+CLUSTERTRUSTBUNDLES = ResourceType(
+    "certificates.k8s.io",
+    "v1",
+    "clustertrustbundles",
+    "ClusterTrustBundle",
+    False,
+    ("spec.signerName",),
+)
 
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     NAMESPACES,
@@ -66,6 +74,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     PODS,
     LEASES,
     SERVICEACCOUNTS,
+    CLUSTERTRUSTBUNDLES,
 )
 _BY_PATH: dict[tuple[str, str, str], ResourceType] = {
     (rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from .errors import ApiError
 from .resources import NAMESPACES, PODS, ResourceType, lookup
@@ -23,7 +24,7 @@ class Route:
 def parse_route(path: str) -> Route:
     """Map a URL path to (type, namespace, name, subresource) or raise a 404 Status."""
     not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
-    segments = [s for s in path.split("/") if s]
+    segments = [unquote(s) for s in path.split("/") if s]  # a name may hold %3A (':')
     if segments[:2] == ["api", "v1"]:
         group, version, rest = "", "v1", segments[2:]
     elif len(segments) >= 3 and segments[0] == "apis":

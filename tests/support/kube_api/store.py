@@ -22,7 +22,7 @@ from typing import Any
 
 from . import errors
 from .patch import apply_patch
-from .resources import NAMESPACES, RESOURCE_TYPES, ResourceType, apply_defaults
+from .resources import CLUSTERTRUSTBUNDLES, NAMESPACES, RESOURCE_TYPES, ResourceType, apply_defaults
 from .selectors import Predicate, match_all
 
 ADDED = "ADDED"
@@ -32,6 +32,14 @@ BOOKMARK = "BOOKMARK"
 
 # Namespaces a fresh cluster has; creating objects elsewhere needs the namespace first.
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+def _checked_name(rt: ResourceType, obj: dict[str, Any], name: str) -> str:
+    """The part of `name` that must be a DNS subdomain: a ClusterTrustBundle of a signer is
+    named `<signer, / → :>:<subdomain>` (the handler checks the prefix)."""
+    signer = (obj.get("spec") or {}).get("signerName") if rt is CLUSTERTRUSTBUNDLES else None
+    return name.removeprefix(signer.replace("/", ":") + ":") if signer else name
+
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -229,7 +237,7 @@ class Store:
                     if self._key(rt, namespace, name) not in self._bucket(rt):
                         break
                 meta["name"] = name
-            if not _NAME_RE.match(name) or len(name) > 253:
+            if not _NAME_RE.match(_checked_name(rt, obj, name)) or len(name) > 253:
                 raise errors.invalid(
                     rt.kind,
                     name,
