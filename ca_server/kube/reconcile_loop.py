@@ -1,7 +1,8 @@
 """The loop every leader-driven writer of the CA runs in its thread (`root_publisher`,
 `trust_bundles`, `istiod_tls`): sleep until woken or until the next pass is due, reconcile, and
-after a failed pass wait a moment and try again, until stopped; and the guard around each write
-of a pass (`guarded_write`). One place, so the writers retry and count alike."""
+after a failed pass wait a moment and try again, until stopped; the thread that runs it with
+a wake-up and a guard against the unexpected (`ReconcileThread`); and the guard around each
+write of a pass (`guarded_write`). One place, so the writers retry and count alike."""
 
 from __future__ import annotations
 
@@ -59,3 +60,48 @@ def guarded_write(
     outcome("ok")
     log.info("%s: done", what)
     return True
+
+
+class ReconcileThread:
+    """The thread a leader-driven writer reconciles in: woken by `kick()` (from watch threads,
+    the election thread or the event loop), or every `wait_seconds()`. Anything unexpected a
+    pass raises is logged and the pass retried: the thread must outlive it, or a leader would
+    hold the Lease while writing nothing."""
+
+    def __init__(
+        self,
+        name: str,
+        wait_seconds: Callable[[], float],
+        reconcile: Callable[[], bool],
+        log: logging.Logger,
+    ) -> None:
+        self._wait_seconds = wait_seconds
+        self._reconcile = reconcile
+        self._log = log
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def _run(self) -> None:
+        run_reconcile_loop(self._stopping, self._wake, self._wait_seconds, self._guarded)
+
+    def _guarded(self) -> bool:
+        try:
+            return self._reconcile()
+        except Exception:
+            self._log.exception("%s: a pass failed unexpectedly; retrying", self._thread.name)
+            return False

@@ -28,7 +28,6 @@ by the watch threads (`Informer.on_change`), the election thread and the event l
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +35,7 @@ from typing import Any
 
 import kubernetes.client
 
-from ca_server.kube.reconcile_loop import guarded_write, run_reconcile_loop
+from ca_server.kube.reconcile_loop import ReconcileThread, guarded_write
 from ca_server.metrics import CaMetrics
 from meshca.informer import Informer
 from meshca.taint_notice import TAINT_NOTICE_NAME
@@ -117,8 +116,10 @@ class RootConfigMapPublisher:
         self._metrics = metrics
         self._resync = resync_interval.total_seconds()
         self._wanted: Published | None = None  # replaced whole, so a pass reads one version
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        # `self.reconcile()` looked up at each pass, not bound now (a test patches it).
+        self._loop = ReconcileThread(
+            "root-publisher", lambda: self._resync, lambda: self.reconcile(), log
+        )
         restarts = metrics.kube_watch_restarts
         self.namespaces: Informer[NamespaceInfo] = Informer(
             "namespaces",
@@ -135,7 +136,6 @@ class RootConfigMapPublisher:
             on_change=self.kick,
             on_restart=lambda cause: restarts.labels("configmaps", cause).inc(),
         )
-        self._thread = threading.Thread(target=self._run, name="root-publisher", daemon=True)
 
     # -- called from other threads ---------------------------------------------------------
 
@@ -145,34 +145,19 @@ class RootConfigMapPublisher:
         self.kick()
 
     def kick(self) -> None:
-        self._wake.set()
+        self._loop.kick()
 
     def start(self) -> None:
         self.namespaces.start()
         self.configmaps.start()
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
+        self._loop.stop()
         self.namespaces.stop()
         self.configmaps.stop()
 
     # -- the reconciler thread -------------------------------------------------------------
-
-    def _run(self) -> None:
-        run_reconcile_loop(
-            self._stopping, self._wake, lambda: self._resync, self._reconcile_guarded
-        )
-
-    def _reconcile_guarded(self) -> bool:
-        """`reconcile`, with anything unexpected logged and retried: the thread must outlive
-        it, or a leader would hold the Lease while publishing nothing."""
-        try:
-            return self.reconcile()
-        except Exception:
-            log.exception("root ConfigMap reconcile failed unexpectedly; retrying")
-            return False
 
     def reconcile(self) -> bool:
         """One pass; False if a write failed and the pass should be retried soon."""
@@ -186,7 +171,7 @@ class RootConfigMapPublisher:
         for namespace in sorted(self.namespaces.items().values(), key=lambda n: n.name):
             if namespace.name in SKIPPED_NAMESPACES or namespace.terminating:
                 continue
-            if not self._is_leader() or self._stopping.is_set():
+            if not self._is_leader() or self._loop.stopping:
                 return True
             current = existing.get((namespace.name, CONFIGMAP_NAME))
             if current is None:

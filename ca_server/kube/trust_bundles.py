@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,7 +52,7 @@ import kubernetes.client
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from ca_server.kube.reconcile_loop import guarded_write, run_reconcile_loop
+from ca_server.kube.reconcile_loop import ReconcileThread, guarded_write
 from ca_server.metrics import CaMetrics
 from certs import cert_to_pem
 from meshca.informer import Informer
@@ -215,8 +214,10 @@ class TrustBundlePublisher:
         # Replaced whole, so a pass reads one version: (roots, whole bundle PEM).
         self._wanted: tuple[list[Root], str] | None = None
         self._status = TrustBundleStatus(0, 0, False)
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        # `self.reconcile()` looked up at each pass, not bound now (a test patches it).
+        self._loop = ReconcileThread(
+            "trust-bundles", lambda: self._resync, lambda: self.reconcile(), log
+        )
         restarts = metrics.kube_watch_restarts
         self._informers: list[Informer[Bundle]] = []
         watched = []
@@ -235,7 +236,6 @@ class TrustBundlePublisher:
                     on_restart=functools.partial(_count_restart, restarts, resource),
                 )
             )
-        self._thread = threading.Thread(target=self._run, name="trust-bundles", daemon=True)
 
     # -- called from other threads ---------------------------------------------------------
 
@@ -245,7 +245,7 @@ class TrustBundlePublisher:
         self.kick()
 
     def kick(self) -> None:
-        self._wake.set()
+        self._loop.kick()
 
     def status(self) -> TrustBundleStatus:
         return self._status
@@ -253,28 +253,14 @@ class TrustBundlePublisher:
     def start(self) -> None:
         for informer in self._informers:
             informer.start()
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
+        self._loop.stop()
         for informer in self._informers:
             informer.stop()
 
     # -- the reconciler thread -------------------------------------------------------------
-
-    def _run(self) -> None:
-        run_reconcile_loop(
-            self._stopping, self._wake, lambda: self._resync, self._reconcile_guarded
-        )
-
-    def _reconcile_guarded(self) -> bool:
-        """`reconcile`, with anything unexpected logged and retried (see `root_publisher`)."""
-        try:
-            return self.reconcile()
-        except Exception:
-            log.exception("ClusterTrustBundle reconcile failed unexpectedly; retrying")
-            return False
 
     def reconcile(self) -> bool:
         """One pass; False if a write failed and the pass should be retried soon."""
