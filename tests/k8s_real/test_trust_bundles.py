@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,10 +189,12 @@ def test_the_selection_verifies_every_live_leaf_through_a_rotation(
     with SelectionWatch(bundles) as watch:
         for i, ca in enumerate(replicas):
             watch.add(f"old-{i}", issue(ca, token, identity))
+        started = time.monotonic()
         rows = authority_rows(target, "prepare")
         new = next(r["id"] for r in rows if r["state"] == "prepared")
         # What the activation gate waits for: the prepared root reaches every pod first.
         wait_for(lambda: _selected_ids(bundles) == {old, new}, WITHIN, "the prepared root", 0.1)
+        print(f"prepare → its bundle selected: {time.monotonic() - started:.2f}s")
         authority_rows(target, "activate", new)
 
         for i, ca in enumerate(replicas):
@@ -207,8 +210,10 @@ def test_the_selection_verifies_every_live_leaf_through_a_rotation(
         for i, ca in enumerate(replicas):
             watch.add(f"resigned-{i}", issue(ca, token, identity))
             watch.retire(f"old-{i}")
+        started = time.monotonic()
         authority_rows(target, "revoke", old)
         wait_for(lambda: _selected_ids(bundles) == {new}, WITHIN, "the revoked root to go", 0.1)
+        print(f"revoke → its bundle gone: {time.monotonic() - started:.2f}s")
         watch.mark_revoked(old)
         checks = watch.checks
         wait_for(lambda: watch.checks >= checks + 10, WITHIN, "more checks after the revoke")
