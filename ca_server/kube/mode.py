@@ -6,8 +6,9 @@ of the CA's seams — an `AuthorityStateStore` (the authority slots in Secret
 `ca_server.authority.ClusterStores` the authority driver takes; the `PodWatch` the fleet's
 table checks reports against; the token `Authenticator`s (TokenReview, or offline validation
 against the issuer keys and the pod and ServiceAccount informers) and an `ImpersonationPolicy`
-(node authorizer) — and runs the background parts (watches, Lease election, ConfigMap publication,
-the Pod Certificate signer of `--pod-certificate-signer`) between `start` and `stop`.
+(node authorizer) — and runs the background parts (watches, Lease election, ConfigMap and
+ClusterTrustBundle publication, the Pod Certificate signer of `--pod-certificate-signer`)
+between `start` and `stop`.
 
 The cluster-wide caches (pods, ServiceAccounts: `ca_server.kube.caches`) are this process's own,
 or — in a worker of `meshca ca --workers N` — the supervisor's, asked over its Unix socket
@@ -50,7 +51,7 @@ from ca_server.kube.root_publisher import RootConfigMapPublisher
 from ca_server.kube.secret_root import KubeAuthorityStateStore
 from ca_server.kube.service_account_cache import AccountLookup
 from ca_server.kube.tokenreview import TokenReviewAuthenticator
-from ca_server.kube.trust_bundles import Root, TrustBundlePublisher, TrustBundleStatus
+from ca_server.kube.trust_bundles import Root, TrustBundlePublisher
 from ca_server.kube.watched_cache import CacheProgress
 from ca_server.metrics import CaMetrics
 from certs import SigningAuthority
@@ -295,10 +296,6 @@ class KubernetesMode:
             ident = authority_id(cert)
             roots.append(Root(cert, ident, str(phases.get(ident, "active")), ident in tainted))
         self._trust_bundles.set_roots(roots, authority.root_bundle_pem)
-
-    def trust_bundle_status(self) -> TrustBundleStatus | None:
-        """The ClusterTrustBundles as this replica's watch sees them; None when not published."""
-        return self._trust_bundles.status() if self._trust_bundles is not None else None
 
     async def stop(self) -> None:
         self._replica_reports.stop()

@@ -30,8 +30,8 @@ bundle of the wrong signer can never sit under a name meshca wants. Writing a bu
 signer needs verb `attest` on `certificates.k8s.io/signers` for it (the API server's
 ClusterTrustBundleAttest admission); deleting one does not.
 
-Every replica, leader or not, compares its watch with what it wants after each change, so
-`status()` (gauges, `meshca status`) says on any replica how many bundles are published and
+Every replica, leader or not, compares its watch with what it wants after each change, so its
+gauges (which `meshca status` reads) say on any replica how many bundles are published and
 whether they are in step.
 
 Concurrency: as `root_publisher` — the reconciler in its own daemon thread, woken through a
@@ -168,16 +168,6 @@ def plan(existing: Mapping[str, Bundle], wanted: Mapping[str, Bundle]) -> Plan:
     )
 
 
-@dataclass(frozen=True)
-class TrustBundleStatus:
-    """What `meshca status` and the gauges show: bundles wanted, how many exist as wanted, and
-    whether nothing is left to write."""
-
-    wanted: int
-    published: int
-    in_step: bool
-
-
 def _bundle_info(obj: Any) -> Bundle:
     meta, spec = obj.metadata, obj.spec
     return Bundle(
@@ -213,7 +203,6 @@ class TrustBundlePublisher:
         self._resync = resync_interval.total_seconds()
         # Replaced whole, so a pass reads one version: (roots, whole bundle PEM).
         self._wanted: tuple[list[Root], str] | None = None
-        self._status = TrustBundleStatus(0, 0, False)
         # `self.reconcile()` looked up at each pass, not bound now (a test patches it).
         self._loop = ReconcileThread(
             "trust-bundles", lambda: self._resync, lambda: self.reconcile(), log
@@ -246,9 +235,6 @@ class TrustBundlePublisher:
 
     def kick(self) -> None:
         self._loop.kick()
-
-    def status(self) -> TrustBundleStatus:
-        return self._status
 
     def start(self) -> None:
         for informer in self._informers:
@@ -291,7 +277,6 @@ class TrustBundlePublisher:
         published = sum(
             1 for name, w in wanted.items() if name in existing and in_step(existing[name], w)
         )
-        self._status = TrustBundleStatus(len(wanted), published, todo.empty)
         self._metrics.trust_bundles_wanted.set(len(wanted))
         self._metrics.trust_bundles_published.set(published)
         self._metrics.trust_bundles_in_step.set(1 if todo.empty else 0)
