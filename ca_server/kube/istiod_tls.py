@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -40,7 +39,7 @@ import urllib3.exceptions
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from ca_server.kube.reconcile_loop import run_reconcile_loop
+from ca_server.kube.reconcile_loop import ReconcileThread
 from certs import (
     CLOCK_SKEW_BACKDATE,
     SigningAuthority,
@@ -178,9 +177,10 @@ class IstiodTlsPublisher:
         self._resync = resync_interval.total_seconds()
         self._authority: SigningAuthority | None = None  # replaced whole
         self._next_due: datetime | None = None
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="istiod-tls", daemon=True)
+        # `self.reconcile()` looked up at each pass, not bound now (a test may patch it).
+        self._loop = ReconcileThread(
+            "istiod-tls", self._wait_seconds, lambda: self.reconcile(), log
+        )
 
     # -- called from other threads ---------------------------------------------------------
 
@@ -189,14 +189,13 @@ class IstiodTlsPublisher:
         self.kick()
 
     def kick(self) -> None:
-        self._wake.set()
+        self._loop.kick()
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
+        self._loop.stop()
 
     # -- the writer thread -----------------------------------------------------------------
 
@@ -205,18 +204,6 @@ class IstiodTlsPublisher:
             return self._resync
         until_due = (self._next_due - self._clock.now()).total_seconds()
         return max(_MIN_WAIT, min(self._resync, until_due))
-
-    def _run(self) -> None:
-        run_reconcile_loop(self._stopping, self._wake, self._wait_seconds, self._reconcile_guarded)
-
-    def _reconcile_guarded(self) -> bool:
-        """`reconcile`, with anything unexpected logged and retried: the thread must outlive
-        it, or istiod's certificate would expire while a leader holds the Lease."""
-        try:
-            return self.reconcile()
-        except Exception:
-            log.exception("%s reconcile failed unexpectedly; retrying", SECRET_NAME)
-            return False
 
     def reconcile(self) -> bool:
         """One pass; False if an API call failed and the pass should be retried soon."""
