@@ -45,7 +45,7 @@ from ca_server.kube.pod_certificates.checks import Refusal
 from ca_server.kube.pod_certificates.requests import PendingRequest, request_from_json
 from ca_server.kube.pod_certificates.status import refused_status, status_body
 from tests.support.ca_process import CaProcess
-from tests.support.kube_api_calls import DEPLOY_SIGNER
+from tests.support.kube_api_calls import POD_CERTIFICATE_SIGNER
 from tests.support.kubelet_pcr import create_pcr, generate_key, outcome, stub_csr
 from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane, apply_deploy_rbac
@@ -138,7 +138,7 @@ def pod_body(namespace: str, name: str) -> dict[str, Any]:
                 "credentialBundlePath": f"{i}.pem",
             }
         }
-        for i, signer in enumerate((DEPLOY_SIGNER, BASELINE_SIGNER))
+        for i, signer in enumerate((POD_CERTIFICATE_SIGNER, BASELINE_SIGNER))
     ]
     return {
         "apiVersion": "v1",
@@ -288,7 +288,12 @@ def run(options: argparse.Namespace) -> list[Figures]:
         ca = CaProcess(
             directory / "ca",
             *("--kubeconfig", str(kubeconfig), "--namespace", ca_namespace),
-            *("--pod-certificate-signer", DEPLOY_SIGNER, "--workers", str(options.workers)),
+            *(
+                "--pod-certificate-signer",
+                POD_CERTIFICATE_SIGNER,
+                "--workers",
+                str(options.workers),
+            ),
             *("--no-root-configmaps", "--no-istiod-tls", "--log-level", "WARNING"),
         )
         ca.start(timeout=120)
@@ -298,7 +303,7 @@ def run(options: argparse.Namespace) -> list[Figures]:
         kubelet = plane.client_as(f"system:node:{NODE}", "system:nodes")
         watches = [
             StatusWatch(plane.admin(), Run(BASELINE_SIGNER), answer=True),
-            StatusWatch(plane.admin(), Run(DEPLOY_SIGNER), answer=False),
+            StatusWatch(plane.admin(), Run(POD_CERTIFICATE_SIGNER), answer=False),
         ]
         for watch in watches:
             watch.start()

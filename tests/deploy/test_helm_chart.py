@@ -59,7 +59,7 @@ def test_helm_lint_passes(helm: Helm):
         ),
         (("--set", "pluggedInCa.required=true"), "overlays/plugged-in-ca"),
         (
-            ("--set", "podCertificateSigner=meshca.example.com/spiffe"),
+            ("--set", "podCertificates.signer=meshca.example.com/spiffe"),
             "overlays/pod-certificates",
         ),
     ],
@@ -110,30 +110,39 @@ def test_values_change_what_they_name(helm: Helm):
     assert not [r for r in role_rules if "istiod-tls" in r.get("resourceNames", [])]
 
 
-def test_pod_certificates_turn_on_the_signer_and_istio_bundle(helm: Helm):
-    """The signer's RBAC is granted by default (as deploy/base); `enabled` passes the flag,
-    `istioClusterTrustBundle` the Istio flag and `attest` on Istio's signer."""
-    attest = {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "verbs": ["attest"]}
+def test_pod_certificates_turn_on_the_signer_its_bundles_and_istio_s(helm: Helm):
+    """Off by default, granting nothing; `signer` passes the flag and grants the signer's rules
+    (as deploy/overlays/pod-certificates), `istioClusterTrustBundle` the Istio flag and `attest`
+    on Istio's signer, also alone (the bundle rules without the signer's)."""
+    sign = {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "verbs": ["sign"]}
+    attest = {**sign, "verbs": ["attest"]}
 
-    def rendered(*values: str) -> tuple[list[str], list[dict[str, Any]]]:
+    def rendered(*values: str) -> tuple[list[str], list[dict[str, Any]] | None]:
         objects = _by_key(helm.template(*values))
         spec = objects[("Deployment", "istio-system", "meshca")]["spec"]["template"]["spec"]
-        return spec["containers"][0]["args"], objects[("ClusterRole", None, "meshca")]["rules"]
+        role = objects.get(("ClusterRole", None, "meshca-pod-certificates"))
+        return spec["containers"][0]["args"], role["rules"] if role is not None else None
 
     args, rules = rendered()
     assert not [a for a in args if "pod-certificate-signer" in a or "cluster-trust-bundle" in a]
-    assert [r for r in rules if r.get("resources") == ["signers"]] == [
-        {**attest, "resourceNames": ["meshca.io/spiffe"]}
-    ]
+    assert rules is None
     args, rules = rendered(
-        *("--set", "podCertificates.enabled=true", "--set", "podCertificates.signer=ex.com/a"),
+        *("--set", "podCertificates.signer=ex.com/a"),
         *("--set", "podCertificates.istioClusterTrustBundle=true"),
     )
     assert "--pod-certificate-signer=ex.com/a" in args and "--istio-cluster-trust-bundle" in args
+    assert rules is not None
     assert [r for r in rules if r.get("resources") == ["signers"]] == [
+        {**sign, "resourceNames": ["ex.com/a"]},
         {**attest, "resourceNames": ["ex.com/a"]},
         {**attest, "resourceNames": ["istio.io/istiod-ca"]},
     ]
+    args, rules = rendered("--set", "podCertificates.istioClusterTrustBundle=true")
+    assert "--istio-cluster-trust-bundle" in args
+    assert not [a for a in args if "pod-certificate-signer" in a]
+    assert rules is not None
+    assert [r["resources"] for r in rules] == [["clustertrustbundles"], ["signers"]]
+    assert rules[1] == {**attest, "resourceNames": ["istio.io/istiod-ca"]}
 
 
 BAD_VALUES = {
@@ -143,7 +152,6 @@ BAD_VALUES = {
     "not a boolean": ("istiodTls.enabled=yes", "enabled"),
     "not an account list": ("caTrustedNodeAccounts=ztunnel", "caTrustedNodeAccounts"),
     "not a pull policy": ("image.pullPolicy=Sometimes", "pullPolicy"),
-    "not a signer name": ("podCertificateSigner=meshca", "podCertificateSigner"),
     "not a signer name": ("podCertificates.signer=spiffe", "signer"),
 }
 

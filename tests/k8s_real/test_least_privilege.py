@@ -45,7 +45,6 @@ from tests.support.deploy_rbac import Rule
 from tests.support.kube_api_calls import (
     ATTEST_REFUSAL,
     CA_RBAC,
-    DEPLOY_SIGNER,
     NODE_AGENT_RBAC,
     POD_CERTIFICATE_RBAC,
     POD_CERTIFICATE_SIGNER,
@@ -334,15 +333,18 @@ def ca_pod_certificates(work: Work) -> Callable[[], bool]:
     work.plane.create_service_account(namespace, "cart")
     node = work.plane.ensure_node("node-pc")
     pod = work.plane.core.create_namespaced_pod(
-        namespace, pod_body(namespace, "cart-1", "cart", "node-pc", DEPLOY_SIGNER)
+        namespace, pod_body(namespace, "cart-1", "cart", "node-pc", POD_CERTIFICATE_SIGNER)
     )
     ca = work.ca(
-        "--no-root-configmaps", "--no-istiod-tls", "--pod-certificate-signer", DEPLOY_SIGNER
+        "--no-root-configmaps",
+        "--no-istiod-tls",
+        "--pod-certificate-signer",
+        POD_CERTIFICATE_SIGNER,
     )
     if not work.ready(ca):
         return lambda: False
     account_uid = work.plane.core.read_namespaced_service_account("cart", namespace).metadata.uid
-    body = pcr_body(pod, account_uid, node, DEPLOY_SIGNER, generate_key("ECDSAP256"))
+    body = pcr_body(pod, account_uid, node, POD_CERTIFICATE_SIGNER, generate_key("ECDSAP256"))
     name = create_pcr(work.plane.admin(), body)["metadata"]["name"]
     return lambda: outcome(read_pcr(work.plane.admin(), namespace, name)) == "Issued"
 

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.k8s_real.conftest import Account, assert_calls_within_contract, make_account
 from tests.support.ca_process import CaProcess
-from tests.support.kube_api_calls import CA_RBAC, DEPLOY_SIGNER, POD_CERTIFICATE_RBAC
+from tests.support.kube_api_calls import CA_RBAC, POD_CERTIFICATE_RBAC, POD_CERTIFICATE_SIGNER
 from tests.support.kubelet_pcr import (
     condition,
     create_pcr,
@@ -42,7 +42,7 @@ from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane
 
 NODE, OTHER_NODE = "node-pc", "node-other"
-SIGNER = DEPLOY_SIGNER
+SIGNER = POD_CERTIFICATE_SIGNER
 _names = itertools.count(1)
 
 

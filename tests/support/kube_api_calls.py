@@ -31,8 +31,9 @@ from tests.support.deploy_rbac import Rule, authorized_name, granting_rule, requ
 from tests.support.kube_api import RequestRecord
 
 CA_NAMESPACE = "istio-system"
-# The signer name deploy/ configures RBAC for (`--pod-certificate-signer`, docs/trust-bundles.md).
-POD_CERTIFICATE_SIGNER = "meshca.io/spiffe"
+# The signer name deploy/overlays/pod-certificates configures (`--pod-certificate-signer`,
+# docs/pod-certificates.md, docs/trust-bundles.md): an operator replaces it with a domain of theirs.
+POD_CERTIFICATE_SIGNER = "meshca.example.com/spiffe"
 # Where an xdist worker hands the rules its Kubernetes tests needed to the controller.
 RBAC_NEEDED_KEY = "meshca_k8s_rbac_needed"
 
@@ -76,16 +77,6 @@ CA_RBAC: frozenset[Rule] = frozenset(
             for resource in ("namespaces", "pods")
             for verb in ("list", "watch")
         ),
-        # ClusterTrustBundles of the CA's signer (--pod-certificate-signer): watched (field
-        # selector spec.signerName), one created per root, relabelled through a rotation,
-        # restored when edited, deleted when the root leaves the bundle or meshca does not want
-        # it; writing one with a signer needs `attest` on that signer (the API server's
-        # ClusterTrustBundleAttest admission).
-        *(
-            Rule("certificates.k8s.io", "clustertrustbundles", verb, "cluster")
-            for verb in ("list", "watch", "create", "update", "delete")
-        ),
-        Rule("certificates.k8s.io", "signers", "attest", "cluster", POD_CERTIFICATE_SIGNER),
         # Offline token validation: the token's ServiceAccount (exists, with the token's uid).
         *(Rule("", "serviceaccounts", verb, "cluster") for verb in ("list", "watch")),
         # Offline token validation: the service-account issuer and its keys (non-resource
@@ -97,13 +88,16 @@ CA_RBAC: frozenset[Rule] = frozenset(
     ]
 )
 
-# The Pod Certificate signer (`ca_server.kube.pod_certificates`, `--pod-certificate-signer`), for
-# the signer name deploy/ grants: list/watch the requests, update their status, and `sign` for
-# that name (not a call meshca makes: the API server checks it on each status update). Granted
-# by deploy/ beside `CA_RBAC`; exercised by tests/k8s_real/test_pod_certificates.py, since the
-# fake API server serves no PodCertificateRequests (so tests/k8s's "every rule used" check
-# leaves these out).
-DEPLOY_SIGNER = "meshca.example.com/spiffe"
+# What `--pod-certificate-signer` needs, for the signer name deploy/ uses; granted by
+# deploy/overlays/pod-certificates (a ClusterRole of its own, so a cluster without the signer
+# grants none of it) beside `CA_RBAC`. The signer (`ca_server.kube.pod_certificates`): list/watch
+# the requests, update their status, and `sign` for that name (not a call meshca makes: the API
+# server checks it on each status update). Its roots as ClusterTrustBundles
+# (`ca_server.kube.trust_bundles`): watched (field selector spec.signerName), one created per
+# root, relabelled through a rotation, restored when edited, deleted when the root leaves the
+# bundle or meshca does not want it; writing one with a signer needs `attest` on that signer
+# (the API server's ClusterTrustBundleAttest admission, not a call of its own either).
+# Exercised by tests/k8s_real (test_pod_certificates, test_trust_bundles, test_least_privilege).
 POD_CERTIFICATE_RBAC: frozenset[Rule] = frozenset(
     [
         *(
@@ -111,7 +105,12 @@ POD_CERTIFICATE_RBAC: frozenset[Rule] = frozenset(
             for verb in ("list", "watch")
         ),
         Rule("certificates.k8s.io", "podcertificaterequests/status", "update", "cluster"),
-        Rule("certificates.k8s.io", "signers", "sign", "cluster", DEPLOY_SIGNER),
+        Rule("certificates.k8s.io", "signers", "sign", "cluster", POD_CERTIFICATE_SIGNER),
+        *(
+            Rule("certificates.k8s.io", "clustertrustbundles", verb, "cluster")
+            for verb in ("list", "watch", "create", "update", "delete")
+        ),
+        Rule("certificates.k8s.io", "signers", "attest", "cluster", POD_CERTIFICATE_SIGNER),
     ]
 )
 

@@ -26,6 +26,7 @@ from tests.support.kube_api import KubeApiServer
 from tests.support.kube_api_calls import (
     CA_NAMESPACE,
     CA_RBAC,
+    POD_CERTIFICATE_RBAC,
     contract_rules,
     describe,
     required_rules,
@@ -39,14 +40,16 @@ RULES_NEEDED: set[Rule] = set()
 @pytest.fixture
 def kube_api(starts_processes: None) -> Iterator[KubeApiServer]:
     """A fake API server with the CA's namespace; fails the test if the CA made an API call
-    that `CA_RBAC` (and so the deploy RBAC) does not allow."""
+    that `CA_RBAC` and `POD_CERTIFICATE_RBAC` (and so deploy/'s RBAC with the pod-certificates
+    overlay) do not allow."""
     server = KubeApiServer().start()
     server.create_namespace(CA_NAMESPACE)
     try:
         yield server
         needed = required_rules(server.requests(), CA_NAMESPACE)
         RULES_NEEDED.update(contract_rules(CA_RBAC, needed))
-        denied = {rule for rule in needed if not is_allowed(set(CA_RBAC), rule)}
+        allowed = set(CA_RBAC | POD_CERTIFICATE_RBAC)
+        denied = {rule for rule in needed if not is_allowed(allowed, rule)}
         assert not denied, f"API calls the RBAC does not allow: {describe(denied)}"
     finally:
         server.stop()
