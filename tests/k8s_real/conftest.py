@@ -21,6 +21,7 @@ from tests.support.deploy_rbac import Rule, is_allowed, required_rule
 from tests.support.kube_api_calls import (
     ATTEST_REFUSAL,
     CA_RBAC,
+    POD_CERTIFICATE_RBAC,
     attest_rule,
     contract_rules,
     describe,
@@ -132,7 +133,7 @@ def ca_account(control_plane: RealControlPlane, tmp_path: Path) -> Iterator[Acco
     account = make_account(control_plane, tmp_path)
     try:
         yield account
-        assert_calls_within_contract(control_plane, account, CA_RBAC)
+        assert_calls_within_contract(control_plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
     finally:
         account.rbac.delete(control_plane)
 

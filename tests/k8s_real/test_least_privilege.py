@@ -367,10 +367,19 @@ CA_WORK: dict[Rule, WorkFn] = {
         for rule in CA_RBAC
         if rule.resource in ("pods", "serviceaccounts") and rule.verb == "list"
     },
+    # The signer's requests and `sign`; its ClusterTrustBundles (and `attest`) are written in the
+    # default mode's work, which turns the signer on and plants and edits a bundle.
+    **{
+        rule: (
+            ca_pod_certificates
+            if rule.resource.startswith("podcertificaterequests") or rule == SIGN_RULE
+            else ca_default_mode
+        )
+        for rule in POD_CERTIFICATE_RBAC
+    },
 }
 CASES = [
     *((rule, "meshca", work) for rule, work in sorted(CA_WORK.items())),
-    *((rule, "meshca", ca_pod_certificates) for rule in sorted(POD_CERTIFICATE_RBAC)),
     *((rule, "meshca-node-agent", node_agent) for rule in sorted(NODE_AGENT_RBAC)),
 ]
 

@@ -16,7 +16,7 @@ import itertools
 import json
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,11 @@ import pytest
 from cryptography import x509
 from kubernetes.client.exceptions import ApiException
 
+from certs import verify_chain
 from tests.k8s_real.conftest import Account, assert_calls_within_contract, make_account
+from tests.support.authority_cli import authority_rows, cluster_target
 from tests.support.ca_process import CaProcess
+from tests.support.deploy_rbac import Rule
 from tests.support.kube_api_calls import CA_RBAC, POD_CERTIFICATE_RBAC, POD_CERTIFICATE_SIGNER
 from tests.support.kubelet_pcr import (
     condition,
@@ -40,6 +43,7 @@ from tests.support.kubelet_pcr import (
 from tests.support.metrics import sample_value
 from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane
+from tests.support.trust_selection import SelectionWatch, selected_ids, selected_roots
 
 NODE, OTHER_NODE = "node-pc", "node-other"
 SIGNER = POD_CERTIFICATE_SIGNER
@@ -345,8 +349,9 @@ REPLICA_SIGNER = "meshca.example.com/replicas"
 CONFLICT = {"outcome": "conflict"}
 
 
-def sign_for(plane: RealControlPlane, account: Account, signer: str) -> None:
-    """Lets `account` sign for a second signer name (beside deploy/'s)."""
+def sign_for(plane: RealControlPlane, account: Account, signer: str) -> frozenset[Rule]:
+    """Lets `account` sign (and `attest`: its roots become that signer's ClusterTrustBundles)
+    for a second signer name, beside deploy/'s; returns those rules, for the call contract."""
     rbac: Any = kubernetes.client.RbacAuthorizationV1Api(plane.admin())
     name = f"sign-{account.namespace}"
     rbac.create_cluster_role(
@@ -357,7 +362,7 @@ def sign_for(plane: RealControlPlane, account: Account, signer: str) -> None:
                     "apiGroups": ["certificates.k8s.io"],
                     "resources": ["signers"],
                     "resourceNames": [signer],
-                    "verbs": ["sign"],
+                    "verbs": ["sign", "attest"],
                 }
             ],
         }
@@ -374,6 +379,10 @@ def sign_for(plane: RealControlPlane, account: Account, signer: str) -> None:
                 {"kind": "ServiceAccount", "name": account.name, "namespace": account.namespace}
             ],
         }
+    )
+    return frozenset(
+        Rule("certificates.k8s.io", "signers", verb, "cluster", signer)
+        for verb in ("sign", "attest")
     )
 
 
@@ -409,7 +418,7 @@ def test_two_replicas_one_killed_mid_stream_answer_every_request_once(
     have died between its status write and its audit line, for at most the one request it was
     answering."""
     account = make_account(plane, tmp_path / "account")
-    sign_for(plane, account, REPLICA_SIGNER)
+    granted = sign_for(plane, account, REPLICA_SIGNER)
     namespace = f"stream-{next(_names)}"
     plane.create_namespace(namespace)
     plane.create_service_account(namespace, "cart")
@@ -458,7 +467,7 @@ def test_two_replicas_one_killed_mid_stream_answer_every_request_once(
     finally:
         for replica in replicas:
             replica.stop()
-        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
+        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC | granted)
         account.rbac.delete(plane)
 
 
@@ -471,7 +480,7 @@ def test_with_workers_one_process_signs_from_the_supervisors_pod_cache(
     podCertificate signers), and each worker is a replica under the Lease, so one watches the
     requests and signs."""
     account = make_account(plane, tmp_path / "account")
-    sign_for(plane, account, REPLICA_SIGNER)
+    granted = sign_for(plane, account, REPLICA_SIGNER)
     namespace = f"workers-{next(_names)}"
     plane.create_namespace(namespace)
     plane.create_service_account(namespace, "cart")
@@ -509,5 +518,89 @@ def test_with_workers_one_process_signs_from_the_supervisors_pod_cache(
         assert len(agents) == 1, agents
     finally:
         ca.stop()
-        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC)
+        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC | granted)
+        account.rbac.delete(plane)
+
+
+ROTATION_SIGNER = "meshca.example.com/rotation"
+
+
+def test_a_whole_rotation_keeps_every_pod_s_leaf_verifying_against_its_selected_bundles(
+    plane: RealControlPlane,
+    kubelet: kubernetes.client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """Done means 2: pods holding kubelet-issued leaves through prepare → activate → taint →
+    revoke, each pod trusting what its `clusterTrustBundle` projection selects (signer + the
+    `meshca.io/trust` label, docs/trust-bundles.md), checked every ~50 ms by a watcher: every
+    live leaf verifies against the selection at every moment and a revoked root is never in it.
+    After the activation each pod's kubelet asks again (as it does at `beginRefreshAt`, which
+    the signer sets before a planned handover) and gets a leaf of the new root; only then is
+    the old root tainted and revoked."""
+    account = make_account(plane, tmp_path / "account")
+    granted = sign_for(plane, account, ROTATION_SIGNER)
+    namespace = f"rotation-{next(_names)}"
+    plane.create_namespace(namespace)
+    plane.create_service_account(namespace, "cart")
+    uid = account_uid(plane, namespace, "cart")
+    node = plane.core.read_node(NODE)
+    bundles: Any = kubernetes.client.CertificatesV1Api(plane.admin())
+    ca = CaProcess(
+        tmp_path / "ca",
+        *("--kubeconfig", str(account.kubeconfig), "--namespace", account.namespace),
+        *("--instance-id", "rotation", "--pod-certificate-signer", ROTATION_SIGNER),
+        *("--no-root-configmaps", "--no-istiod-tls", "--ca-reload-interval", "300ms"),
+    )
+    pods = [make_pod(plane, namespace, signer=ROTATION_SIGNER) for _ in range(3)]
+
+    def issued(pod: Any) -> list[x509.Certificate]:
+        body = pcr_body(pod, uid, node, ROTATION_SIGNER, generate_key("ECDSAP256"))
+        done = answered(plane, create_pcr(kubelet, body))
+        assert outcome(done) == "Issued", condition(done)
+        return chain_of(done)
+
+    def issuer_id(chain: list[x509.Certificate]) -> str:
+        extension = chain[0].extensions.get_extension_for_class(x509.AuthorityKeyIdentifier)
+        return (extension.value.key_identifier or b"").hex()
+
+    try:
+        ca.start()
+        target = cluster_target(account.kubeconfig, account.namespace)
+        (first,) = authority_rows(target)
+        old = first["id"]
+        wait_for(lambda: selected_ids(bundles, ROTATION_SIGNER) == {old}, 10, "the root's bundle")
+        with SelectionWatch(bundles, ROTATION_SIGNER) as watch:
+            for i, pod in enumerate(pods):
+                watch.add(f"pod-{i}/old", issued(pod))
+            rows = authority_rows(target, "prepare")
+            new = next(row["id"] for row in rows if row["state"] == "prepared")
+            wait_for(
+                lambda: selected_ids(bundles, ROTATION_SIGNER) == {old, new}, 10, "prepared root"
+            )
+            authority_rows(target, "activate", new)
+            wait_for(lambda: issuer_id(issued(pods[0])) == new, 10, "leaves of the new root")
+            for i, pod in enumerate(pods):  # each kubelet's refresh
+                chain = issued(pod)
+                assert issuer_id(chain) == new
+                watch.add(f"pod-{i}/new", chain)
+                watch.retire(f"pod-{i}/old")
+            authority_rows(target, "taint", old)
+            authority_rows(target, "revoke", old)
+            wait_for(lambda: selected_ids(bundles, ROTATION_SIGNER) == {new}, 10, "old root gone")
+            watch.mark_revoked(old)
+            checks = watch.checks
+            wait_for(lambda: watch.checks >= checks + 10, 10, "more checks after the revoke")
+        assert not watch.problems, watch.problems[:5]
+        assert watch.checks >= 20, watch.checks
+        for pod in pods:  # and what pods ask for now verifies against what they select
+            verify_chain(
+                issued(pod), selected_roots(bundles, ROTATION_SIGNER), now=datetime.now(UTC)
+            )
+    finally:
+        ca.stop()
+        for bundle in bundles.list_cluster_trust_bundle(
+            field_selector=f"spec.signerName={ROTATION_SIGNER}"
+        ).items:
+            bundles.delete_cluster_trust_bundle(bundle.metadata.name)
+        assert_calls_within_contract(plane, account, CA_RBAC | POD_CERTIFICATE_RBAC | granted)
         account.rbac.delete(plane)

@@ -14,7 +14,6 @@ ones come with the signer (docs/pod-certificates.md)."""
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,26 +22,25 @@ from typing import Any
 import kubernetes.client
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
 from kubernetes.client.exceptions import ApiException
 
-from ca_server.authority.slots import authority_id
 from ca_server.kube.trust_bundles import (
     ISTIO_BUNDLE_NAME,
     ISTIO_SIGNER,
     TRUST_LABEL,
     bundle_prefix,
 )
-from certs import CertsError, load_certs
+from certs import load_certs
 from tests.k8s_real.conftest import Account, RealCaFactory, make_account, unique
 from tests.support.authority_cli import authority_rows, cluster_target
 from tests.support.ca_process import CaProcess
 from tests.support.kube_api_calls import ATTEST_REFUSAL, POD_CERTIFICATE_SIGNER
-from tests.support.kube_mode import assert_verifies, issue, spiffe
+from tests.support.kube_mode import issue, spiffe
 from tests.support.metrics import sample_value
 from tests.support.pki import TestCa
 from tests.support.processes import wait_for
 from tests.support.real_kube import RealControlPlane
+from tests.support.trust_selection import SelectionWatch, selected_ids
 
 SIGNER = POD_CERTIFICATE_SIGNER  # the name deploy/'s RBAC lets the CA attest for
 WITHIN = 10.0
@@ -52,21 +50,8 @@ def _api(plane: RealControlPlane) -> Any:
     return kubernetes.client.CertificatesV1Api(plane.admin())
 
 
-def _selected(api: Any) -> list[Any]:
-    """What the kubelet merges into a pod projecting the signer with the trust selector (the
-    API server filters by signer and labels, as the kubelet's informer-backed lister does)."""
-    listed = api.list_cluster_trust_bundle(
-        field_selector=f"spec.signerName={SIGNER}", label_selector=f"{TRUST_LABEL}=true"
-    )
-    roots: dict[bytes, Any] = {}
-    for bundle in listed.items:
-        for cert in load_certs(bundle.spec.trust_bundle.encode()):
-            roots.setdefault(cert.tbs_certificate_bytes, cert)
-    return list(roots.values())
-
-
 def _selected_ids(api: Any) -> set[str]:
-    return {authority_id(cert) for cert in _selected(api)}
+    return selected_ids(api, SIGNER)
 
 
 def _signer_bundles(api: Any) -> list[Any]:
@@ -78,57 +63,9 @@ def _clear(api: Any) -> None:
         api.delete_cluster_trust_bundle(bundle.metadata.name)
 
 
-class SelectionWatch:
-    """Checks, in a thread, every ~50 ms, that the selection verifies every live leaf and holds
-    no revoked root; keeps what it saw go wrong."""
-
-    def __init__(self, api: Any) -> None:
-        self._api = api
-        self._lock = threading.Lock()
-        self.live: dict[str, list[str]] = {}  # leaf name → chain
-        self.revoked: set[str] = set()
-        self.problems: list[str] = []
-        self.checks = 0
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def add(self, name: str, chain: list[str]) -> None:
-        with self._lock:
-            self.live[name] = chain
-
-    def retire(self, name: str) -> None:
-        with self._lock:
-            del self.live[name]
-
-    def mark_revoked(self, ident: str) -> None:
-        with self._lock:
-            self.revoked.add(ident)
-
-    def _run(self) -> None:
-        while not self._stopping.wait(0.05):
-            self.check()
-
-    def check(self) -> None:
-        with self._lock:
-            live, revoked = dict(self.live), set(self.revoked)
-        roots = _selected(self._api)
-        pem = b"".join(cert.public_bytes(Encoding.PEM) for cert in roots)  # the projected file
-        for name, chain in live.items():
-            try:
-                assert_verifies(chain, pem)
-            except CertsError as exc:
-                self.problems.append(f"leaf {name} does not verify: {exc}")
-        if bad := revoked & {authority_id(cert) for cert in roots}:
-            self.problems.append(f"revoked roots selected: {bad}")
-        self.checks += 1
-
-    def __enter__(self) -> SelectionWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stopping.set()
-        self._thread.join(5)
+def _leaf_chain(chain: list[str]) -> list[x509.Certificate]:
+    """A CreateCertificate answer's chain without its root (the last element)."""
+    return [cert for element in chain[:-1] for cert in load_certs(element.encode())]
 
 
 def _writers(plane: RealControlPlane, account: Account) -> set[str]:
@@ -186,9 +123,9 @@ def test_the_selection_verifies_every_live_leaf_through_a_rotation(
     old = first["id"]
     wait_for(lambda: _selected_ids(bundles) == {old}, WITHIN, "the active root's bundle", 0.1)
 
-    with SelectionWatch(bundles) as watch:
+    with SelectionWatch(bundles, SIGNER) as watch:
         for i, ca in enumerate(replicas):
-            watch.add(f"old-{i}", issue(ca, token, identity))
+            watch.add(f"old-{i}", _leaf_chain(issue(ca, token, identity)))
         started = time.monotonic()
         rows = authority_rows(target, "prepare")
         new = next(r["id"] for r in rows if r["state"] == "prepared")
@@ -204,11 +141,11 @@ def test_the_selection_verifies_every_live_leaf_through_a_rotation(
                 "signing with the new root",
                 0.1,
             )
-            watch.add(f"new-{i}", issue(ca, token, identity))
+            watch.add(f"new-{i}", _leaf_chain(issue(ca, token, identity)))
         authority_rows(target, "taint", old)
         # The workloads holding leaves of the tainted root re-sign (as agents do), then it goes.
         for i, ca in enumerate(replicas):
-            watch.add(f"resigned-{i}", issue(ca, token, identity))
+            watch.add(f"resigned-{i}", _leaf_chain(issue(ca, token, identity)))
             watch.retire(f"old-{i}")
         started = time.monotonic()
         authority_rows(target, "revoke", old)
